@@ -1,0 +1,1 @@
+"""Backends and the registry that maps a config's backend name to one."""

@@ -1,0 +1,121 @@
+"""The backend contract: what the repository manager loads and schedulers run.
+
+A `Backend` is one loaded model version; it creates `ModelInstance`s, one per
+instance of `instance_group`. An instance's `execute(requests)` runs in that
+instance's own worker thread and sends each request's responses with
+`request.respond(...)`. Backends that compute on whole tensors derive from
+`TensorBatchInstance`, which concatenates the batch's inputs once, calls
+`compute`, and splits the outputs back per request.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..core.errors import TritonError, internal
+from ..core.request import InferenceRequest, InferenceResponse
+from ..core.stats import ExecutionTiming
+from ..core.tensor import Tensor
+from ..core.validate import config_datatype
+from ..scheduling import batch as batching
+
+
+@dataclass
+class ModelContext:
+    """Everything a backend may know about the model version it serves."""
+
+    name: str
+    version: int
+    config: mc.ModelConfig
+    model_dir: Path
+    repository: Path
+    server: Any = None  # the InferenceService, for backends that call models (BLS)
+    options: dict = field(default_factory=dict)  # server-wide settings (auto-complete, ...)
+
+    @property
+    def version_dir(self) -> Path:
+        return self.model_dir / str(self.version)
+
+    def parameter(self, key: str, default: str | None = None) -> str | None:
+        if key in self.config.parameters:
+            return self.config.parameters[key].string_value
+        return default
+
+
+class ModelInstance:
+    """One execution instance; `execute` is called from its worker thread only."""
+
+    def execute(self, requests: list[InferenceRequest]) -> ExecutionTiming:
+        raise NotImplementedError
+
+    def finalize(self) -> None:
+        """Release what the instance holds; called once, after its last execute."""
+
+
+class Backend:
+    """A loaded model version."""
+
+    #: Whether the backend wants a whole batch of requests (dynamic batching applies).
+    supports_batching = True
+
+    def __init__(self, context: ModelContext):
+        self.context = context
+        self.config = context.config
+
+    @classmethod
+    def auto_complete(cls, config: mc.ModelConfig, context: ModelContext) -> None:
+        """Fill what the config leaves out from the model itself (Triton's auto-complete)."""
+
+    def create_instance(self, index: int, kind: str, device_id: int) -> ModelInstance:
+        raise NotImplementedError
+
+    def unload(self) -> None:
+        """Release model-wide resources after every instance is finalized."""
+
+
+class TensorBatchInstance(ModelInstance):
+    """An instance that computes on concatenated input arrays."""
+
+    def __init__(self, config: mc.ModelConfig):
+        self.config = config
+        self.output_types = {oc.name: config_datatype(oc.data_type) for oc in config.output}
+
+    def compute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def execute(self, requests: list[InferenceRequest]) -> ExecutionTiming:
+        start = time.monotonic_ns()
+        inputs = batching.concat_inputs(requests)
+        input_end = time.monotonic_ns()
+        try:
+            outputs = self.compute(inputs)
+        except TritonError as error:
+            return self._fail_all(requests, error, start, input_end)
+        except Exception as error:  # model code failed: fail only these requests
+            return self._fail_all(requests, internal(str(error) or type(error).__name__),
+                                  start, input_end)
+        infer_end = time.monotonic_ns()
+        self._respond_split(requests, outputs)
+        return ExecutionTiming(start, input_end, infer_end, time.monotonic_ns())
+
+    def _respond_split(self, requests: list[InferenceRequest], outputs: dict) -> None:
+        batched = self.config.max_batch_size > 0
+        pieces = batching.split_outputs(requests, outputs, batched)
+        for request, arrays in zip(requests, pieces):
+            wanted = [o.name for o in request.outputs] or list(arrays)
+            tensors = [Tensor.from_array(n, arrays[n], self.output_types.get(n)) for n in wanted]
+            request.respond(InferenceResponse(request.model_name, request.model_version,
+                                              request.id, tensors))
+
+    @staticmethod
+    def _fail_all(requests, error: TritonError, start: int, input_end: int) -> ExecutionTiming:
+        for request in requests:
+            request.respond_error(error)
+        now = time.monotonic_ns()
+        return ExecutionTiming(start, input_end, now, now)

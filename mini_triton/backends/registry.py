@@ -1,0 +1,36 @@
+"""Backend names → implementations, imported only when a model asks for them,
+so an optional backend's missing library never stops the server."""
+
+from __future__ import annotations
+
+import importlib
+
+from ..core.errors import unavailable
+from .base import Backend
+
+_BACKENDS = {
+    "identity": "mini_triton.backends.identity:IdentityBackend",
+    "python": "mini_triton.backends.python:PythonBackend",
+    "onnxruntime": "mini_triton.backends.onnxruntime:OnnxRuntimeBackend",
+    "tensorrt": "mini_triton.backends.tensorrt:TensorRTBackend",
+}
+
+
+def known_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The Backend class for a config's `backend`; UNAVAILABLE when it cannot be had."""
+    target = _BACKENDS.get(name)
+    if target is None:
+        raise unavailable(
+            f"unable to find backend library for backend '{name}', try specifying runtime "
+            f"on the model configuration. Known backends: {', '.join(known_backends())}"
+        )
+    module_name, class_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise unavailable(f"backend '{name}' is not installed: {error}") from error
+    return getattr(module, class_name)

@@ -1,0 +1,1 @@
+"""Protocol-neutral core: datatypes, tensors, requests, errors and validation."""

@@ -1,0 +1,127 @@
+"""InferenceRequest / InferenceResponse and the response stream between them.
+
+A request yields 0..N responses, the last one `final`; unary inference waits
+for the final one, decoupled models stream them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .errors import TritonError
+from .tensor import RequestedOutput, Tensor
+
+
+@dataclass
+class InferenceResponse:
+    model_name: str
+    model_version: str
+    id: str = ""
+    outputs: list[Tensor] = field(default_factory=list)
+    parameters: dict = field(default_factory=dict)
+    error: TritonError | None = None
+    final: bool = True
+
+
+class ResponseStream:
+    """Responses of one request, pushed from any thread, read on the event loop."""
+
+    __slots__ = ("_loop", "_items", "_waiter", "_done")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._items: collections.deque = collections.deque()
+        self._waiter: asyncio.Future | None = None
+        self._done = False
+
+    def put(self, response: InferenceResponse) -> None:
+        """Thread-safe: hand a response to the reader on the loop."""
+        if self._loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._push(response)
+        else:
+            self._loop.call_soon_threadsafe(self._push, response)
+
+    def _push(self, response: InferenceResponse) -> None:
+        self._items.append(response)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next(self) -> InferenceResponse:
+        while not self._items:
+            self._waiter = self._loop.create_future()
+            await self._waiter
+            self._waiter = None
+        return self._items.popleft()
+
+    async def final(self) -> InferenceResponse:
+        """Wait for the final response; earlier (decoupled) ones are dropped."""
+        while True:
+            response = await self.next()
+            if response.final:
+                return response
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> InferenceResponse:
+        if self._done:
+            raise StopAsyncIteration
+        response = await self.next()
+        if response.final:
+            self._done = True
+        return response
+
+
+@dataclass
+class InferenceRequest:
+    model_name: str
+    model_version: str = ""
+    id: str = ""
+    inputs: list[Tensor] = field(default_factory=list)
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    parameters: dict = field(default_factory=dict)
+    # Filled by core.validate.normalize:
+    batch_size: int = 0
+    priority: int = 0
+    timeout_us: int = 0
+    correlation_id: int | str = 0
+    flags: int = 0
+    # Filled by the service before scheduling:
+    stream: ResponseStream | None = None
+    on_complete: Callable[["InferenceRequest", InferenceResponse], None] | None = None
+    arrival_ns: int = field(default_factory=time.monotonic_ns)
+    queue_start_ns: int = 0
+    cancelled: bool = False
+    completed: bool = False  # the final response was sent
+
+    def input(self, name: str) -> Tensor | None:
+        for tensor in self.inputs:
+            if tensor.name == name:
+                return tensor
+        return None
+
+    def respond(self, response: InferenceResponse) -> None:
+        """Send one response of this request (thread-safe)."""
+        if response.final:
+            self.completed = True
+            if self.on_complete is not None:
+                self.on_complete(self, response)
+        if self.stream is not None:
+            self.stream.put(response)
+
+    def respond_error(self, error: TritonError) -> None:
+        self.respond(self.error_response(error))
+
+    def error_response(self, error: TritonError) -> InferenceResponse:
+        return InferenceResponse(self.model_name, self.model_version, self.id, error=error)

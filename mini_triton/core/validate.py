@@ -1,0 +1,239 @@
+"""Request normalisation: every check a request passes before it is scheduled.
+
+This is Triton's `InferenceRequest::Normalize` in one place, so HTTP and gRPC
+can never disagree: input names, datatypes, shapes (with -1 wildcards and the
+implicit batch dimension), batch size, byte sizes, BYTES framing, requested
+outputs and reserved parameters. Raw wire bytes become numpy views here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from . import datatypes
+from .errors import invalid_arg
+from .request import InferenceRequest
+from .tensor import Tensor
+
+SEQUENCE_START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+SEQUENCE_END = 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+
+# Request parameters that Triton interprets itself rather than passing on.
+_CONTROL_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
+# Parameters of the binary tensor / shared-memory extensions, never reserved.
+_ALLOWED_TRITON_PARAMETERS = ("triton_enable_empty_final_response",)
+
+
+def config_datatype(data_type: int) -> str:
+    """ModelConfig DataType enum value → v2 name ('TYPE_FP32' → 'FP32')."""
+    return datatypes.config_to_v2(mc.DataType.Name(data_type))
+
+
+def format_shape(shape) -> str:
+    return "[" + ",".join(str(int(d)) for d in shape) + "]"
+
+
+def normalize(request: InferenceRequest, config: mc.ModelConfig) -> None:
+    """Check `request` against `config` and complete it in place.
+
+    Raises TritonError(INVALID_ARG) with Triton's wording on the first problem.
+    """
+    name = config.name
+    _apply_control_parameters(request)
+    inputs_by_name = _index_inputs(request, name)
+    configs = {ic.name: ic for ic in config.input}
+    _check_input_names(inputs_by_name, configs, name)
+    batch_size = _check_batch(request, config)
+    for tensor in request.inputs:
+        _check_input(tensor, configs[tensor.name], config, batch_size)
+    _check_outputs(request, config)
+    request.batch_size = batch_size
+
+
+def _apply_control_parameters(request: InferenceRequest) -> None:
+    params = request.parameters
+    for key in params:
+        if key.startswith("triton_") and key not in _ALLOWED_TRITON_PARAMETERS:
+            raise invalid_arg(
+                f"Parameter keys starting with 'triton_' are reserved for Triton usage and "
+                f"should not be specified. Found '{key}'."
+            )
+    if "sequence_id" in params:
+        request.correlation_id = _correlation_id(params["sequence_id"])
+    flags = 0
+    if _truthy(params.get("sequence_start")):
+        flags |= SEQUENCE_START
+    if _truthy(params.get("sequence_end")):
+        flags |= SEQUENCE_END
+    request.flags = flags
+    request.priority = _int_parameter(params, "priority", 0)
+    request.timeout_us = _int_parameter(params, "timeout", 0)
+
+
+def _correlation_id(value) -> int | str:
+    if isinstance(value, bool):
+        raise invalid_arg("sequence_id must be an unsigned integer or a string")
+    if isinstance(value, int):
+        if value < 0 or value >= 2**64:
+            raise invalid_arg("sequence_id must be an unsigned 64-bit integer or a string")
+        return value
+    if isinstance(value, str):
+        return value
+    raise invalid_arg("sequence_id must be an unsigned integer or a string")
+
+
+def _truthy(value) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    raise invalid_arg("sequence_start and sequence_end must be booleans")
+
+
+def _int_parameter(params: dict, key: str, default: int) -> int:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid_arg(f"parameter '{key}' must be a non-negative integer")
+    return value
+
+
+def _index_inputs(request: InferenceRequest, model: str) -> dict[str, Tensor]:
+    by_name: dict[str, Tensor] = {}
+    for tensor in request.inputs:
+        if tensor.name in by_name:
+            raise invalid_arg(f"input '{tensor.name}' already exists in request")
+        by_name[tensor.name] = tensor
+    return by_name
+
+
+def _check_input_names(inputs: dict[str, Tensor], configs: dict, model: str) -> None:
+    for input_name in inputs:
+        if input_name not in configs:
+            raise invalid_arg(f"unexpected inference input '{input_name}' for model '{model}'")
+    missing = [n for n, ic in configs.items() if n not in inputs and not ic.optional]
+    if missing:
+        got = ",".join(f"'{n}'" for n in inputs)
+        want = ",".join(f"'{n}'" for n in missing)
+        raise invalid_arg(
+            f"expected {len(configs)} inputs but got {len(inputs)} inputs for model "
+            f"'{model}'. Got input(s) [{got}], but missing required input(s) [{want}]. "
+            "Please provide all required input(s)."
+        )
+
+
+def _check_batch(request: InferenceRequest, config: mc.ModelConfig) -> int:
+    """The request's batch size: the shared first dim when the model batches, else 0."""
+    if config.max_batch_size <= 0 or not request.inputs:
+        return 0
+    batch_size = None
+    for tensor in request.inputs:
+        if not tensor.shape:
+            raise invalid_arg(
+                f"input '{tensor.name}' has no batch dimension but model '{config.name}' "
+                f"has max_batch_size {config.max_batch_size}"
+            )
+        if batch_size is None:
+            batch_size = int(tensor.shape[0])
+        elif int(tensor.shape[0]) != batch_size:
+            raise invalid_arg(
+                f"input '{tensor.name}' batch size does not match other inputs for '{config.name}'"
+            )
+    if batch_size < 1 or batch_size > config.max_batch_size:
+        raise invalid_arg(
+            f"inference request batch-size must be <= {config.max_batch_size} for "
+            f"'{config.name}'"
+        )
+    return batch_size
+
+
+def _check_input(tensor: Tensor, input_config, config: mc.ModelConfig, batch_size: int) -> None:
+    expected_type = config_datatype(input_config.data_type)
+    if tensor.datatype != expected_type:
+        raise invalid_arg(
+            f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
+            f"'{config.name}' expects '{expected_type}'"
+        )
+    _check_shape(tensor, input_config, config)
+    _materialize(tensor, config.name)
+    if input_config.HasField("reshape"):
+        prefix = (batch_size,) if config.max_batch_size > 0 else ()
+        tensor.data = tensor.data.reshape(prefix + tuple(input_config.reshape.shape))
+
+
+def _check_shape(tensor: Tensor, input_config, config: mc.ModelConfig) -> None:
+    if any(int(d) < 0 for d in tensor.shape):
+        raise invalid_arg(
+            f"unexpected shape for input '{tensor.name}' for model '{config.name}'. "
+            f"Got negative dimension in {format_shape(tensor.shape)}"
+        )
+    dims = tuple(input_config.dims)
+    shape = tuple(tensor.shape)
+    batched = config.max_batch_size > 0
+    if batched:
+        shape = shape[1:]
+    if len(shape) == len(dims) and all(d == -1 or d == s for d, s in zip(dims, shape)):
+        return
+    expected = format_shape(((-1,) if batched else ()) + dims)
+    message = (
+        f"unexpected shape for input '{tensor.name}' for model '{config.name}'. "
+        f"Expected {expected}, got {format_shape(tensor.shape)}. "
+    )
+    if batched:
+        message += (
+            "NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
+            "dimension to be prepended to each input shape. If you want to specify the full "
+            "shape including the batch dim in your input dims config, try setting "
+            "max_batch_size to zero. See the model configuration docs for more info on "
+            "max_batch_size."
+        )
+    raise invalid_arg(message)
+
+
+def _materialize(tensor: Tensor, model: str) -> None:
+    """Turn wire bytes into a numpy view, checking the byte size first."""
+    count = datatypes.element_count(tensor.shape)
+    if tensor.data is not None:
+        _check_array(tensor, count, model)
+        return
+    raw = tensor.raw if tensor.raw is not None else b""
+    dtype = datatypes.from_name(tensor.datatype)
+    if dtype.byte_size == 0:
+        array = datatypes.deserialize_bytes(raw)
+        if len(array) != count:
+            raise invalid_arg(
+                f"expected {count} string elements for inference input '{tensor.name}' "
+                f"for model '{model}', got {len(array)}"
+            )
+    else:
+        expected = count * dtype.byte_size
+        if len(raw) != expected:
+            raise invalid_arg(
+                f"input byte size mismatch for input '{tensor.name}' for model '{model}'. "
+                f"Expected {expected}, got {len(raw)}"
+            )
+        array = np.frombuffer(raw, dtype=dtype.numpy.newbyteorder("<"), count=count)
+    tensor.data = array.reshape(tensor.shape)
+    tensor.raw = None
+
+
+def _check_array(tensor: Tensor, count: int, model: str) -> None:
+    if tensor.data.size != count:
+        raise invalid_arg(
+            f"unexpected number of elements for input '{tensor.name}' for model '{model}': "
+            f"shape {format_shape(tensor.shape)} needs {count}, got {tensor.data.size}"
+        )
+    tensor.data = tensor.data.reshape(tensor.shape)
+
+
+def _check_outputs(request: InferenceRequest, config: mc.ModelConfig) -> None:
+    known = {oc.name for oc in config.output}
+    seen = set()
+    for output in request.outputs:
+        if output.name not in known:
+            raise invalid_arg(
+                f"unexpected inference output '{output.name}' for model '{config.name}'"
+            )
+        if output.name in seen:
+            raise invalid_arg(f"output '{output.name}' already requested")
+        seen.add(output.name)

@@ -1,0 +1,1 @@
+"""Schedulers: the one interface is `submit(request)`, `inflight()`, `stop()`."""

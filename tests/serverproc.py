@@ -1,0 +1,116 @@
+"""Start the real server as a child process on free ports, for tests that need one.
+
+The server logs the ports it bound exactly as tritonserver does
+("Started HTTPService at 0.0.0.0:PORT"); we read them back from its output
+and wait on /v2/health/ready, never on a sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+_PORT_LINES = {
+    "http": re.compile(r"Started HTTPService at [^:\s]+:(\d+)"),
+    "grpc": re.compile(r"Started GRPCInferenceService at [^:\s]+:(\d+)"),
+    "metrics": re.compile(r"Started Metrics Service at [^:\s]+:(\d+)"),
+}
+
+
+@dataclass
+class ServerProcess:
+    """A running `python -m mini_triton` child; use as a context manager."""
+
+    args: list[str]
+    env: dict | None = None
+    ready_timeout: float = 60.0
+    expect_ready: bool = True
+    proc: subprocess.Popen | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+    _seen_ports: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.ports['http']}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports['grpc']}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+
+    def start(self) -> "ServerProcess":
+        command = [sys.executable, "-m", "mini_triton", "--http-port=0", "--grpc-port=0",
+                   "--metrics-port=0", *self.args]
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        threading.Thread(target=self._read_output, daemon=True).start()
+        self._wait_for_ports()
+        if self.expect_ready:
+            self.wait_ready()
+        return self
+
+    def _read_output(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            for name, pattern in _PORT_LINES.items():
+                match = pattern.search(line)
+                if match:
+                    self.ports[name] = int(match.group(1))
+            if "http" in self.ports and "grpc" in self.ports:
+                self._seen_ports.set()
+        self._seen_ports.set()
+
+    def _wait_for_ports(self) -> None:
+        if not self._seen_ports.wait(self.ready_timeout) or "http" not in self.ports:
+            self.stop()
+            raise RuntimeError("server did not report its ports:\n" + self.output)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server exited early:\n" + self.output)
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not become ready:\n" + self.output)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
