@@ -25,6 +25,8 @@ class InferenceResponse:
     parameters: dict = field(default_factory=dict)
     error: TritonError | None = None
     final: bool = True
+    # Only the final flag, no response of its own (a decoupled model's last send).
+    empty: bool = False
 
 
 class ResponseStream:
@@ -103,6 +105,7 @@ class InferenceRequest:
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     queue_start_ns: int = 0
     cancelled: bool = False
+    decoupled: bool = False  # the model may send 0..N responses
     completed: bool = False  # the final response was sent
 
     def input(self, name: str) -> Tensor | None:

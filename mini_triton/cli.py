@@ -1,0 +1,123 @@
+"""`mini-triton`: tritonserver's flags (`--flag=value` or `--flag value`) and
+the `check-config` subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
+from .server import Settings, run
+
+_TRUE = ("true", "1", "yes", "on", "t")
+_FALSE = ("false", "0", "no", "off", "f")
+
+
+def boolean(value: str) -> bool:
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{value}'")
+
+
+def port(value: str) -> int:
+    number = int(value)
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {value}")
+    return number
+
+
+def non_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+def key_value(value: str) -> tuple[str, str]:
+    if "=" not in value:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got '{value}'")
+    key, _, item = value.partition("=")
+    return key, item
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Report a bad command line in one clear line, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="mini-triton", description=(
+        "A Triton-compatible inference server. Subcommand: "
+        "'mini-triton check-config PATH...' checks config.pbtxt files."))
+    add = parser.add_argument
+    add("--model-repository", "--model-store", action="append", type=Path,
+        dest="model_repository", help="model repository folder (repeatable)")
+    add("--http-port", type=port, default=8000)
+    add("--grpc-port", type=port, default=8001)
+    add("--metrics-port", type=port, default=8002)
+    add("--http-address", default="0.0.0.0")
+    add("--grpc-address", default="0.0.0.0")
+    add("--metrics-address", default="0.0.0.0")
+    add("--allow-http", type=boolean, default=True)
+    add("--allow-grpc", type=boolean, default=True)
+    add("--allow-metrics", type=boolean, default=True)
+    add("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    add("--strict-readiness", type=boolean, default=True)
+    add("--exit-on-error", type=boolean, default=True)
+    add("--exit-timeout-secs", type=non_negative, default=30)
+    add("--log-verbose", type=non_negative, default=0)
+    add("--log-info", type=boolean, default=True)
+    add("--disable-auto-complete-config", action="store_true")
+    add("--http-max-input-size", type=non_negative, default=DEFAULT_MAX_INPUT_SIZE)
+    add("--metrics-config", action="append", type=key_value, default=[],
+        help="KEY=VALUE, e.g. summary_latencies=true")
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings(
+        model_repositories=args.model_repository or [Path("model_repository")],
+        http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+        http_address=args.http_address, grpc_address=args.grpc_address,
+        metrics_address=args.metrics_address, allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
+        model_control_mode=args.model_control_mode, strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error, exit_timeout_secs=args.exit_timeout_secs,
+        log_verbose=args.log_verbose,
+        disable_auto_complete_config=args.disable_auto_complete_config,
+        http_max_input_size=args.http_max_input_size,
+        metrics_config=dict(args.metrics_config),
+    )
+
+
+def configure_logging(verbose: int, info: bool) -> None:
+    level = logging.DEBUG if verbose else (logging.INFO if info else logging.WARNING)
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(levelname).1s%(asctime)s %(process)d] %(message)s",
+                        datefmt="%m%d %H:%M:%S")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "check-config":
+        from .config.check import main as check_config
+
+        return check_config(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model_control_mode != "none":
+        parser.error(f"--model-control-mode={args.model_control_mode} is not supported yet; "
+                     "use 'none'")
+    configure_logging(args.log_verbose, args.log_info)
+    return run(settings_from(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""KServe v2 gRPC messages ⇄ core requests and responses. Pure translation."""
+
+from __future__ import annotations
+
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+
+from ..core import datatypes
+from ..core.errors import invalid_arg
+from ..core.request import InferenceRequest, InferenceResponse
+from ..core.tensor import RequestedOutput, Tensor
+
+FINAL_RESPONSE = "triton_final_response"
+
+
+def read_parameters(parameters) -> dict:
+    """A map<string, InferParameter> as plain Python values."""
+    values = {}
+    for key, parameter in parameters.items():
+        which = parameter.WhichOneof("parameter_choice")
+        values[key] = getattr(parameter, which) if which else None
+    return values
+
+
+def write_parameters(target, values: dict) -> None:
+    for key, value in values.items():
+        parameter = target[key]
+        if isinstance(value, bool):
+            parameter.bool_param = value
+        elif isinstance(value, int):
+            if value >= 2**63:
+                parameter.uint64_param = value
+            else:
+                parameter.int64_param = value
+        elif isinstance(value, float):
+            parameter.double_param = value
+        else:
+            parameter.string_param = str(value)
+
+
+def decode_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
+    raw_contents = message.raw_input_contents
+    if raw_contents and len(raw_contents) != len(message.inputs):
+        raise invalid_arg(
+            f"expected {len(message.inputs)} raw_input_contents, got {len(raw_contents)}: "
+            "raw contents must be given for every input or for none")
+    inputs = []
+    for index, item in enumerate(message.inputs):
+        datatypes.from_name(item.datatype)
+        tensor = Tensor(item.name, item.datatype, tuple(item.shape),
+                        parameters=read_parameters(item.parameters))
+        if raw_contents:
+            tensor.raw = raw_contents[index]
+        elif "shared_memory_region" not in tensor.parameters:
+            tensor.data = _typed_contents(item)
+        inputs.append(tensor)
+    outputs = [RequestedOutput(o.name, read_parameters(o.parameters)) for o in message.outputs]
+    return InferenceRequest(message.model_name, message.model_version, message.id, inputs,
+                            outputs, read_parameters(message.parameters))
+
+
+def _typed_contents(item) -> np.ndarray:
+    dtype = datatypes.from_name(item.datatype)
+    if dtype.grpc_field is None:
+        raise invalid_arg(
+            f"input '{item.name}' of datatype {item.datatype} must be sent in "
+            "raw_input_contents")
+    values = getattr(item.contents, dtype.grpc_field)
+    for other in datatypes.DATATYPES:
+        if other.grpc_field and other.grpc_field != dtype.grpc_field and \
+                len(getattr(item.contents, other.grpc_field)):
+            raise invalid_arg(
+                f"unexpected {other.grpc_field} for input '{item.name}' of datatype "
+                f"{item.datatype}: expected {dtype.grpc_field}")
+    if dtype.name == "BYTES":
+        array = np.empty(len(values), dtype=np.object_)
+        array[:] = list(values)
+        return array
+    try:
+        return np.array(values, dtype=dtype.numpy)
+    except OverflowError as error:
+        raise invalid_arg(f"input '{item.name}': {error}") from None
+
+
+def encode_infer_response(response: InferenceResponse) -> pb.ModelInferResponse:
+    message = pb.ModelInferResponse(model_name=response.model_name,
+                                    model_version=response.model_version, id=response.id)
+    if response.parameters:
+        write_parameters(message.parameters, response.parameters)
+    for tensor in response.outputs:
+        output = message.outputs.add(name=tensor.name, datatype=tensor.datatype,
+                                     shape=tensor.shape)
+        if tensor.parameters:
+            write_parameters(output.parameters, tensor.parameters)
+        if "shared_memory_region" not in tensor.parameters:
+            message.raw_output_contents.append(bytes(tensor.raw_bytes()))
+    return message
+
+
+def encode_stream_response(response: InferenceResponse, decoupled: bool) -> pb.ModelStreamInferResponse:
+    if response.error is not None:
+        message = pb.ModelStreamInferResponse(error_message=response.error.message)
+        message.infer_response.model_name = response.model_name
+        message.infer_response.model_version = response.model_version
+        message.infer_response.id = response.id
+        return message
+    infer_response = encode_infer_response(response)
+    if decoupled:
+        infer_response.parameters[FINAL_RESPONSE].bool_param = response.final
+    return pb.ModelStreamInferResponse(infer_response=infer_response)
+
+
+def statistics_message(stats: list[dict]) -> pb.ModelStatisticsResponse:
+    return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+
+
+def metadata_message(metadata: dict) -> pb.ModelMetadataResponse:
+    return json_format.ParseDict(metadata, pb.ModelMetadataResponse())

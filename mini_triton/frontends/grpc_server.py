@@ -1,0 +1,135 @@
+"""The KServe v2 gRPC front end on grpc.aio: routing and status mapping only."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from ..core.errors import TritonError
+from ..service import InferenceService
+from . import grpc_codec
+from .errors import grpc_status
+
+MAX_MESSAGE_SIZE = 2**31 - 1  # INT32_MAX, as tritonserver sets it
+
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def aborts_on_error(method):
+    """Turn a TritonError into the call's status with Triton's message."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except TritonError as error:
+            await context.abort(grpc_status(error.code), error.message)
+
+    return wrapper
+
+
+class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, service: InferenceService):
+        self.service = service
+
+    # --- health and metadata ---
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=self.service.live())
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.service.ready())
+
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(**self.service.server_metadata())
+
+    @aborts_on_error
+    async def ModelMetadata(self, request, context):
+        return grpc_codec.metadata_message(
+            self.service.model_metadata(request.name, request.version))
+
+    @aborts_on_error
+    async def ModelConfig(self, request, context):
+        return pb.ModelConfigResponse(
+            config=self.service.model_config(request.name, request.version))
+
+    @aborts_on_error
+    async def ModelStatistics(self, request, context):
+        return grpc_codec.statistics_message(
+            self.service.model_statistics(request.name, request.version))
+
+    # --- inference ---
+
+    @aborts_on_error
+    async def ModelInfer(self, request, context):
+        infer_request = grpc_codec.decode_infer_request(request)
+        response = await self.service.infer_unary(infer_request, "ModelInfer RPC")
+        return grpc_codec.encode_infer_response(response)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Requests and responses interleave: each request's responses are written
+        as they come; a failed request is reported in the stream, which goes on."""
+        outbox: asyncio.Queue = asyncio.Queue()
+        reader = asyncio.create_task(self._read_stream(request_iterator, outbox))
+        try:
+            while True:
+                message = await outbox.get()
+                if message is None:
+                    break
+                yield message
+        finally:
+            reader.cancel()
+
+    async def _read_stream(self, request_iterator, outbox: asyncio.Queue) -> None:
+        forwarders = set()
+        try:
+            async for message in request_iterator:
+                try:
+                    infer_request = grpc_codec.decode_infer_request(message)
+                    stream = self.service.infer(infer_request)
+                except TritonError as error:
+                    outbox.put_nowait(_stream_error(message, error))
+                    continue
+                task = asyncio.create_task(_forward(infer_request, stream, outbox))
+                forwarders.add(task)
+                task.add_done_callback(forwarders.discard)
+            if forwarders:
+                await asyncio.gather(*forwarders)
+        finally:
+            outbox.put_nowait(None)
+
+
+async def _forward(request, stream, outbox: asyncio.Queue) -> None:
+    empty_final_wanted = bool(request.parameters.get("triton_enable_empty_final_response"))
+    async for response in stream:
+        if response.empty and not empty_final_wanted:
+            continue
+        outbox.put_nowait(grpc_codec.encode_stream_response(response, request.decoupled))
+
+
+def _stream_error(message, error: TritonError) -> pb.ModelStreamInferResponse:
+    response = pb.ModelStreamInferResponse(error_message=error.message)
+    response.infer_response.model_name = message.model_name
+    response.infer_response.model_version = message.model_version
+    response.infer_response.id = message.id
+    return response
+
+
+def create_server(service: InferenceService, address: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server bound to address:port; returns it with the bound port."""
+    server = grpc.aio.server(options=SERVER_OPTIONS,
+                             compression=grpc.Compression.NoCompression)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcFrontend(service), server)
+    bound = server.add_insecure_port(f"{address}:{port}")
+    return server, bound

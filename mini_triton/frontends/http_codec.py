@@ -1,0 +1,253 @@
+"""KServe v2 HTTP/REST ⇄ core requests and responses, with Triton's binary
+tensor extension. Pure translation: no I/O, no model lookups."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..core import datatypes
+from ..core.errors import TritonError, invalid_arg
+from ..core.request import InferenceRequest, InferenceResponse
+from ..core.tensor import RequestedOutput, Tensor
+
+try:  # orjson is optional; it is faster for large JSON tensors
+    import orjson
+
+    def _loads(data):
+        return orjson.loads(data)
+
+    def _dumps(obj) -> bytes:
+        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+except ImportError:  # pragma: no cover - depends on the installation
+    def _loads(data):
+        return json.loads(data)
+
+    def _dumps(obj) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def loads(data):
+    return _loads(data)
+
+
+def dumps(obj) -> bytes:
+    return _dumps(obj)
+
+
+# --- requests ---
+
+
+def decode_infer_request(model: str, version: str, body: bytes,
+                         header_length: int | None) -> tuple[InferenceRequest, bool]:
+    """Decode an /infer body; returns the request and whether outputs default to binary."""
+    view = memoryview(body)
+    if header_length is None:
+        header_length = len(view)
+    if header_length > len(view):
+        raise invalid_arg(
+            f"{HEADER_LENGTH} {header_length} exceeds the request body size {len(view)}")
+    document = _parse_json(view[:header_length])
+    if not isinstance(document, dict):
+        raise invalid_arg("the request JSON must be an object")
+    parameters = dict(_optional(document, "parameters", dict, {}))
+    binary_output = bool(parameters.pop("binary_data_output", False))
+    request = InferenceRequest(model, version, id=str(_optional(document, "id", str, "")),
+                               parameters=parameters)
+    binary = _BinaryCursor(view[header_length:])
+    inputs = document.get("inputs")
+    if not isinstance(inputs, list):
+        raise invalid_arg("the request JSON must contain an 'inputs' array")
+    request.inputs = [_decode_input(item, binary, model) for item in inputs]
+    binary.check_consumed(model)
+    request.outputs = [_decode_output(item) for item in _optional(document, "outputs", list, [])]
+    return request, binary_output
+
+
+def decode_raw_request(model: str, version: str, body: bytes, input_name: str, datatype: str,
+                       shape: tuple[int, ...]) -> InferenceRequest:
+    """A body that is the binary data of the model's only input, no JSON header."""
+    tensor = Tensor(input_name, datatype, shape, raw=memoryview(body))
+    return InferenceRequest(model, version, inputs=[tensor])
+
+
+def _parse_json(data):
+    try:
+        return loads(bytes(data))
+    except (ValueError, TypeError) as error:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
+
+
+def _optional(document: dict, key: str, kind: type, default):
+    value = document.get(key, default)
+    if not isinstance(value, kind):
+        raise invalid_arg(f"'{key}' must be of JSON type {kind.__name__}")
+    return value
+
+
+class _BinaryCursor:
+    """Hands out consecutive slices of the binary part of the body (no copies)."""
+
+    def __init__(self, view: memoryview):
+        self.view = view
+        self.offset = 0
+
+    def take(self, size: int, name: str, model: str) -> memoryview:
+        if size < 0 or self.offset + size > len(self.view):
+            raise invalid_arg(
+                f"unexpected size for input '{name}', expecting {size} bytes but only "
+                f"{len(self.view) - self.offset} bytes remain in the request for model '{model}'")
+        piece = self.view[self.offset:self.offset + size]
+        self.offset += size
+        return piece
+
+    def check_consumed(self, model: str) -> None:
+        if self.offset != len(self.view):
+            raise invalid_arg(
+                f"unexpected additional input data for model '{model}': "
+                f"{len(self.view) - self.offset} bytes not claimed by any input")
+
+
+def _decode_input(item, binary: _BinaryCursor, model: str) -> Tensor:
+    if not isinstance(item, dict):
+        raise invalid_arg("each input must be a JSON object")
+    name = item.get("name")
+    datatype = item.get("datatype")
+    shape = item.get("shape")
+    if not isinstance(name, str):
+        raise invalid_arg("input is missing the 'name' field")
+    if not isinstance(datatype, str):
+        raise invalid_arg(f"input '{name}' is missing the 'datatype' field")
+    datatypes.from_name(datatype)
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                              for d in shape):
+        raise invalid_arg(f"input '{name}' must have a 'shape' array of integers")
+    parameters = dict(_optional(item, "parameters", dict, {}))
+    tensor = Tensor(name, datatype, tuple(shape), parameters=parameters)
+    size = parameters.pop("binary_data_size", None)
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise invalid_arg(f"input '{name}': binary_data_size must be an integer")
+        tensor.raw = binary.take(size, name, model)
+    elif "shared_memory_region" in parameters:
+        pass  # resolved by the service against registered regions
+    elif "data" in item:
+        tensor.data = json_to_array(item["data"], datatype, name)
+    else:
+        raise invalid_arg(f"input '{name}' must have 'data' or a 'binary_data_size' parameter")
+    return tensor
+
+
+def json_to_array(data, datatype: str, name: str) -> np.ndarray:
+    """JSON tensor data (nested or flat) → a flat numpy array of the datatype."""
+    flat = _flatten(data) if isinstance(data, list) else [data]
+    dtype = datatypes.from_name(datatype)
+    try:
+        if datatype == "BYTES":
+            array = np.empty(len(flat), dtype=np.object_)
+            array[:] = [_to_bytes(v, name) for v in flat]
+            return array
+        if datatype == "BOOL":
+            if not all(isinstance(v, bool) for v in flat):
+                raise ValueError("expected booleans")
+            return np.array(flat, dtype=np.bool_)
+        if any(isinstance(v, (bool, str, list, dict)) or v is None for v in flat):
+            raise ValueError("expected numbers")
+        if datatype == "BF16":
+            return datatypes.float32_to_bf16(np.array(flat, dtype=np.float32))
+        if dtype.numpy.kind in "iu" and any(isinstance(v, float) for v in flat):
+            raise ValueError("expected integers")
+        return np.array(flat, dtype=dtype.numpy)
+    except (ValueError, OverflowError, TypeError) as error:
+        raise invalid_arg(
+            f"unable to parse 'data' of input '{name}' as {datatype}: {error}") from None
+
+
+def _flatten(data: list) -> list:
+    if not any(isinstance(v, list) for v in data):
+        return data
+    flat: list = []
+    stack = [iter(data)]
+    while stack:
+        for value in stack[-1]:
+            if isinstance(value, list):
+                stack.append(iter(value))
+                break
+            flat.append(value)
+        else:
+            stack.pop()
+    return flat
+
+
+def _to_bytes(value, name: str) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise ValueError(f"BYTES input '{name}' elements must be strings")
+
+
+def _decode_output(item) -> RequestedOutput:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        raise invalid_arg("each requested output must be an object with a 'name'")
+    return RequestedOutput(item["name"], dict(_optional(item, "parameters", dict, {})))
+
+
+# --- responses ---
+
+
+def encode_infer_response(response: InferenceResponse, request: InferenceRequest,
+                          binary_default: bool) -> tuple[list, int | None]:
+    """The response body as a list of byte chunks, and the JSON header length
+    when binary outputs follow (None for a pure JSON body)."""
+    wants_binary = {o.name: o.parameters.get("binary_data", binary_default)
+                    for o in request.outputs}
+    outputs, chunks = [], []
+    for tensor in response.outputs:
+        entry = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+        parameters = dict(tensor.parameters)
+        if wants_binary.get(tensor.name, binary_default):
+            raw = tensor.raw_bytes()
+            parameters["binary_data_size"] = len(raw)
+            chunks.append(raw)
+        else:
+            entry["data"] = array_to_json(tensor)
+        if parameters:
+            entry["parameters"] = parameters
+        outputs.append(entry)
+    document = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        document["id"] = response.id
+    if response.parameters:
+        document["parameters"] = response.parameters
+    document["outputs"] = outputs
+    header = dumps(document)
+    if not chunks:
+        return [header], None
+    return [header, *chunks], len(header)
+
+
+def array_to_json(tensor: Tensor) -> list:
+    data = tensor.data
+    if data is None:
+        data = np.frombuffer(tensor.raw_bytes(), datatypes.from_name(tensor.datatype).numpy)
+    flat = np.asarray(data).reshape(-1)
+    if tensor.datatype == "BYTES":
+        return [_bytes_to_str(v) for v in flat]
+    if tensor.datatype == "BF16":
+        flat = datatypes.bf16_to_float32(flat)
+    return flat.tolist()
+
+
+def _bytes_to_str(value) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError:
+        return bytes(value).decode("latin-1")
+
+
+def encode_error(error: TritonError) -> bytes:
+    return dumps({"error": error.message})

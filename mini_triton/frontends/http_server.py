@@ -1,0 +1,176 @@
+"""The KServe v2 HTTP/REST front end on aiohttp: routing and status mapping only."""
+
+from __future__ import annotations
+
+import functools
+
+from aiohttp import web
+
+from ..config.json_format import config_to_json
+from ..core.datatypes import from_name
+from ..core.errors import TritonError, invalid_arg
+from ..core.validate import config_datatype
+from ..service import InferenceService
+from . import http_codec
+from .errors import http_status
+
+DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # tritonserver's --http-max-input-size default
+
+_JSON = "application/json"
+_BINARY = "application/octet-stream"
+
+
+def json_response(document, status: int = 200) -> web.Response:
+    return web.Response(body=http_codec.dumps(document), status=status, content_type=_JSON)
+
+
+def error_response(error: TritonError) -> web.Response:
+    return web.Response(body=http_codec.encode_error(error), status=http_status(error.code),
+                        content_type=_JSON)
+
+
+def handles_errors(handler):
+    """Turn a TritonError raised by a handler into Triton's JSON error response."""
+
+    @functools.wraps(handler)
+    async def wrapper(self, request: web.Request) -> web.Response:
+        try:
+            return await handler(self, request)
+        except TritonError as error:
+            return error_response(error)
+
+    return wrapper
+
+
+def _model_and_version(request: web.Request) -> tuple[str, str]:
+    return request.match_info["model"], request.match_info.get("version", "")
+
+
+class HttpFrontend:
+    def __init__(self, service: InferenceService, max_input_size: int = DEFAULT_MAX_INPUT_SIZE):
+        self.service = service
+        self.app = web.Application(client_max_size=max_input_size)
+        self._add_routes()
+
+    def _add_routes(self) -> None:
+        model = "/v2/models/{model}"
+        versioned = model + "/versions/{version}"
+        routes = [
+            web.get("/v2/health/live", self.live),
+            web.get("/v2/health/ready", self.ready),
+            web.get("/v2", self.server_metadata),
+            web.get("/v2/models/stats", self.statistics),
+        ]
+        for prefix in (model, versioned):
+            routes += [
+                web.get(prefix, self.model_metadata),
+                web.get(prefix + "/ready", self.model_ready),
+                web.get(prefix + "/config", self.model_config),
+                web.post(prefix + "/infer", self.infer),
+                web.get(prefix + "/stats", self.statistics),
+            ]
+        self.app.add_routes(routes)
+
+    # --- health and metadata ---
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.service.live() else 400)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.service.ready() else 400)
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return json_response(self.service.server_metadata())
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.service.model_ready(*_model_and_version(request))
+                            else 400)
+
+    @handles_errors
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        return json_response(self.service.model_metadata(*_model_and_version(request)))
+
+    @handles_errors
+    async def model_config(self, request: web.Request) -> web.Response:
+        config = self.service.model_config(*_model_and_version(request))
+        return json_response(config_to_json(config, including_defaults=True))
+
+    @handles_errors
+    async def statistics(self, request: web.Request) -> web.Response:
+        name, version = request.match_info.get("model", ""), request.match_info.get("version", "")
+        return json_response({"model_stats": self.service.model_statistics(name, version)})
+
+    # --- inference ---
+
+    @handles_errors
+    async def infer(self, request: web.Request) -> web.Response:
+        model, version = _model_and_version(request)
+        body = await request.read()
+        header = request.headers.get(http_codec.HEADER_LENGTH)
+        header_length = _header_length(header)
+        if header_length == 0:
+            infer_request, binary_output = self._raw_request(model, version, body), True
+        else:
+            infer_request, binary_output = http_codec.decode_infer_request(
+                model, version, body, header_length)
+        response = await self.service.infer_unary(infer_request, "HTTP end point")
+        chunks, json_length = http_codec.encode_infer_response(response, infer_request,
+                                                               binary_output)
+        return self._infer_response(request, chunks, json_length)
+
+    def _raw_request(self, model: str, version: str, body: bytes):
+        """Inference-Header-Content-Length: 0 — the body is the only input's raw data."""
+        config = self.service.model_config(model, version)
+        if len(config.input) != 1:
+            raise invalid_arg(
+                f"raw binary request body requires model '{model}' to have exactly one input")
+        tensor = config.input[0]
+        datatype = config_datatype(tensor.data_type)
+        shape = _raw_shape(tensor, config.max_batch_size, len(body), datatype)
+        return http_codec.decode_raw_request(model, version, body, tensor.name, datatype, shape)
+
+    @staticmethod
+    def _infer_response(request: web.Request, chunks: list, json_length: int | None):
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        headers = {}
+        if json_length is not None:
+            headers[http_codec.HEADER_LENGTH] = str(json_length)
+        response = web.Response(body=body, headers=headers,
+                                content_type=_JSON if json_length is None else _BINARY)
+        if "Accept-Encoding" in request.headers:
+            response.enable_compression()
+        return response
+
+
+def _header_length(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        length = int(value)
+    except ValueError:
+        raise invalid_arg(f"invalid {http_codec.HEADER_LENGTH} header '{value}'") from None
+    if length < 0:
+        raise invalid_arg(f"invalid {http_codec.HEADER_LENGTH} header '{value}'")
+    return length
+
+
+def _raw_shape(tensor, max_batch_size: int, size: int, datatype: str) -> tuple[int, ...]:
+    """The shape of a raw single-input body: the config's dims, with one -1 (or the
+    batch dimension) taking whatever the byte count implies."""
+    dims = ([-1] if max_batch_size > 0 else []) + list(tensor.dims)
+    element_size = from_name(datatype).byte_size
+    known = 1
+    for dim in dims:
+        if dim != -1:
+            known *= dim
+    if dims.count(-1) > 1 and max_batch_size > 0:
+        dims[0] = 1
+    if dims.count(-1) > 1 or element_size == 0:
+        raise invalid_arg(
+            f"raw binary request body cannot infer the shape of input '{tensor.name}'")
+    if -1 in dims:
+        if not known or size % (known * element_size):
+            raise invalid_arg(
+                f"raw binary request body of {size} bytes does not fit input '{tensor.name}'")
+        dims[dims.index(-1)] = size // (known * element_size)
+    return tuple(dims)

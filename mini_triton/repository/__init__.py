@@ -1,0 +1,1 @@
+"""The model repository: scanning folders and owning every model's lifecycle."""

@@ -1,0 +1,67 @@
+"""Pure functions over a model repository on disk: model folders, version
+folders, which versions a policy loads, and a fingerprint to detect changes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+CONFIG_FILENAME = "config.pbtxt"
+
+
+def model_dirs(repository: Path) -> dict[str, Path]:
+    """Model name → folder, for every visible sub-folder of the repository."""
+    if not repository.is_dir():
+        return {}
+    return {
+        entry.name: entry
+        for entry in sorted(repository.iterdir(), key=lambda p: p.name)
+        if entry.is_dir() and not entry.name.startswith(".")
+    }
+
+
+def parse_version(name: str) -> int | None:
+    """A version folder name as a number; None for names Triton ignores
+    (non-numeric, or zero-prefixed like '01')."""
+    if not name.isdigit() or (len(name) > 1 and name[0] == "0"):
+        return None
+    return int(name)
+
+
+def available_versions(model_dir: Path) -> list[int]:
+    versions = []
+    if model_dir.is_dir():
+        for entry in model_dir.iterdir():
+            version = parse_version(entry.name)
+            if version is not None and entry.is_dir():
+                versions.append(version)
+    return sorted(versions)
+
+
+def versions_to_load(available: list[int], policy: mc.ModelVersionPolicy) -> list[int]:
+    """Triton's VersionsToLoad: latest N (default 1), all, or specific."""
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        return sorted(available)
+    if which == "specific":
+        wanted = set(policy.specific.versions)
+        return sorted(v for v in available if v in wanted)
+    count = policy.latest.num_versions if which == "latest" else 1
+    return sorted(available)[-max(1, count):] if available else []
+
+
+def fingerprint(model_dir: Path) -> tuple:
+    """Every file's relative path, size and mtime: changes when the model does."""
+    entries = []
+    for root, dirs, files in os.walk(model_dir):
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(root, name)
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            entries.append((str(path.relative_to(model_dir)), stat.st_size, stat.st_mtime_ns))
+    return tuple(entries)

@@ -1,0 +1,230 @@
+"""Wiring: one event loop serves HTTP, gRPC and metrics over one InferenceService."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from .frontends import grpc_server
+from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend
+from .metrics import Metrics
+from .repository.manager import ModelRepositoryManager, ServerOptions
+from .service import InferenceService
+
+log = logging.getLogger("mini_triton")
+
+
+@dataclass
+class Settings:
+    """Everything the command line can set (tritonserver's flags)."""
+
+    model_repositories: list[Path] = field(default_factory=lambda: [Path("model_repository")])
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    http_address: str = "0.0.0.0"
+    grpc_address: str = "0.0.0.0"
+    metrics_address: str = "0.0.0.0"
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    model_control_mode: str = "none"
+    strict_readiness: bool = True
+    exit_on_error: bool = True
+    exit_timeout_secs: float = 30.0
+    log_verbose: int = 0
+    disable_auto_complete_config: bool = False
+    http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
+    metrics_config: dict = field(default_factory=dict)
+
+
+class StartupError(RuntimeError):
+    """The server cannot serve (a model failed to load with --exit-on-error)."""
+
+
+class Server:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        options = ServerOptions(disable_auto_complete=settings.disable_auto_complete_config,
+                                exit_timeout_secs=settings.exit_timeout_secs)
+        self.manager = ModelRepositoryManager(settings.model_repositories, options)
+        self.service = InferenceService(self.manager, settings.strict_readiness)
+        self.manager.server = self.service
+        self.metrics = Metrics(self.manager)
+        self.ports: dict[str, int] = {}
+        self._runners: list[web.AppRunner] = []
+        self._grpc = None
+        self._stop = asyncio.Event()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.service.loop = loop
+        await loop.run_in_executor(None, self._load_models)
+        if self.settings.allow_grpc:
+            await self._start_grpc()
+        if self.settings.allow_http:
+            app = HttpFrontend(self.service, self.settings.http_max_input_size).app
+            self.ports["http"] = await self._start_site(app, self.settings.http_address,
+                                                        self.settings.http_port)
+            log.info("Started HTTPService at %s:%d", self.settings.http_address,
+                     self.ports["http"])
+        if self.settings.allow_metrics:
+            self.ports["metrics"] = await self._start_site(
+                self._metrics_app(), self.settings.metrics_address, self.settings.metrics_port)
+            log.info("Started Metrics Service at %s:%d", self.settings.metrics_address,
+                     self.ports["metrics"])
+
+    def _load_models(self) -> None:
+        failures = self.manager.load_all()
+        for record in failures:
+            log.error("%s", record.reason)
+        if failures and self.settings.exit_on_error:
+            raise StartupError(
+                "failed to load all models: " + "; ".join(r.reason for r in failures))
+
+    async def _start_grpc(self) -> None:
+        server, port = grpc_server.create_server(self.service, self.settings.grpc_address,
+                                                 self.settings.grpc_port)
+        if not port:
+            raise StartupError(
+                f"failed to bind gRPC to {self.settings.grpc_address}:{self.settings.grpc_port}")
+        await server.start()
+        self._grpc = server
+        self.ports["grpc"] = port
+        log.info("Started GRPCInferenceService at %s:%d", self.settings.grpc_address, port)
+
+    async def _start_site(self, app: web.Application, address: str, port: int) -> int:
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, address, port, reuse_address=True)
+        await site.start()
+        self._runners.append(runner)
+        return site._server.sockets[0].getsockname()[1]
+
+    def _metrics_app(self) -> web.Application:
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(text=self.metrics.render(),
+                                content_type="text/plain", charset="utf-8")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        return app
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stop.wait()
+
+    async def shutdown(self) -> None:
+        """Refuse new requests, drain in-flight ones, stop the front ends, unload models."""
+        self.service.accepting = False
+        timeout = self.settings.exit_timeout_secs
+        deadline = time.monotonic() + timeout
+        while self._inflight() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        left = self._inflight()
+        if left:
+            log.warning("exit timeout reached with %d requests in flight", left)
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        for runner in self._runners:
+            await runner.cleanup()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.manager.stop_all,
+                                   max(0.5, deadline - time.monotonic()))
+
+    def _inflight(self) -> int:
+        return sum(v.scheduler.inflight() for v in self.manager.loaded_versions())
+
+
+def _use_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def run(settings: Settings) -> int:
+    """Serve until SIGINT/SIGTERM; the process exit status."""
+    return asyncio.run(_serve(settings))
+
+
+async def _serve(settings: Settings) -> int:
+    server = Server(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, server.request_stop)
+    try:
+        await server.start()
+    except StartupError as error:
+        log.error("%s", error)
+        await server.shutdown()
+        return 1
+    await server.wait_stopped()
+    log.info("Stopping: draining in-flight requests (up to %ss)", settings.exit_timeout_secs)
+    await server.shutdown()
+    log.info("Server stopped")
+    return 0
+
+
+class ServerThread:
+    """The real server on its own loop in a background thread (for tests and embedding)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.server: Server | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="mini-triton")
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        self._ready.wait(120)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        try:
+            self.loop.run_until_complete(self._main())
+        finally:
+            self.loop.close()
+
+    async def _main(self) -> None:
+        self.server = Server(self.settings)
+        try:
+            await self.server.start()
+        except BaseException as error:
+            self._error = error
+            self._ready.set()
+            await self.server.shutdown()
+            return
+        self._ready.set()
+        await self.server.wait_stopped()
+        await self.server.shutdown()
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return self.server.ports
+
+    def stop(self) -> None:
+        if self.loop is not None and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.server.request_stop)
+            self._thread.join(60)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,70 @@
+"""Shared fixtures: the real server on free ports, and stock tritonclient clients."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers (serverproc, ...)
+
+from mini_triton.server import ServerThread, Settings  # noqa: E402
+
+DEFAULT_REPOSITORY = ROOT / "model_repository"
+
+
+def server_settings(*repositories: Path, **overrides) -> Settings:
+    """Settings for a test server: free ports on loopback, quick exit."""
+    values = dict(model_repositories=list(repositories), http_port=0, grpc_port=0,
+                  metrics_port=0, http_address="127.0.0.1", grpc_address="127.0.0.1",
+                  metrics_address="127.0.0.1", exit_timeout_secs=5)
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture(scope="session")
+def default_server():
+    """The server on the bundled model_repository/."""
+    with ServerThread(server_settings(DEFAULT_REPOSITORY)) as server:
+        yield server
+
+
+@dataclass
+class Protocol:
+    """One protocol's stock tritonclient module and a client connected to a server."""
+
+    name: str
+    module: object
+    client: object
+
+    def status_of(self, error) -> str:
+        return str(error.status())
+
+
+def connect(name: str, server: ServerThread):
+    if name == "http":
+        return Protocol(name, httpclient,
+                        httpclient.InferenceServerClient(f"127.0.0.1:{server.ports['http']}"))
+    return Protocol(name, grpcclient,
+                    grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports['grpc']}"))
+
+
+# Expected error statuses per protocol, as each tritonclient reports them.
+STATUS = {
+    "http": {"INVALID_ARG": "400", "NOT_FOUND": "404", "UNAVAILABLE": "503",
+             "UNSUPPORTED": "501"},
+    "grpc": {"INVALID_ARG": "StatusCode.INVALID_ARGUMENT", "NOT_FOUND": "StatusCode.NOT_FOUND",
+             "UNAVAILABLE": "StatusCode.UNAVAILABLE", "UNSUPPORTED": "StatusCode.UNIMPLEMENTED"},
+}
+
+
+@pytest.fixture(params=["http", "grpc"])
+def proto(request, default_server):
+    protocol = connect(request.param, default_server)
+    yield protocol
+    protocol.client.close()
