@@ -22,7 +22,7 @@ from ..config import ConfigError, parse_config_file
 from ..config.autofill import AutofillError, check_config, complete_platform, fill_defaults
 from ..core.errors import TritonError, not_found, unavailable
 from ..core.stats import ModelStats
-from ..scheduling.dynamic import DynamicScheduler
+from ..scheduling import create_scheduler
 from . import scan
 
 log = logging.getLogger("mini_triton.repository")
@@ -252,9 +252,7 @@ def complete_config(name: str, folder: Path, config: mc.ModelConfig, options: Se
             f"unexpected model name '{config.name}' in {folder / scan.CONFIG_FILENAME}: the "
             f"name must match the model folder '{name}'")
     complete_platform(config, folder)
-    if config.platform == "ensemble":
-        raise unavailable("ensemble models are not supported by this server yet")
-    cls = backend_class(config.backend)
+    cls = backend_class(backend_name(config))
     if not options.disable_auto_complete:
         versions = scan.available_versions(folder)
         context = ModelContext(name, versions[-1] if versions else 1, config, folder,
@@ -263,6 +261,11 @@ def complete_config(name: str, folder: Path, config: mc.ModelConfig, options: Se
     fill_defaults(config, options.gpu_available)
     check_config(config)
     return config
+
+
+def backend_name(config: mc.ModelConfig) -> str:
+    """The registry key: the backend, or the platform for ensembles (which have none)."""
+    return config.backend or config.platform
 
 
 def _load_version(record: ModelRecord, version: int, options: ServerOptions, server) -> None:
@@ -287,9 +290,8 @@ def _load_version(record: ModelRecord, version: int, options: ServerOptions, ser
 
 def _start_version(context: ModelContext) -> LoadedVersion:
     config = context.config
-    if config.HasField("sequence_batching"):
-        raise unavailable("sequence batching is not supported by this server yet")
-    backend = backend_class(config.backend)(context)
+    backend = backend_class(backend_name(config))(context)
+    stats = ModelStats(context.name, str(context.version))
     instances = []
     try:
         for group in config.instance_group:
@@ -298,11 +300,10 @@ def _start_version(context: ModelContext) -> LoadedVersion:
             for index in range(group.count):
                 instances.append(
                     backend.create_instance(len(instances), kind, devices[index % len(devices)]))
+        scheduler = create_scheduler(context, backend, instances, stats)
     except BaseException:
         for instance in instances:
             instance.finalize()
         backend.unload()
         raise
-    stats = ModelStats(context.name, str(context.version))
-    scheduler = DynamicScheduler(config, instances, stats, backend.supports_batching)
     return LoadedVersion(context.name, context.version, config, backend, scheduler, stats)
