@@ -1,0 +1,286 @@
+"""Protobuf text format to a small syntax tree, with errors that say where and what.
+
+The grammar (`grammar/pbtxt.lark`) is generic text format; this module only knows its
+shape. Meaning (which names are fields, what a scalar token is worth) is the builder's job.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import lark
+from lark import Token
+
+import mini_triton
+
+from .errors import ConfigError
+
+GRAMMAR_NAME = "pbtxt.lark"
+
+# Protobuf's C++ parser refuses messages nested deeper than 100; we count every bracket
+# ("{", "<", "[") so that no input, however deep, reaches a recursive walk.
+MAX_NESTING = 100
+
+_OPENERS = {"LBRACE": "}", "LANGLE": ">", "LSQB": "]"}
+_CLOSERS = {"RBRACE", "RANGLE", "_RSQB"}
+
+
+@dataclass(slots=True)
+class ScalarNode:
+    """One scalar value: its tokens (several for adjacent string literals)."""
+
+    tokens: list[Token]
+
+
+@dataclass(slots=True)
+class MessageNode:
+    open: Token
+    fields: list[FieldNode]
+
+
+@dataclass(slots=True)
+class ListNode:
+    """`[ ... ]`: scalars, messages, or nothing."""
+
+    open: Token
+    items: list[ScalarNode | MessageNode]
+
+
+@dataclass(slots=True)
+class FieldNode:
+    name: Token
+    colon: Token | None
+    value: ScalarNode | MessageNode | ListNode
+
+
+def grammar_path() -> Path:
+    """The grammar file: inside the installed package, else in the source tree."""
+    package_dir = Path(mini_triton.__file__).parent
+    for candidate in (
+        package_dir / "grammar" / GRAMMAR_NAME,
+        package_dir.parent / "grammar" / GRAMMAR_NAME,
+    ):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"grammar {GRAMMAR_NAME} not found next to {package_dir}")
+
+
+class _ToNodes(lark.Transformer):
+    """Applied while parsing (LALR), so no intermediate parse tree is ever built."""
+
+    def start(self, children):
+        return children
+
+    def field(self, children):
+        name, colon, value = children
+        return FieldNode(name, colon, value)
+
+    def message(self, children):
+        return MessageNode(children[0], children[1:-1])
+
+    def scalar_list(self, children):
+        return ListNode(children[0], children[1:])
+
+    message_list = scalar_list
+    empty_list = scalar_list
+
+    def scalar(self, children):
+        return ScalarNode(children)
+
+
+class _NestingGuard(lark.lark.PostLex):
+    """Stops the lexer as soon as brackets nest too deep: a 10 MB run of "{" fails fast."""
+
+    always_accept = ()
+
+    def process(self, stream):
+        depth = 0
+        for token in stream:
+            if token.type in _OPENERS:
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise ConfigError(
+                        f'found "{token}" nested {depth} deep; '
+                        f"brackets may nest at most {MAX_NESTING} deep",
+                        token.line,
+                        token.column,
+                    )
+            elif token.type in _CLOSERS:
+                depth -= 1
+            yield token
+
+
+@functools.cache
+def _parser() -> lark.Lark:
+    return lark.Lark(
+        grammar_path().read_text(encoding="utf-8"),
+        parser="lalr",
+        lexer="contextual",
+        maybe_placeholders=True,
+        transformer=_ToNodes(),
+        postlex=_NestingGuard(),
+    )
+
+
+def parse_fields(text: str) -> list[FieldNode]:
+    """The top-level fields of a text-format message; ConfigError on a syntax error."""
+    try:
+        return _parser().parse(text)
+    except lark.exceptions.UnexpectedInput as error:
+        raise _describe(text, error) from None
+
+
+# --- syntax errors in words -------------------------------------------------------------
+
+_WORDS = {
+    "NAME": "a field name",
+    "NUMBER": "a number",
+    "STRING": "a string",
+    "COLON": '":"',
+    "LBRACE": '"{"',
+    "LANGLE": '"<"',
+    "LSQB": '"["',
+    "RBRACE": '"}"',
+    "RANGLE": '">"',
+    "_RSQB": '"]"',
+    "_COMMA": '","',
+    "_SEMICOLON": '";"',
+    "$END": "end of file",
+}
+_VALUE_TERMINALS = {"NAME", "NUMBER", "STRING"}
+
+
+def _describe(text: str, error: lark.exceptions.UnexpectedInput) -> ConfigError:
+    found, line, column = _found(text, error)
+    expected = _expected(error)
+    stack = _value_stack(error)
+    previous = stack[-1] if stack and isinstance(stack[-1], Token) else None
+    opened = _innermost_open(stack)
+
+    if _looks_like_value(error) and previous is not None:
+        # A scalar (or a list of scalars) right after a field name: the ":" is missing.
+        before = stack[-2] if len(stack) > 1 else None
+        if previous.type == "NAME":
+            return ConfigError(
+                f'expected ":" between field name "{previous}" and its value, found {found}',
+                line,
+                column,
+            )
+        if previous.type == "LSQB" and isinstance(before, Token) and before.type == "NAME":
+            return ConfigError(
+                f'expected ":" between field name "{before}" and "[" at '
+                f"{previous.line}:{previous.column}: only a list of messages may omit it, "
+                f"found {found} in the list",
+                line,
+                column,
+            )
+    if previous is not None and previous.type == "_COMMA" and _token_type(error) == "_RSQB":
+        return ConfigError(
+            f'expected a value after ",", found "]": a list may not end with ","'
+            f"{_in_list(opened)}",
+            line,
+            column,
+        )
+    return ConfigError(
+        f"expected {_expected_words(expected, opened)}, found {found}", line, column
+    )
+
+
+def _expected(error) -> set[str]:
+    """Terminals the parser would accept here. LALR tables merge look-aheads, so ask the
+    parser state itself (it tries each terminal) rather than trust the error's own set."""
+    parser = getattr(error, "interactive_parser", None)
+    if parser is not None:
+        return set(parser.accepts())
+    return set(getattr(error, "expected", None) or getattr(error, "allowed", None) or ())
+
+
+def _token_type(error) -> str | None:
+    token = getattr(error, "token", None)
+    return token.type if token is not None else None
+
+
+def _looks_like_value(error) -> bool:
+    return _token_type(error) in _VALUE_TERMINALS
+
+
+def _found(text: str, error) -> tuple[str, int, int]:
+    """What stopped the parser, and where it is (end of file: just past the last char)."""
+    token = getattr(error, "token", None)
+    if token is not None and token.type == "$END":
+        line = text.count("\n") + 1
+        column = len(text) - (text.rfind("\n") + 1) + 1
+        return "end of file", line, column
+    if token is not None:
+        return _quote(str(token)), token.line, token.column
+    return _quote(text[error.pos_in_stream]), error.line, error.column
+
+
+def _quote(value: str, limit: int = 40) -> str:
+    """A token as the user typed it: a string literal keeps its own quotes."""
+    shown = value if len(value) <= limit else value[:limit] + "..."
+    if not shown.isprintable():
+        return repr(shown)
+    return shown if value[:1] in ("'", '"') else f'"{shown}"'
+
+
+def _value_stack(error) -> list:
+    parser = getattr(error, "interactive_parser", None)
+    return list(parser.parser_state.value_stack) if parser is not None else []
+
+
+def _innermost_open(stack: list) -> tuple[Token, Token | None] | None:
+    """The last unclosed bracket, with the field name it belongs to (None at top level)."""
+    for index in range(len(stack) - 1, -1, -1):
+        item = stack[index]
+        if isinstance(item, Token) and item.type in _OPENERS:
+            owner = next(
+                (
+                    t
+                    for t in reversed(stack[:index])
+                    if isinstance(t, Token) and t.type == "NAME"
+                ),
+                None,
+            )
+            return item, owner
+    return None
+
+
+def _in_list(opened) -> str:
+    if opened is None:
+        return ""
+    bracket, owner = opened
+    name = f' of "{owner}"' if owner is not None else ""
+    return f" (the list{name} opened at {bracket.line}:{bracket.column})"
+
+
+def _expected_words(expected: set[str], opened) -> str:
+    words = []
+    if _VALUE_TERMINALS <= expected:
+        words.append("a value")
+        expected = expected - _VALUE_TERMINALS
+    if "NAME" in expected:
+        # Separators between fields are optional; naming them only adds noise.
+        expected = expected - {"_COMMA", "_SEMICOLON"}
+    closer = None
+    if opened is not None:
+        bracket, owner = opened
+        closer = {"LBRACE": "RBRACE", "LANGLE": "RANGLE", "LSQB": "_RSQB"}[bracket.type]
+    for terminal in sorted(expected, key=_word_order):
+        word = _WORDS.get(terminal, terminal.lower())
+        if terminal == closer:
+            what = f'"{owner}"' if owner is not None else "the top level"
+            if bracket.type == "LSQB":
+                what = f"the list of {what}"
+            word += f" to close {what} opened at {bracket.line}:{bracket.column}"
+        words.append(word)
+    if not words:
+        return "nothing more"
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _word_order(terminal: str) -> tuple[int, str]:
+    order = ["NAME", "NUMBER", "STRING", "COLON", "LBRACE", "LANGLE", "LSQB", "_COMMA"]
+    return (order.index(terminal) if terminal in order else len(order), terminal)
