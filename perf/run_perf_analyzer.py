@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import re
 import shlex
 import subprocess
@@ -54,7 +55,7 @@ class Options:
     batch_size: int = 1
     measurement_ms: int = 2000
     stability_pct: int = 30
-    max_trials: int = 5
+    max_trials: int = 10
     shared_memory: str = "none"
     streaming: bool = False
     timeout_s: float = 120.0
@@ -112,6 +113,19 @@ def error_lines(output: str) -> list[str]:
 
 def run_point(opts: Options, protocol: str, mode: str, load: str, level: float,
               out_dir: Path, server: str = "") -> Measurement:
+    """Measure one load level; a run that found no stable windows is tried once more
+    with twice the trials, since two shared cores make single windows noisy."""
+    result = _run_once(opts, protocol, mode, load, level, out_dir, server)
+    if "no stable measurement" in result.note:
+        retry = dataclasses.replace(opts, max_trials=opts.max_trials * 2)
+        result = _run_once(retry, protocol, mode, load, level, out_dir, server)
+        if result.ok:
+            result.note = "stable on retry"
+    return result
+
+
+def _run_once(opts: Options, protocol: str, mode: str, load: str, level: float,
+              out_dir: Path, server: str) -> Measurement:
     """Run perf_analyzer once at one load level and read its CSV back."""
     stem = f"{server + '-' if server else ''}{protocol}-{mode}-{load}-{level:g}"
     csv_path = out_dir / f"{stem}.csv"
@@ -195,7 +209,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-b", "--batch-size", type=int, default=1)
     parser.add_argument("-p", "--measurement-interval", type=int, default=2000, help="ms")
     parser.add_argument("-s", "--stability-percentage", type=int, default=30)
-    parser.add_argument("-r", "--max-trials", type=int, default=5)
+    parser.add_argument("-r", "--max-trials", type=int, default=10)
     parser.add_argument("--shared-memory", choices=("none", "system"), default="none")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds allowed for one perf_analyzer run")

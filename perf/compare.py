@@ -1,0 +1,373 @@
+#!/usr/bin/env python3
+"""Measure mini_triton against the real Triton on one model repository, in one run.
+
+Both servers are started on free ports and kept up; each load point is measured on one
+server then the other (the order flips at every point), so slow drift of the machine
+touches both alike. perf_analyzer is used when perf/setup_perf_analyzer.sh installed it,
+else perf/loadgen.py. Writes compare.md (figures, ratios ours / Triton, exact commands),
+results.json and plots into perf/results/<timestamp>/.
+
+    python perf/compare.py                      # identity_py over HTTP and gRPC, c1, c4, c16
+    python perf/compare.py --servers triton     # the baseline alone
+    python perf/compare.py --concurrency-range 1:16:x2 -p 3000 --tool loadgen
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import loadgen  # noqa: E402
+import run_perf_analyzer  # noqa: E402
+from measurements import (  # noqa: E402
+    PERF_DIR, RESULTS_DIR, Measurement, commands_block, markdown_table, parse_range,
+    save_json)
+
+REPO_ROOT = PERF_DIR.parent
+SERVERS = ("mini_triton", "triton")
+LABELS = {"mini_triton": "mini_triton", "triton": "Triton 2.51"}
+_PORT_LINES = {
+    "http": re.compile(r"Started HTTPService at [^:\s]+:(\d+)"),
+    "grpc": re.compile(r"Started GRPCInferenceService at [^:\s]+:(\d+)"),
+    "metrics": re.compile(r"Started Metrics Service at [^:\s]+:(\d+)"),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Server:
+    """A server process started for the comparison, with its output kept in a log file."""
+
+    name: str
+    command: list[str]
+    log_path: Path
+    ports: dict[str, int] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    seen: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.ports['http']}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports['grpc']}"
+
+    def url(self, protocol: str) -> str:
+        return self.grpc_url if protocol == "grpc" else self.http_url
+
+    def start(self) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self._log = self.log_path.open("w")
+        self._log.write("$ " + shlex.join(self.command) + "\n")
+        self._log.flush()
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=env,
+                                     cwd=REPO_ROOT, start_new_session=True)
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self._log.write(line)
+            self._log.flush()
+            for name, pattern in _PORT_LINES.items():
+                match = pattern.search(line)
+                if match:
+                    self.seen[name] = int(match.group(1))
+
+    def wait_ready(self, model: str, timeout: float) -> None:
+        """Until the server reports its ports and answers ready for `model`."""
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.http_url}/v2/models/{model}/ready"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; "
+                                   f"see {self.log_path}")
+            if {"http", "grpc"} <= self.seen.keys():
+                try:
+                    with urllib.request.urlopen(url, timeout=2) as response:
+                        if response.status == 200:
+                            return
+                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                    pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} did not get ready for {model} in {timeout:g}s; "
+                           f"see {self.log_path}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def make_server(name: str, args: argparse.Namespace, out_dir: Path) -> Server:
+    ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+    flags = ["--http-port", str(ports["http"]), "--grpc-port", str(ports["grpc"]),
+             "--metrics-port", str(ports["metrics"])]
+    if name == "triton":
+        repository = args.triton_repository or args.model_repository
+        command = [str(PERF_DIR / "tritonserver"), "--model-repository", str(repository),
+                   *flags, *shlex.split(args.triton_args)]
+    else:
+        command = [args.python, "-m", "mini_triton", "--model-repository",
+                   str(args.model_repository), *flags, *shlex.split(args.mini_args)]
+    return Server(name, command, out_dir / f"{name}.log", ports)
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+def measure_point(server: Server, protocol: str, level: int, args: argparse.Namespace,
+                  out_dir: Path) -> Measurement:
+    if args.tool == "perf_analyzer":
+        opts = run_perf_analyzer.Options(
+            model=args.model, http_url=server.http_url, grpc_url=server.grpc_url,
+            shapes=args.shape, measurement_ms=args.measurement_interval,
+            stability_pct=args.stability_percentage, max_trials=args.max_trials)
+        return run_perf_analyzer.run_point(opts, protocol, "sync", "concurrency", level,
+                                           out_dir, server=server.name)
+    spec = loadgen.LoadSpec(
+        model=args.model, url=server.url(protocol), protocol=protocol,
+        shapes=dict(loadgen.parse_shape(s) for s in args.shape),
+        measurement_ms=args.measurement_interval, stability=args.stability_percentage / 100,
+        max_trials=args.max_trials, server=server.name)
+    result = loadgen.measure(spec, "concurrency", level)
+    result.command = shlex.join(
+        ["python", "perf/loadgen.py", "-m", args.model, "-u", server.url(protocol),
+         "-i", protocol, "--concurrency-range", str(level), "-p",
+         str(args.measurement_interval), "-s", f"{args.stability_percentage:g}",
+         "-r", str(args.max_trials)] + [f"--shape={s}" for s in args.shape])
+    return result
+
+
+def run_sweep(servers: list[Server], args: argparse.Namespace,
+              out_dir: Path) -> list[Measurement]:
+    """Every (protocol, level) on every server, alternating which server goes first."""
+    results = []
+    levels = [int(v) for v in parse_range(args.concurrency_range)]
+    flip = False
+    for protocol in args.protocols.split(","):
+        for level in levels:
+            order = list(reversed(servers)) if flip else servers
+            flip = not flip
+            for server in order:
+                if args.tool == "perf_analyzer":
+                    print(f"[compare] {server.name} {protocol} c{level} ...", file=sys.stderr,
+                          flush=True)
+                m = measure_point(server, protocol, level, args, out_dir)
+                if args.tool == "perf_analyzer":
+                    print(f"[compare]   {m.throughput:,.0f} infer/s, "
+                          f"p99 {m.p99_us / 1000:.2f} ms {m.note}", file=sys.stderr, flush=True)
+                results.append(m)
+    return results
+
+
+# ---------------------------------------------------------------------------- reporting
+
+
+def _ratio(ours: float, theirs: float) -> str:
+    if not theirs or theirs != theirs or ours != ours:
+        return "-"
+    return f"{ours / theirs:.2f}x"
+
+
+def ratio_table(results: list[Measurement]) -> str:
+    """One row per (protocol, concurrency): both servers side by side, ours / Triton."""
+    by_key = {(m.server, m.protocol, m.level): m for m in results}
+    header = ["protocol", "concurrency", "Triton infer/s", "ours infer/s", "throughput ratio",
+              "Triton p50 ms", "ours p50 ms", "Triton p99 ms", "ours p99 ms", "p99 ratio"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    seen = []
+    for m in results:
+        if (m.protocol, m.level) not in seen:
+            seen.append((m.protocol, m.level))
+    for protocol, level in seen:
+        theirs = by_key.get(("triton", protocol, level))
+        ours = by_key.get(("mini_triton", protocol, level))
+        if theirs is None or ours is None:
+            continue
+        lines.append("| " + " | ".join([
+            protocol, f"{level:g}", f"{theirs.throughput:,.0f}", f"{ours.throughput:,.0f}",
+            _ratio(ours.throughput, theirs.throughput),
+            f"{theirs.p50_us / 1000:.2f}", f"{ours.p50_us / 1000:.2f}",
+            f"{theirs.p99_us / 1000:.2f}", f"{ours.p99_us / 1000:.2f}",
+            _ratio(ours.p99_us, theirs.p99_us)]) + " |")
+    return "\n".join(lines)
+
+
+def _concurrency_axis(ax, levels: list[float]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [f"{v:g}" for v in levels])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrency")
+
+
+def plot(results: list[Measurement], out_dir: Path) -> list[str]:
+    """throughput.png and latency.png; nothing (with a note) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[compare] matplotlib is not installed (pip install matplotlib): no plots",
+              file=sys.stderr)
+        return []
+    protocols = list(dict.fromkeys(m.protocol for m in results))
+    levels = sorted({m.level for m in results})
+    servers = [s for s in SERVERS if any(m.server == s for m in results)]
+    styles = {"mini_triton": "-", "triton": "--"}
+
+    def series(server, protocol, attr):
+        points = sorted((m.level, getattr(m, attr)) for m in results
+                        if m.server == server and m.protocol == protocol and m.ok)
+        return [p[0] for p in points], [p[1] for p in points]
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for server in servers:
+        for protocol in protocols:
+            xs, ys = series(server, protocol, "throughput")
+            ax.plot(xs, ys, styles[server], marker="o", label=f"{LABELS[server]} {protocol}")
+    _concurrency_axis(ax, levels)
+    ax.set_ylabel("infer/s")
+    ax.set_title("Throughput vs concurrency")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "throughput.png", dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(protocols), figsize=(6 * len(protocols), 4.5),
+                             squeeze=False)
+    for ax, protocol in zip(axes[0], protocols):
+        for server in servers:
+            for attr, marker in (("p50_us", "o"), ("p90_us", "^"), ("p99_us", "s")):
+                xs, ys = series(server, protocol, attr)
+                ax.plot(xs, [y / 1000 for y in ys], styles[server], marker=marker,
+                        label=f"{LABELS[server]} {attr[:3]}")
+        _concurrency_axis(ax, levels)
+        ax.set_ylabel("latency (ms)")
+        ax.set_title(f"Latency percentiles, {protocol}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "latency.png", dpi=120)
+    plt.close(fig)
+    return ["throughput.png", "latency.png"]
+
+
+def write_report(results: list[Measurement], args: argparse.Namespace, out_dir: Path,
+                 servers: list[Server], plots: list[str], argv: list[str]) -> str:
+    parts = [
+        f"# mini_triton vs Triton: {args.model}",
+        "",
+        f"- when: {time.strftime('%Y-%m-%d %H:%M:%S')}; machine: {os.cpu_count()} CPUs, "
+        f"{platform.platform()}; client and servers share the CPUs",
+        f"- tool: {args.tool}; repository: {args.model_repository}; "
+        f"shape: {' '.join(args.shape) or '-'}",
+        f"- run: `{shlex.join(['python', 'perf/compare.py', *argv])}`",
+        "",
+    ]
+    if {"mini_triton", "triton"} <= {s.name for s in servers}:
+        parts += ["## Ours / Triton", "", ratio_table(results), ""]
+    parts += ["## All measurements", "", markdown_table(results, with_server=True), ""]
+    parts += [f"![{p}]({p})" for p in plots] + [""]
+    parts += ["## Servers", "", "```"] + [shlex.join(s.command) for s in servers] + ["```", ""]
+    parts += ["## Load commands", "", commands_block(results), ""]
+    report = "\n".join(parts)
+    (out_dir / "compare.md").write_text(report)
+    save_json(results, out_dir / "results.json")
+    return report
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--servers", default="mini_triton,triton",
+                        help="which to run: mini_triton, triton or both (comma-separated)")
+    parser.add_argument("--model-repository", type=Path,
+                        default=PERF_DIR / "repos" / "python_identity")
+    parser.add_argument("--triton-repository", type=Path, default=None,
+                        help="a different repository for Triton (same model name)")
+    parser.add_argument("-m", "--model", default="identity_py")
+    parser.add_argument("--shape", action="append", default=None,
+                        help="NAME:dims (default INPUT0:16)")
+    parser.add_argument("--protocols", default="http,grpc")
+    parser.add_argument("--concurrency-range", default="1:16:x4")
+    parser.add_argument("-p", "--measurement-interval", type=int, default=2000, help="ms")
+    parser.add_argument("-s", "--stability-percentage", type=float, default=None,
+                        help="default 30 for perf_analyzer, 10 for loadgen")
+    parser.add_argument("-r", "--max-trials", type=int, default=10)
+    parser.add_argument("--tool", choices=("auto", "perf_analyzer", "loadgen"), default="auto")
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter that runs mini_triton (default: this one)")
+    parser.add_argument("--mini-args", default="", help="extra flags for mini_triton")
+    parser.add_argument("--triton-args", default="", help="extra flags for tritonserver")
+    parser.add_argument("--ready-timeout", type=float, default=120.0)
+    parser.add_argument("--results-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    args.shape = args.shape or ["INPUT0:16"]
+    if args.tool == "auto":
+        args.tool = "perf_analyzer" if run_perf_analyzer.available() else "loadgen"
+    if args.stability_percentage is None:
+        args.stability_percentage = 30.0 if args.tool == "perf_analyzer" else 10.0
+    args.stability_percentage = args.stability_percentage if args.tool == "loadgen" \
+        else int(args.stability_percentage)
+    unknown = set(args.servers.split(",")) - set(SERVERS)
+    if unknown:
+        parser.error(f"unknown server(s) {sorted(unknown)}; choose from {SERVERS}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    out_dir = args.results_dir or RESULTS_DIR / time.strftime("%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    servers = [make_server(name, args, out_dir) for name in SERVERS
+               if name in args.servers.split(",")]
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_ready(args.model, args.ready_timeout)
+            print(f"[compare] {server.name} ready: HTTP {server.http_url}, "
+                  f"gRPC {server.grpc_url}", file=sys.stderr)
+        results = run_sweep(servers, args, out_dir)
+    finally:
+        for server in servers:
+            server.stop()
+    plots = plot(results, out_dir)
+    print(write_report(results, args, out_dir, servers, plots, argv))
+    print(f"[compare] report, plots and logs in {out_dir}", file=sys.stderr)
+    return 0 if all(m.ok for m in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
