@@ -1,0 +1,97 @@
+"""NVIDIA perf_analyzer, unmodified, runs clean against our server over HTTP and gRPC.
+
+Needs the binary that perf/setup_perf_analyzer.sh installs under perf/.tools; skipped
+without it. Only success is asserted (exit code 0, no error lines, some throughput):
+speed is measured in perf/, never asserted here.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from serverproc import ServerProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+PERF_ANALYZER = ROOT / "perf" / "perf_analyzer"
+INSTALLED_BINARY = ROOT / "perf" / ".tools" / "pa-venv" / "bin" / "perf_analyzer"
+REPOSITORY = ROOT / "model_repository"
+MODEL = "identity_fp32"
+RUN_TIMEOUT_S = 120
+# perf_analyzer reports failed requests on stdout, sometimes with exit code 0.
+ERROR_LINE = re.compile(r"^\s*(error\b|.*\bhad error\b|thread \[\d+\].*error)", re.I | re.M)
+
+
+def _perf_analyzer_runs() -> bool:
+    if not INSTALLED_BINARY.exists():
+        return False
+    try:
+        result = subprocess.run([str(PERF_ANALYZER), "--version"], capture_output=True,
+                                timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _perf_analyzer_runs(),
+                       reason="perf_analyzer is not installed under perf/.tools "
+                              "(run perf/setup_perf_analyzer.sh)"),
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(["--model-repository", str(REPOSITORY)]) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def shape_args(server) -> list[str]:
+    """A concrete --shape for every input with a variable dim, read from the metadata."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        metadata = client.get_model_metadata(MODEL)
+        config = client.get_model_config(MODEL)
+    finally:
+        client.close()
+    args = []
+    for tensor in metadata["inputs"]:
+        dims = [int(d) for d in tensor["shape"]]
+        if config.get("max_batch_size", 0) > 0:
+            dims = dims[1:]
+        if any(d < 0 for d in dims):
+            args += ["--shape", f"{tensor['name']}:" + ",".join(
+                "16" if d < 0 else str(d) for d in dims)]
+    return args
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_runs_clean(server, shape_args, protocol, concurrency, tmp_path):
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    csv_path = tmp_path / "pa.csv"
+    command = [
+        str(PERF_ANALYZER), "-m", MODEL, "-u", url, "-i", protocol,
+        "--concurrency-range", str(concurrency),
+        "--measurement-mode", "count_windows", "--measurement-request-count", "200",
+        # Only success matters here; a wide stability band keeps shared CPUs from failing it.
+        "-s", "100", "-r", "20", "-f", str(csv_path), *shape_args,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    output = result.stdout + result.stderr
+
+    assert result.returncode == 0, output
+    assert not ERROR_LINE.search(output), output
+    with csv_path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 1, output
+    assert int(rows[0]["Concurrency"]) == concurrency
+    assert float(rows[0]["Inferences/Second"]) > 0, output
