@@ -1,0 +1,138 @@
+"""ModelConfig as JSON in Triton's style, and back.
+
+Triton shows a config as protobuf JSON with the proto's own field names and enum names,
+but with 64-bit integers as JSON numbers (protobuf's JSON mapping writes them as strings).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+from .errors import ConfigError
+
+_MESSAGE = FieldDescriptor.CPPTYPE_MESSAGE
+_INT64_TYPES = frozenset(
+    (
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    )
+)
+
+
+def config_to_json(config: ModelConfig, *, including_defaults: bool) -> dict:
+    """`config` as a JSON-ready dict; with `including_defaults`, every scalar, list and map
+    field appears (as Triton's config endpoint shows it), else only what is set."""
+    data = json_format.MessageToDict(
+        config,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=including_defaults,
+    )
+    return _int64_as_numbers(data, config.DESCRIPTOR)
+
+
+def _int64_as_numbers(data: dict, descriptor) -> dict:
+    for name, value in data.items():
+        field = descriptor.fields_by_name[name]
+        if field.cpp_type == _MESSAGE:
+            _message_int64_as_numbers(data, name, field)
+        elif field.type in _INT64_TYPES:
+            data[name] = [int(v) for v in value] if field.is_repeated else int(value)
+    return data
+
+
+def _message_int64_as_numbers(data: dict, name: str, field) -> None:
+    value = data[name]
+    if field.message_type.GetOptions().map_entry:
+        value_field = field.message_type.fields_by_name["value"]
+        if value_field.cpp_type == _MESSAGE:
+            for item in value.values():
+                _int64_as_numbers(item, value_field.message_type)
+        elif value_field.type in _INT64_TYPES:
+            data[name] = {key: int(item) for key, item in value.items()}
+    elif field.is_repeated:
+        for item in value:
+            _int64_as_numbers(item, field.message_type)
+    else:
+        _int64_as_numbers(value, field.message_type)
+
+
+def config_from_json(obj: dict | str) -> ModelConfig:
+    """A ModelConfig from Triton-style JSON (a dict or its text). Unknown fields are refused;
+    enum names may be in any case. Raises ConfigError."""
+    if isinstance(obj, (str, bytes)):
+        obj = _load_json(obj)
+    if not isinstance(obj, dict):
+        raise ConfigError(f"a config must be a JSON object, not {type(obj).__name__}")
+    normalized = _normalize(obj, ModelConfig.DESCRIPTOR, "")
+    try:
+        return json_format.ParseDict(normalized, ModelConfig())
+    except json_format.ParseError as error:
+        raise ConfigError(f"invalid config JSON: {error}") from None
+
+
+def _load_json(text: str | bytes):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"invalid JSON: {error.msg}", error.lineno, error.colno) from None
+
+
+def _normalize(data: dict, descriptor, path: str) -> dict:
+    """A copy of `data` with enum names in their proto spelling; unknown fields refused."""
+    result = {}
+    for name, value in data.items():
+        field = _field_named(name, descriptor, path)
+        where = f"{path}.{name}" if path else name
+        result[name] = _normalize_field(value, field, where)
+    return result
+
+
+def _field_named(name, descriptor, path: str):
+    field = descriptor.fields_by_name.get(name) or descriptor.fields_by_camelcase_name.get(name)
+    if field is not None:
+        return field
+    close = difflib.get_close_matches(str(name), list(descriptor.fields_by_name), n=1)
+    hint = f'; did you mean "{close[0]}"?' if close else ""
+    where = f" (in {path})" if path else ""
+    raise ConfigError(f'unknown field "{name}" in {descriptor.name}{where}{hint}')
+
+
+def _normalize_field(value, field, where: str):
+    if value is None:
+        return None
+    if field.cpp_type == _MESSAGE and field.message_type.GetOptions().map_entry:
+        value_field = field.message_type.fields_by_name["value"]
+        if not isinstance(value, dict):
+            return value  # ParseDict says what is wrong
+        return {k: _normalize_field(v, value_field, f"{where}[{k}]") for k, v in value.items()}
+    if field.is_repeated and isinstance(value, list):
+        return [_normalize_single(item, field, f"{where}[{i}]") for i, item in enumerate(value)]
+    return _normalize_single(value, field, where)
+
+
+def _normalize_single(value, field, where: str):
+    if field.cpp_type == _MESSAGE and isinstance(value, dict):
+        return _normalize(value, field.message_type, where)
+    if field.type == FieldDescriptor.TYPE_ENUM and isinstance(value, str):
+        return _enum_name(value, field, where)
+    return value
+
+
+def _enum_name(value: str, field, where: str) -> str:
+    names = field.enum_type.values_by_name
+    if value in names:
+        return value
+    by_upper = {name.upper(): name for name in names}
+    if value.upper() in by_upper:
+        return by_upper[value.upper()]
+    close = difflib.get_close_matches(value.upper(), list(names), n=1)
+    hint = f'; did you mean "{close[0]}"?' if close else f" (one of {', '.join(names)})"
+    raise ConfigError(f'unknown value "{value}" for {where} (enum {field.enum_type.name}){hint}')
