@@ -1,0 +1,107 @@
+"""Pure repository functions: version folders, version policies, platform completion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from mini_triton.config import parse_config_text
+from mini_triton.config.autofill import AutofillError, complete_platform, fill_defaults
+from mini_triton.repository import scan
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("1", 1), ("0", 0), ("12", 12), ("01", None), ("007", None), ("v1", None), ("1a", None),
+    ("", None), ("-1", None),
+])
+def test_parse_version_ignores_zero_prefixed_and_non_numeric(name, expected):
+    assert scan.parse_version(name) == expected
+
+
+def test_available_versions_skips_files_and_bad_names(tmp_path: Path):
+    for name in ("1", "3", "02", "abc", "10"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "4").write_text("a file, not a version")
+    assert scan.available_versions(tmp_path) == [1, 3, 10]
+
+
+def policy(text: str) -> mc.ModelVersionPolicy:
+    return parse_config_text(text).version_policy
+
+
+@pytest.mark.parametrize("policy_text, available, expected", [
+    ("", [1, 2, 3], [3]),
+    ("version_policy { latest { num_versions: 2 } }", [1, 2, 3], [2, 3]),
+    ("version_policy { latest { num_versions: 5 } }", [1, 2], [1, 2]),
+    ("version_policy { all { } }", [3, 1, 2], [1, 2, 3]),
+    ("version_policy { specific { versions: [1, 3] } }", [1, 2, 3], [1, 3]),
+    ("version_policy { specific { versions: [4] } }", [1, 2, 3], []),
+    ("", [], []),
+    ("version_policy { all { } }", [], []),
+])
+def test_versions_to_load(policy_text, available, expected):
+    assert scan.versions_to_load(available, policy(policy_text)) == expected
+
+
+def make_model(tmp_path: Path, filename: str | None) -> Path:
+    (tmp_path / "1").mkdir()
+    if filename:
+        (tmp_path / "1" / filename).write_text("")
+    return tmp_path
+
+
+@pytest.mark.parametrize("config_text, filename, platform, backend", [
+    ('platform: "tensorrt_plan"', None, "tensorrt_plan", "tensorrt"),
+    ('backend: "tensorrt"', None, "tensorrt_plan", "tensorrt"),
+    ('platform: "onnxruntime_onnx"', None, "onnxruntime_onnx", "onnxruntime"),
+    ('backend: "onnxruntime"', None, "onnxruntime_onnx", "onnxruntime"),
+    ('backend: "python"', None, "", "python"),
+    ('platform: "ensemble"', None, "ensemble", ""),
+    ('backend: "identity"', None, "", "identity"),
+    ('backend: "my_custom"', None, "", "my_custom"),
+    ("", "model.plan", "tensorrt_plan", "tensorrt"),
+    ("", "model.onnx", "onnxruntime_onnx", "onnxruntime"),
+    ("", "model.py", "", "python"),
+    ('default_model_filename: "net.onnx"', None, None, None),
+])
+def test_platform_and_backend_completion(tmp_path, config_text, filename, platform, backend):
+    config = parse_config_text(config_text)
+    config.name = "m"
+    folder = make_model(tmp_path, filename)
+    if platform is None:
+        with pytest.raises(AutofillError, match="unable to determine the platform"):
+            complete_platform(config, folder)
+        return
+    complete_platform(config, folder)
+    assert (config.platform, config.backend) == (platform, backend)
+
+
+def test_platform_and_backend_must_agree(tmp_path):
+    config = parse_config_text('platform: "onnxruntime_onnx" backend: "tensorrt"')
+    with pytest.raises(AutofillError, match="requires backend 'onnxruntime'"):
+        complete_platform(config, make_model(tmp_path, None))
+
+
+def test_unknown_platform_is_refused(tmp_path):
+    config = parse_config_text('platform: "caffe2_netdef"')
+    with pytest.raises(AutofillError, match="unexpected platform type"):
+        complete_platform(config, make_model(tmp_path, None))
+
+
+def test_fill_defaults_as_triton_does():
+    config = parse_config_text('name: "m" backend: "onnxruntime"')
+    fill_defaults(config)
+    assert config.version_policy.latest.num_versions == 1
+    assert len(config.instance_group) == 1
+    group = config.instance_group[0]
+    assert (group.name, group.count, group.kind) == ("m", 1, mc.ModelInstanceGroup.KIND_CPU)
+    assert config.default_model_filename == "model.onnx"
+
+
+def test_fingerprint_changes_with_files(tmp_path):
+    (tmp_path / "1").mkdir()
+    before = scan.fingerprint(tmp_path)
+    (tmp_path / "1" / "model.py").write_text("x = 1\n")
+    assert scan.fingerprint(tmp_path) != before
