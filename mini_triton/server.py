@@ -83,11 +83,10 @@ class Server:
 
     def _load_models(self) -> None:
         failures = self.manager.load_all()
-        for record in failures:
-            log.error("%s", record.reason)
         if failures and self.settings.exit_on_error:
             raise StartupError(
-                "failed to load all models: " + "; ".join(r.reason for r in failures))
+                f"failed to load all models ({len(failures)} failed; see above); exiting "
+                "because of --exit-on-error=true")
 
     async def _start_grpc(self) -> None:
         server, port = grpc_server.create_server(self.service, self.settings.grpc_address,

@@ -115,7 +115,7 @@ class ModelRepositoryManager:
             log.info("successfully loaded '%s' version %s", name,
                      ",".join(str(v) for v in sorted(record.versions)))
         else:
-            log.error("failed to load '%s': %s", name, record.reason)
+            log.error("%s", record.reason)
         return record
 
     # --- lookups used by the service ---
