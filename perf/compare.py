@@ -141,23 +141,28 @@ def make_server(name: str, args: argparse.Namespace, out_dir: Path) -> Server:
 # ---------------------------------------------------------------------------- measuring
 
 
+def model_for(server: Server, args: argparse.Namespace) -> str:
+    return args.triton_model if server.name == "triton" else args.model
+
+
 def measure_point(server: Server, protocol: str, level: int, args: argparse.Namespace,
                   out_dir: Path) -> Measurement:
+    model = model_for(server, args)
     if args.tool == "perf_analyzer":
         opts = run_perf_analyzer.Options(
-            model=args.model, http_url=server.http_url, grpc_url=server.grpc_url,
+            model=model, http_url=server.http_url, grpc_url=server.grpc_url,
             shapes=args.shape, measurement_ms=args.measurement_interval,
             stability_pct=args.stability_percentage, max_trials=args.max_trials)
         return run_perf_analyzer.run_point(opts, protocol, "sync", "concurrency", level,
                                            out_dir, server=server.name)
     spec = loadgen.LoadSpec(
-        model=args.model, url=server.url(protocol), protocol=protocol,
+        model=model, url=server.url(protocol), protocol=protocol,
         shapes=dict(loadgen.parse_shape(s) for s in args.shape),
         measurement_ms=args.measurement_interval, stability=args.stability_percentage / 100,
         max_trials=args.max_trials, server=server.name)
     result = loadgen.measure(spec, "concurrency", level)
     result.command = shlex.join(
-        ["python", "perf/loadgen.py", "-m", args.model, "-u", server.url(protocol),
+        ["python", "perf/loadgen.py", "-m", model, "-u", server.url(protocol),
          "-i", protocol, "--concurrency-range", str(level), "-p",
          str(args.measurement_interval), "-s", f"{args.stability_percentage:g}",
          "-r", str(args.max_trials)] + [f"--shape={s}" for s in args.shape])
@@ -283,7 +288,8 @@ def plot(results: list[Measurement], out_dir: Path) -> list[str]:
 def write_report(results: list[Measurement], args: argparse.Namespace, out_dir: Path,
                  servers: list[Server], plots: list[str], argv: list[str]) -> str:
     parts = [
-        f"# mini_triton vs Triton: {args.model}",
+        f"# mini_triton vs Triton: {args.model}"
+        + (f" / {args.triton_model}" if args.triton_model != args.model else ""),
         "",
         f"- when: {time.strftime('%Y-%m-%d %H:%M:%S')}; machine: {os.cpu_count()} CPUs, "
         f"{platform.platform()}; client and servers share the CPUs",
@@ -314,8 +320,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model-repository", type=Path,
                         default=PERF_DIR / "repos" / "python_identity")
     parser.add_argument("--triton-repository", type=Path, default=None,
-                        help="a different repository for Triton (same model name)")
+                        help="a different repository for Triton")
     parser.add_argument("-m", "--model", default="identity_py")
+    parser.add_argument("--triton-model", default=None, help="Triton's model (default: -m)")
     parser.add_argument("--shape", action="append", default=None,
                         help="NAME:dims (default INPUT0:16)")
     parser.add_argument("--protocols", default="http,grpc")
@@ -333,6 +340,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--results-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     args.shape = args.shape or ["INPUT0:16"]
+    args.triton_model = args.triton_model or args.model
     if args.tool == "auto":
         args.tool = "perf_analyzer" if run_perf_analyzer.available() else "loadgen"
     if args.stability_percentage is None:
@@ -356,10 +364,13 @@ def main(argv: list[str] | None = None) -> int:
         for server in servers:
             server.start()
         for server in servers:
-            server.wait_ready(args.model, args.ready_timeout)
+            server.wait_ready(model_for(server, args), args.ready_timeout)
             print(f"[compare] {server.name} ready: HTTP {server.http_url}, "
                   f"gRPC {server.grpc_url}", file=sys.stderr)
         results = run_sweep(servers, args, out_dir)
+    except RuntimeError as exc:
+        print(f"[compare] {exc}", file=sys.stderr)
+        return 2
     finally:
         for server in servers:
             server.stop()
