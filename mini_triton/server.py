@@ -89,11 +89,11 @@ class Server:
                 "because of --exit-on-error=true")
 
     async def _start_grpc(self) -> None:
-        server, port = grpc_server.create_server(self.service, self.settings.grpc_address,
-                                                 self.settings.grpc_port)
-        if not port:
-            raise StartupError(
-                f"failed to bind gRPC to {self.settings.grpc_address}:{self.settings.grpc_port}")
+        address, port = self.settings.grpc_address, self.settings.grpc_port
+        try:
+            server, port = grpc_server.create_server(self.service, address, port)
+        except RuntimeError as error:
+            raise StartupError(f"gRPC cannot listen on {address}:{port}: {error}") from None
         await server.start()
         self._grpc = server
         self.ports["grpc"] = port
@@ -103,7 +103,11 @@ class Server:
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, address, port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as error:
+            await runner.cleanup()
+            raise StartupError(f"cannot listen on {address}:{port}: {error.strerror}") from None
         self._runners.append(runner)
         return site._server.sockets[0].getsockname()[1]
 

@@ -106,3 +106,18 @@ def test_sigterm_exits_zero(tmp_path):
     server = ServerProcess(["--model-repository", str(good_repository(tmp_path))]).start()
     assert server.stop() == 0
     assert "Server stopped" in server.output
+
+
+def test_port_in_use_is_a_clear_error(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("--model-repository", str(good_repository(tmp_path)),
+                         "--http-address=127.0.0.1", f"--http-port={port}", "--grpc-port=0",
+                         "--metrics-port=0")
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
