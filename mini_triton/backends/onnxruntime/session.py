@@ -1,0 +1,194 @@
+"""Building onnxruntime sessions from a model config, as Triton's ONNX backend does.
+
+Session options come from `parameters` (threads, execution mode, memory arena
+and pattern) and `optimization.graph.level`; execution providers from the
+instance kind and `optimization.execution_accelerators`. onnxruntime itself
+is imported only here and in the instance, when a model asks for it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ...config.autofill import default_model_filename
+from ...core.errors import invalid_arg, unavailable
+
+log = logging.getLogger("mini_triton.backends.onnxruntime")
+
+# optimization { graph { level } } → onnxruntime's level, as Triton maps it.
+_GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
+
+# Accelerator names in `execution_accelerators` → onnxruntime provider names.
+GPU_ACCELERATORS = {"tensorrt": "TensorrtExecutionProvider", "cuda": "CUDAExecutionProvider"}
+CPU_ACCELERATORS = {"openvino": "OpenVINOExecutionProvider"}
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def import_onnxruntime():
+    try:
+        import onnxruntime
+    except ImportError as error:
+        raise unavailable(
+            "onnxruntime is not installed (pip install 'mini-triton[onnx]'): "
+            f"{error}") from error
+    return onnxruntime
+
+
+def model_path(config: mc.ModelConfig, version_dir: Path) -> Path:
+    """The ONNX file: `default_model_filename` (model.onnx) in the version folder;
+    where that is a folder (a model with external weights), its model.onnx."""
+    path = version_dir / (default_model_filename(config) or "model.onnx")
+    if path.is_dir():
+        path = path / "model.onnx"
+    if not path.is_file():
+        raise unavailable(f"unable to find '{path}' for model '{config.name}'")
+    return path
+
+
+def session_options(config: mc.ModelConfig):
+    ort = import_onnxruntime()
+    options = ort.SessionOptions()
+    level = config.optimization.graph.level if config.optimization.HasField("graph") else 0
+    options.graph_optimization_level = getattr(
+        ort.GraphOptimizationLevel, _GRAPH_LEVELS.get(level, "ORT_ENABLE_ALL"))
+    mode = int_parameter(config, "execution_mode", 0)
+    if mode not in (0, 1):
+        raise invalid_arg(
+            "Invalid configuration value provided. Expected values for execution_mode are "
+            f"0 or 1 but got {mode} .")
+    options.execution_mode = (ort.ExecutionMode.ORT_SEQUENTIAL if mode == 0
+                              else ort.ExecutionMode.ORT_PARALLEL)
+    for key, attribute in (("intra_op_thread_count", "intra_op_num_threads"),
+                           ("inter_op_thread_count", "inter_op_num_threads")):
+        count = int_parameter(config, key, 0)
+        if count > 0:
+            setattr(options, attribute, count)
+    for key, attribute in (("enable_mem_arena", "enable_cpu_mem_arena"),
+                           ("enable_mem_pattern", "enable_mem_pattern")):
+        value = bool_parameter(config, key)
+        if value is not None:
+            setattr(options, attribute, value)
+    key = "session.use_device_allocator_for_initializers"
+    if key in config.parameters:
+        options.add_session_config_entry(key, config.parameters[key].string_value)
+    return options
+
+
+def run_options(config: mc.ModelConfig):
+    ort = import_onnxruntime()
+    options = ort.RunOptions()
+    key = "memory.enable_memory_arena_shrinkage"
+    if key in config.parameters:
+        options.add_run_config_entry(key, config.parameters[key].string_value)
+    return options
+
+
+def providers(config: mc.ModelConfig, kind: str, device_id: int,
+              available: list[str]) -> list[tuple[str, dict]]:
+    """Execution providers, most preferred first, with their options.
+
+    KIND_GPU needs the CUDA provider (onnxruntime-gpu); an accelerator the
+    installed onnxruntime lacks is skipped with a warning, an unknown one is
+    an error, as in Triton.
+    """
+    chosen: list[tuple[str, dict]] = []
+    accelerators = config.optimization.execution_accelerators
+    if kind == "KIND_GPU":
+        if "CUDAExecutionProvider" not in available:
+            raise unavailable(
+                f"model '{config.name}' asks for a KIND_GPU instance, but onnxruntime has no "
+                "CUDAExecutionProvider here (install onnxruntime-gpu and a CUDA device)")
+        cuda_options = {"device_id": str(device_id)}
+        for accelerator in accelerators.gpu_execution_accelerator:
+            provider = _provider(accelerator.name, GPU_ACCELERATORS, "gpu")
+            settings = dict(accelerator.parameters)
+            if provider == "CUDAExecutionProvider":
+                cuda_options.update(settings)
+            elif _has(provider, available, config.name):
+                chosen.append((provider, {"device_id": str(device_id),
+                                          **tensorrt_options(settings)}))
+        chosen.append(("CUDAExecutionProvider", cuda_options))
+    for accelerator in accelerators.cpu_execution_accelerator:
+        provider = _provider(accelerator.name, CPU_ACCELERATORS, "cpu")
+        if _has(provider, available, config.name):
+            chosen.append((provider, {"device_type": "CPU", **dict(accelerator.parameters)}))
+    chosen.append(("CPUExecutionProvider", {}))
+    return chosen
+
+
+def tensorrt_options(settings: dict) -> dict:
+    """Triton's TensorRT accelerator parameters → onnxruntime's TensorRT provider options."""
+    options = {}
+    for key, value in settings.items():
+        if key == "precision_mode":
+            flags = {"FP16": "trt_fp16_enable", "BF16": "trt_bf16_enable",
+                     "INT8": "trt_int8_enable"}
+            if value in flags:
+                options[flags[value]] = "1"
+            elif value != "FP32":
+                raise invalid_arg(f"unsupported precision mode '{value}' is requested")
+        elif key == "max_workspace_size_bytes":
+            options["trt_max_workspace_size"] = value
+        elif key.startswith("int8_"):
+            options["trt_" + key] = value
+        else:
+            options[key] = value
+    return options
+
+
+def _provider(name: str, table: dict, where: str) -> str:
+    if name not in table:
+        raise invalid_arg(f"unknown Execution Accelerator '{name}' is requested"
+                          f" (known {where} accelerators: {', '.join(sorted(table))})")
+    return table[name]
+
+
+def _has(provider: str, available: list[str], model: str) -> bool:
+    if provider in available:
+        return True
+    log.warning("model '%s': onnxruntime has no %s here; the accelerator is skipped",
+                model, provider)
+    return False
+
+
+def int_parameter(config: mc.ModelConfig, key: str, default: int) -> int:
+    if key not in config.parameters:
+        return default
+    text = config.parameters[key].string_value
+    try:
+        return int(text)
+    except ValueError:
+        raise invalid_arg(
+            f"model '{config.name}': parameter '{key}' must be an integer, got '{text}'"
+        ) from None
+
+
+def bool_parameter(config: mc.ModelConfig, key: str) -> bool | None:
+    if key not in config.parameters:
+        return None
+    text = config.parameters[key].string_value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise invalid_arg(
+        f"model '{config.name}': parameter '{key}' must be true or false, got '{text}'")
+
+
+def create_session(config: mc.ModelConfig, path: Path, kind: str = "KIND_CPU",
+                   device_id: int = 0):
+    ort = import_onnxruntime()
+    chosen = providers(config, kind, device_id, ort.get_available_providers())
+    try:
+        return ort.InferenceSession(str(path), session_options(config),
+                                    providers=[name for name, _ in chosen],
+                                    provider_options=[options for _, options in chosen])
+    except Exception as error:  # onnxruntime raises its own types for bad files
+        raise unavailable(
+            f"onnxruntime could not load '{path}' for model '{config.name}': {error}"
+        ) from error
