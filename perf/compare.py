@@ -246,6 +246,7 @@ def plot(results: list[Measurement], out_dir: Path) -> list[str]:
     levels = sorted({m.level for m in results})
     servers = [s for s in SERVERS if any(m.server == s for m in results)]
     styles = {"mini_triton": "-", "triton": "--"}
+    markers = {"mini_triton": "o", "triton": "s"}
 
     def series(server, protocol, attr):
         points = sorted((m.level, getattr(m, attr)) for m in results
@@ -270,10 +271,10 @@ def plot(results: list[Measurement], out_dir: Path) -> list[str]:
                              squeeze=False)
     for ax, protocol in zip(axes[0], protocols):
         for server in servers:
-            for attr, marker in (("p50_us", "o"), ("p90_us", "^"), ("p99_us", "s")):
+            for attr, color in (("p50_us", "C0"), ("p90_us", "C1"), ("p99_us", "C3")):
                 xs, ys = series(server, protocol, attr)
-                ax.plot(xs, [y / 1000 for y in ys], styles[server], marker=marker,
-                        label=f"{LABELS[server]} {attr[:3]}")
+                ax.plot(xs, [y / 1000 for y in ys], styles[server], marker=markers[server],
+                        color=color, label=f"{LABELS[server]} {attr[:3]}")
         _concurrency_axis(ax, levels)
         ax.set_ylabel("latency (ms)")
         ax.set_title(f"Latency percentiles, {protocol}")
