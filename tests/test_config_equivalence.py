@@ -18,6 +18,8 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 from mini_triton.config import ConfigError, parse_config_text
 from mini_triton.config.syntax import ListNode, MessageNode, parse_fields
 
+# protobuf warns about escapes like "\\q" that it keeps as written; so do we, quietly.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid .*escape sequence:DeprecationWarning")
 POSITION = re.compile(r"^\d+:\d+: \S")
 
 
@@ -569,3 +571,41 @@ def test_syntax_form_accepted_as_protobuf_does(name):
 @pytest.mark.parametrize("name", REFUSED_FORMS)
 def test_syntax_form_refused_as_protobuf_does(name):
     assert isinstance(assert_same_as_protobuf(REFUSED_FORMS[name]), ConfigError)
+
+
+# --- every field with every kind of value -----------------------------------------------
+
+TRICKY_VALUES = [
+    "0", "-0", "1", "-1", "+1", "017", "-017", "09", "0x1F", "-0x1f", "0b11", "0o7", "1_000",
+    "1e3", "1.5", ".5", "5.", "1.5f", "1f", "1.5ff", "01.5", "0.0", "-0.0", "inf", "-inf",
+    "inff", "Infinity", "nan", "NaN", "-nan", "nanf", "t", "f", "true", "True", "TRUE",
+    "2147483647", "2147483648", "-2147483648", "-2147483649", "4294967295", "4294967296",
+    "9223372036854775807", "9223372036854775808", "18446744073709551615",
+    "18446744073709551616", "TYPE_FP32", "KIND_GPU", "REJECT", "type_fp32", "x", "-", "+",
+    "0x", "1e", "'a'", '"a" "b"', r'"\x41"', r'"\xff"', r'"\u00e9"', r"'\q'", '""',
+    "[1, 2]", "[]", "[true]", "['a', \"b\"]", "{}", "<>", "[{}]", "[{}, <>]",
+]
+
+
+def _paths_to_scalar_fields(descriptor, prefix=(), seen=()):
+    """(enclosing message fields, scalar field) for every scalar field in the schema."""
+    for field in descriptor.fields:
+        if field.cpp_type != FieldDescriptor.CPPTYPE_MESSAGE:
+            yield prefix, field
+        elif field.message_type.full_name not in seen:
+            yield from _paths_to_scalar_fields(
+                field.message_type, prefix + (field.name,), seen + (descriptor.full_name,)
+            )
+
+
+def test_every_scalar_field_reads_every_kind_of_value_as_protobuf_does():
+    checked = 0
+    for path, field in _paths_to_scalar_fields(ModelConfig.DESCRIPTOR):
+        for value in TRICKY_VALUES:
+            for colon in (":", ""):
+                body = f"{field.name}{colon} {value}"
+                for outer in reversed(path):
+                    body = f"{outer} {{ {body} }}"
+                assert_same_as_protobuf(body)
+                checked += 1
+    assert checked > 10_000
