@@ -184,8 +184,9 @@ def create_session(config: mc.ModelConfig, path: Path, kind: str = "KIND_CPU",
                    device_id: int = 0):
     ort = import_onnxruntime()
     chosen = providers(config, kind, device_id, ort.get_available_providers())
+    options = session_options(config)
     try:
-        return ort.InferenceSession(str(path), session_options(config),
+        return ort.InferenceSession(str(path), options,
                                     providers=[name for name, _ in chosen],
                                     provider_options=[options for _, options in chosen])
     except Exception as error:  # onnxruntime raises its own types for bad files

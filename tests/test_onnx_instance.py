@@ -1,0 +1,124 @@
+"""An ONNX Runtime instance driven directly: zero-copy inputs and implicit sequence state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+from mini_triton.backends.base import ModelContext
+from mini_triton.backends.onnxruntime import OnnxRuntimeBackend
+from mini_triton.core.request import InferenceRequest
+from mini_triton.core.tensor import Tensor
+from mini_triton.core.validate import normalize
+from mini_triton.repository.manager import ServerOptions, read_config
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def save(folder: Path, nodes, inputs, outputs, config: str = "") -> Path:
+    graph = helper.make_graph(nodes, "test", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (folder / "1").mkdir(parents=True)
+    onnx.save(model, str(folder / "1" / "model.onnx"))
+    if config:
+        (folder / "config.pbtxt").write_text(config)
+    return folder
+
+
+def load(folder: Path):
+    config = read_config(folder.name, folder, ServerOptions())
+    backend = OnnxRuntimeBackend(ModelContext(folder.name, 1, config, folder, folder.parent))
+    return config, backend, backend.create_instance(0, "KIND_CPU", 0)
+
+
+def request(config, inputs: dict, **parameters) -> tuple[InferenceRequest, list]:
+    responses = []
+    req = InferenceRequest(config.name, inputs=[
+        Tensor(name, "INT32" if a.dtype == np.int32 else "FP32", a.shape, a)
+        for name, a in inputs.items()], parameters=parameters)
+    normalize(req, config)
+    req.on_complete = lambda _request, response: responses.append(response)
+    return req, responses
+
+
+@pytest.fixture
+def identity(tmp_path):
+    return save(tmp_path / "identity",
+                [helper.make_node("Identity", ["X"], ["Y"])],
+                [helper.make_tensor_value_info("X", TP.FLOAT, ["batch", 4])],
+                [helper.make_tensor_value_info("Y", TP.FLOAT, ["batch", 4])])
+
+
+def test_numeric_input_reaches_onnxruntime_without_a_copy(identity):
+    _, _, instance = load(identity)
+    wire = np.arange(8, dtype=np.float32).tobytes()
+    view = np.frombuffer(wire, dtype="<f4").reshape(2, 4)  # what validation makes of the body
+    value = instance.feed("X", view)
+    assert value.data_ptr() == view.ctypes.data
+    np.testing.assert_array_equal(instance.compute({"X": view})["Y"], view)
+
+
+def test_unaligned_or_strided_input_is_copied_once(identity):
+    _, _, instance = load(identity)
+    wide = np.arange(16, dtype=np.float32).reshape(2, 8)
+    strided = wide[:, ::2]
+    value = instance.feed("X", strided)
+    assert value.data_ptr() != strided.ctypes.data
+    np.testing.assert_array_equal(value.numpy(), strided)
+
+
+STATEFUL = """
+max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ]
+            initial_state: { name: "zeros" data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } ]
+}
+"""
+
+
+@pytest.fixture
+def accumulator(tmp_path):
+    """STATE_OUT = STATE_IN + INPUT; OUTPUT = STATE_OUT."""
+    int_io = helper.make_tensor_value_info
+    return save(tmp_path / "accumulator",
+                [helper.make_node("Add", ["STATE_IN", "INPUT"], ["STATE_OUT"]),
+                 helper.make_node("Identity", ["STATE_OUT"], ["OUTPUT"])],
+                [int_io("INPUT", TP.INT32, ["batch", 1]), int_io("STATE_IN", TP.INT32, ["batch", 1])],
+                [int_io("OUTPUT", TP.INT32, ["batch", 1]), int_io("STATE_OUT", TP.INT32, ["batch", 1])],
+                STATEFUL)
+
+
+def step(instance, config, sequence_id, value, start=False, end=False):
+    req, responses = request(config, {"INPUT": np.array([[value]], np.int32)},
+                             sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+    return req, responses
+
+
+def test_implicit_state_is_fed_back_per_sequence(accumulator):
+    config, _, instance = load(accumulator)
+    assert [o.name for o in config.output] == ["OUTPUT"]  # the state stays out of the outputs
+    seen = []
+    for batch in ([step(instance, config, 1, 5, start=True), step(instance, config, 2, 100, start=True)],
+                  [step(instance, config, 1, 2)],
+                  [step(instance, config, 2, 1, end=True), step(instance, config, 1, 3, end=True)]):
+        instance.execute([req for req, _ in batch])
+        seen.append([int(r[0].outputs[0].data[0, 0]) for _, r in batch])
+        assert all([t.name for t in r[0].outputs] == ["OUTPUT"] for _, r in batch)
+    assert seen == [[5, 100], [7], [101, 10]]
+    assert instance.state.values == {}  # ended sequences leave nothing behind
+
+
+def test_a_new_start_resets_the_state(accumulator):
+    config, _, instance = load(accumulator)
+    for value, start in ((4, True), (4, False), (1, True)):
+        req, responses = step(instance, config, "abc", value, start=start)
+        instance.execute([req])
+    assert int(responses[0].outputs[0].data[0, 0]) == 1
