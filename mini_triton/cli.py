@@ -68,7 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--allow-http", type=boolean, default=True)
     add("--allow-grpc", type=boolean, default=True)
     add("--allow-metrics", type=boolean, default=True)
-    add("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    add("--model-control-mode", type=str.lower, choices=("none", "poll", "explicit"),
+        default="none")
+    add("--repository-poll-secs", type=non_negative, default=15)
+    add("--load-model", action="append", default=[], dest="load_model",
+        help="model to load at start-up in explicit mode (repeatable; '*' for all)")
     add("--strict-readiness", type=boolean, default=True)
     add("--exit-on-error", type=boolean, default=True)
     add("--exit-timeout-secs", type=non_negative, default=30)
@@ -88,7 +92,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         http_address=args.http_address, grpc_address=args.grpc_address,
         metrics_address=args.metrics_address, allow_http=args.allow_http,
         allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
-        model_control_mode=args.model_control_mode, strict_readiness=args.strict_readiness,
+        model_control_mode=args.model_control_mode,
+        repository_poll_secs=args.repository_poll_secs, load_models=args.load_model,
+        strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error, exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose,
         disable_auto_complete_config=args.disable_auto_complete_config,
@@ -112,9 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return check_config(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.model_control_mode != "none":
-        parser.error(f"--model-control-mode={args.model_control_mode} is not supported yet; "
-                     "use 'none'")
+    if args.load_model and args.model_control_mode != "explicit":
+        parser.error("--load-model requires --model-control-mode=explicit")
     configure_logging(args.log_verbose, args.log_info)
     return run(settings_from(args))
 

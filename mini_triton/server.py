@@ -36,6 +36,8 @@ class Settings:
     allow_grpc: bool = True
     allow_metrics: bool = True
     model_control_mode: str = "none"
+    repository_poll_secs: float = 15.0
+    load_models: list[str] = field(default_factory=list)
     strict_readiness: bool = True
     exit_on_error: bool = True
     exit_timeout_secs: float = 30.0
@@ -54,13 +56,15 @@ class Server:
         self.settings = settings
         options = ServerOptions(disable_auto_complete=settings.disable_auto_complete_config,
                                 exit_timeout_secs=settings.exit_timeout_secs)
-        self.manager = ModelRepositoryManager(settings.model_repositories, options)
+        self.manager = ModelRepositoryManager(settings.model_repositories, options,
+                                              mode=settings.model_control_mode)
         self.service = InferenceService(self.manager, settings.strict_readiness)
         self.manager.server = self.service
         self.metrics = Metrics(self.manager)
         self.ports: dict[str, int] = {}
         self._runners: list[web.AppRunner] = []
         self._grpc = None
+        self._poller: asyncio.Task | None = None
         self._stop = asyncio.Event()
 
     async def start(self) -> None:
@@ -75,6 +79,8 @@ class Server:
                                                         self.settings.http_port)
             log.info("Started HTTPService at %s:%d", self.settings.http_address,
                      self.ports["http"])
+        if self.settings.model_control_mode == "poll":
+            self._poller = asyncio.create_task(self._poll_repository())
         if self.settings.allow_metrics:
             self.ports["metrics"] = await self._start_site(
                 self._metrics_app(), self.settings.metrics_address, self.settings.metrics_port)
@@ -82,7 +88,7 @@ class Server:
                      self.ports["metrics"])
 
     def _load_models(self) -> None:
-        failures = self.manager.load_all()
+        failures = self.manager.load_startup(self.settings.load_models)
         if failures and self.settings.exit_on_error:
             raise StartupError(
                 f"failed to load all models ({len(failures)} failed; see above); exiting "
@@ -120,6 +126,17 @@ class Server:
         app.router.add_get("/metrics", metrics)
         return app
 
+    async def _poll_repository(self) -> None:
+        """POLL mode: apply repository changes every --repository-poll-secs."""
+        loop = asyncio.get_running_loop()
+        interval = max(0.1, self.settings.repository_poll_secs)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await loop.run_in_executor(None, self.manager.poll)
+            except Exception:  # a poll failing must never stop polling
+                log.exception("repository poll failed")
+
     def request_stop(self) -> None:
         self._stop.set()
 
@@ -129,6 +146,8 @@ class Server:
     async def shutdown(self) -> None:
         """Refuse new requests, drain in-flight ones, stop the front ends, unload models."""
         self.service.accepting = False
+        if self._poller is not None:
+            self._poller.cancel()
         timeout = self.settings.exit_timeout_secs
         deadline = time.monotonic() + timeout
         while self._inflight() and time.monotonic() < deadline:

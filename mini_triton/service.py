@@ -8,18 +8,31 @@ import time
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import SERVER_NAME, __version__
-from .core.errors import Code, TritonError, unsupported
+from .core.classification import classify, read_labels
+from .core.errors import Code, TritonError, invalid_arg, unsupported
 from .core.request import InferenceRequest, InferenceResponse, ResponseStream
+from .core.shared_memory import SharedMemoryRegistry
+from .core.tensor import Tensor
 from .core.validate import config_datatype, normalize
 from .repository.manager import LoadedVersion, ModelRepositoryManager
 
+CUDA_SHM_UNAVAILABLE = ("CUDA shared memory is not available: this server has no CUDA device "
+                        "(use system shared memory instead)")
+SHM_REGION = "shared_memory_region"
+SHM_SIZE = "shared_memory_byte_size"
+SHM_OFFSET = "shared_memory_offset"
+
 # The protocol extensions this server implements end to end.
 EXTENSIONS = (
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
-    "model_configuration",
-    "schedule_policy",
 )
 
 # Triton's failure reasons for nv_inference_request_failure.
@@ -32,6 +45,7 @@ class InferenceService:
         self.strict_readiness = strict_readiness
         self.loop: asyncio.AbstractEventLoop | None = None
         self.accepting = True
+        self.system_shm = SharedMemoryRegistry()
 
     # --- health and metadata ---
 
@@ -74,26 +88,88 @@ class InferenceService:
         """
         if not self.accepting:
             raise TritonError(Code.UNAVAILABLE, "Server is stopping: no new requests accepted")
-        loaded = self.manager.get(request.model_name, request.model_version)
+        requested_version = request.model_version
+        loaded = self.manager.get(request.model_name, requested_version)
         if endpoint and loaded.config.model_transaction_policy.decoupled:
             raise unsupported(
                 f"{endpoint} doesn't support models with decoupled transaction policy")
+        self._read_shared_memory_inputs(request)
+        self._prepare(request, loaded)
+        request.stream = ResponseStream(self.loop or asyncio.get_running_loop())
+        self._submit(request, loaded, requested_version)
+        return request.stream
+
+    def _prepare(self, request: InferenceRequest, loaded: LoadedVersion) -> None:
         request.model_version = str(loaded.version)
         request.decoupled = loaded.config.model_transaction_policy.decoupled
         try:
             normalize(request, loaded.config)
+            request.transform = self._output_transform(request, loaded)
         except TritonError:
             loaded.stats.record_request(time.monotonic_ns() - request.arrival_ns, False, "OTHER")
             raise
-        stream = ResponseStream(self.loop or asyncio.get_running_loop())
-        request.stream = stream
+
+    # --- shared memory and classification outputs ---
+
+    def _read_shared_memory_inputs(self, request: InferenceRequest) -> None:
+        for tensor in request.inputs:
+            if SHM_REGION in tensor.parameters:
+                region, offset, size = self._shm_reference(tensor.parameters,
+                                                           f"input '{tensor.name}'")
+                tensor.raw = region.view(offset, size, f"input '{tensor.name}'")
+                tensor.data = None
+
+    def _shm_reference(self, parameters: dict, what: str):
+        region = self.system_shm.get(str(parameters.pop(SHM_REGION)))
+        size = parameters.pop(SHM_SIZE, None)
+        offset = parameters.pop(SHM_OFFSET, 0)
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise invalid_arg(f"{what}: '{SHM_SIZE}' must be given with '{SHM_REGION}'")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise invalid_arg(f"{what}: '{SHM_OFFSET}' must be an integer")
+        region.view(offset, size, what)  # bounds check now, before any work is done
+        return region, offset, size
+
+    def _output_transform(self, request: InferenceRequest, loaded: LoadedVersion):
+        """A per-response step writing shared-memory outputs and classifying, or None."""
+        plans = {}
+        for output in request.outputs:
+            params = dict(output.parameters)  # kept intact in case the request is re-routed
+            if SHM_REGION in params or "classification" in params:
+                shm = (self._shm_reference(params, f"output '{output.name}'")
+                       if SHM_REGION in params else None)
+                plans[output.name] = (params.get("classification"), shm)
+        if not plans:
+            return None
+        batched = loaded.config.max_batch_size > 0
+
+        def transform(response: InferenceResponse) -> InferenceResponse:
+            response.outputs = [_apply_plan(t, plans.get(t.name), loaded, batched)
+                                for t in response.outputs]
+            return response
+
+        return transform
+
+    def _submit(self, request: InferenceRequest, loaded: LoadedVersion,
+                requested_version: str) -> None:
         request.on_complete = _completion_recorder(loaded)
         try:
             loaded.scheduler.submit(request)
         except TritonError as error:
-            request.on_complete(request, request.error_response(error))
-            raise
-        return stream
+            current = self._replacement(loaded, request.model_name, requested_version)
+            if current is None:
+                request.on_complete(request, request.error_response(error))
+                raise
+            # A reload swapped in a new version between lookup and submit: go there.
+            self._prepare(request, current)
+            self._submit(request, current, requested_version)
+
+    def _replacement(self, loaded: LoadedVersion, name: str, requested_version: str):
+        try:
+            current = self.manager.get(name, requested_version)
+        except TritonError:
+            return None
+        return None if current is loaded else current
 
     async def infer_unary(self, request: InferenceRequest, endpoint: str) -> InferenceResponse:
         """One request, its final response; an error response is raised."""
@@ -101,6 +177,22 @@ class InferenceService:
         if response.error is not None:
             raise response.error
         return response
+
+    # --- model repository extension ---
+
+    def repository_index(self, ready_only: bool = False) -> list[dict]:
+        return self.manager.index(ready_only)
+
+    async def load_model(self, name: str, config_json: str | None = None,
+                         files: dict[str, bytes] | None = None) -> None:
+        self.manager.check_control_allowed()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, lambda: self.manager.load(name, config_json, files))
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self.manager.check_control_allowed()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, lambda: self.manager.unload(name, unload_dependents))
 
     # --- statistics ---
 
@@ -113,6 +205,37 @@ class InferenceService:
         else:
             versions = self.manager.loaded_versions()
         return [_statistics(v) for v in sorted(versions, key=lambda v: (v.name, v.version))]
+
+
+def _apply_plan(tensor: Tensor, plan, loaded: LoadedVersion, batched: bool) -> Tensor:
+    if plan is None:
+        return tensor
+    classes, shm = plan
+    if classes is not None:
+        if not isinstance(classes, int) or isinstance(classes, bool):
+            raise invalid_arg(f"'classification' of output '{tensor.name}' must be an integer")
+        tensor = classify(tensor, classes, _labels(loaded, tensor.name), batched)
+    if shm is not None:
+        region, offset, size = shm
+        raw = tensor.raw_bytes()
+        if len(raw) > size:
+            raise invalid_arg(
+                f"shared memory size specified with the request for output '{tensor.name}' "
+                f"({size} bytes) should be at least {len(raw)} bytes to hold the results")
+        region.view(offset, len(raw), f"output '{tensor.name}'")[:] = raw
+        tensor = Tensor(tensor.name, tensor.datatype, tensor.shape, raw=b"",
+                        parameters={SHM_REGION: region.name, SHM_SIZE: len(raw)})
+    return tensor
+
+
+def _labels(loaded: LoadedVersion, output_name: str) -> list[str]:
+    cache = loaded.__dict__.setdefault("_labels", {})
+    if output_name not in cache:
+        filename = next((o.label_filename for o in loaded.config.output
+                         if o.name == output_name), "")
+        model_dir = loaded.backend.context.model_dir
+        cache[output_name] = read_labels(model_dir / filename) if filename else []
+    return cache[output_name]
 
 
 def _tensor_metadata(tensor, config: mc.ModelConfig) -> dict:

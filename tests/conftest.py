@@ -41,6 +41,7 @@ class Protocol:
     name: str
     module: object
     client: object
+    url: str = ""
 
     def status_of(self, error) -> str:
         return str(error.status())
@@ -48,10 +49,10 @@ class Protocol:
 
 def connect(name: str, server: ServerThread):
     if name == "http":
-        return Protocol(name, httpclient,
-                        httpclient.InferenceServerClient(f"127.0.0.1:{server.ports['http']}"))
-    return Protocol(name, grpcclient,
-                    grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports['grpc']}"))
+        url = f"127.0.0.1:{server.ports['http']}"
+        return Protocol(name, httpclient, httpclient.InferenceServerClient(url), url)
+    url = f"127.0.0.1:{server.ports['grpc']}"
+    return Protocol(name, grpcclient, grpcclient.InferenceServerClient(url), url)
 
 
 # Expected error statuses per protocol, as each tritonclient reports them.

@@ -106,6 +106,9 @@ class InferenceRequest:
     queue_start_ns: int = 0
     cancelled: bool = False
     decoupled: bool = False  # the model may send 0..N responses
+    # Applied to each successful response before it is sent (shared-memory and
+    # classification outputs); None on the plain path.
+    transform: Callable[[InferenceResponse], InferenceResponse] | None = None
     completed: bool = False  # the final response was sent
 
     def input(self, name: str) -> Tensor | None:
@@ -116,6 +119,12 @@ class InferenceRequest:
 
     def respond(self, response: InferenceResponse) -> None:
         """Send one response of this request (thread-safe)."""
+        if self.transform is not None and response.error is None:
+            try:
+                response = self.transform(response)
+            except TritonError as error:
+                response = InferenceResponse(self.model_name, self.model_version, self.id,
+                                             error=error, final=response.final)
         if response.final:
             self.completed = True
             if self.on_complete is not None:

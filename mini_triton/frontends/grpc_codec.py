@@ -15,7 +15,7 @@ FINAL_RESPONSE = "triton_final_response"
 
 
 def read_parameters(parameters) -> dict:
-    """A map<string, InferParameter> as plain Python values."""
+    """A map<string, InferParameter> (or ModelRepositoryParameter) as plain Python values."""
     values = {}
     for key, parameter in parameters.items():
         which = parameter.WhichOneof("parameter_choice")
@@ -93,8 +93,9 @@ def encode_infer_response(response: InferenceResponse) -> pb.ModelInferResponse:
                                      shape=tensor.shape)
         if tensor.parameters:
             write_parameters(output.parameters, tensor.parameters)
-        if "shared_memory_region" not in tensor.parameters:
-            message.raw_output_contents.append(bytes(tensor.raw_bytes()))
+        # One raw entry per output keeps positions aligned; shared-memory outputs
+        # carry theirs in the client's region.
+        message.raw_output_contents.append(bytes(tensor.raw_bytes()))
     return message
 
 

@@ -9,8 +9,8 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from ..core.errors import TritonError
-from ..service import InferenceService
+from ..core.errors import Code, TritonError, invalid_arg, unsupported
+from ..service import CUDA_SHM_UNAVAILABLE, InferenceService
 from . import grpc_codec
 from .errors import grpc_status
 
@@ -68,6 +68,68 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(self, request, context):
         return grpc_codec.statistics_message(
             self.service.model_statistics(request.name, request.version))
+
+    # --- model repository extension ---
+
+    @aborts_on_error
+    async def RepositoryIndex(self, request, context):
+        response = pb.RepositoryIndexResponse()
+        for entry in self.service.repository_index(request.ready):
+            response.models.add(**entry)
+        return response
+
+    @aborts_on_error
+    async def RepositoryModelLoad(self, request, context):
+        parameters = grpc_codec.read_parameters(request.parameters)
+        config = parameters.get("config")
+        if config is not None and not isinstance(config, (str, bytes)):
+            raise invalid_arg("the 'config' parameter must be a string holding JSON")
+        files = {key: value if isinstance(value, bytes) else str(value).encode()
+                 for key, value in parameters.items() if key.startswith("file:")}
+        await self.service.load_model(request.model_name, config, files or None)
+        return pb.RepositoryModelLoadResponse()
+
+    @aborts_on_error
+    async def RepositoryModelUnload(self, request, context):
+        parameters = grpc_codec.read_parameters(request.parameters)
+        await self.service.unload_model(request.model_name,
+                                        bool(parameters.get("unload_dependents", False)))
+        return pb.RepositoryModelUnloadResponse()
+
+    # --- shared memory extensions ---
+
+    @aborts_on_error
+    async def SystemSharedMemoryStatus(self, request, context):
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.service.system_shm.status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
+
+    @aborts_on_error
+    async def SystemSharedMemoryRegister(self, request, context):
+        self.service.system_shm.register(request.name, request.key, request.offset,
+                                         request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @aborts_on_error
+    async def SystemSharedMemoryUnregister(self, request, context):
+        self.service.system_shm.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @aborts_on_error
+    async def CudaSharedMemoryStatus(self, request, context):
+        if request.name:
+            raise TritonError(Code.NOT_FOUND,
+                              f"Unable to find cuda shared memory region: '{request.name}'")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @aborts_on_error
+    async def CudaSharedMemoryRegister(self, request, context):
+        raise unsupported(CUDA_SHM_UNAVAILABLE)
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # --- inference ---
 

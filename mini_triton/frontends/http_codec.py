@@ -207,7 +207,9 @@ def encode_infer_response(response: InferenceResponse, request: InferenceRequest
     for tensor in response.outputs:
         entry = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
         parameters = dict(tensor.parameters)
-        if wants_binary.get(tensor.name, binary_default):
+        if "shared_memory_region" in parameters:
+            pass  # the data went into the client's shared memory region
+        elif wants_binary.get(tensor.name, binary_default):
             raw = tensor.raw_bytes()
             parameters["binary_data_size"] = len(raw)
             chunks.append(raw)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 
 from aiohttp import web
 
 from ..config.json_format import config_to_json
 from ..core.datatypes import from_name
-from ..core.errors import TritonError, invalid_arg
+from ..core.errors import Code, TritonError, invalid_arg, unsupported
 from ..core.validate import config_datatype
-from ..service import InferenceService
+from ..service import CUDA_SHM_UNAVAILABLE, InferenceService
 from . import http_codec
 from .errors import http_status
 
@@ -69,6 +71,21 @@ class HttpFrontend:
                 web.post(prefix + "/infer", self.infer),
                 web.get(prefix + "/stats", self.statistics),
             ]
+        routes += [
+            web.post("/v2/repository/index", self.repository_index),
+            web.post("/v2/repository/models/{model}/load", self.load_model),
+            web.post("/v2/repository/models/{model}/unload", self.unload_model),
+            web.get("/v2/systemsharedmemory/status", self.shm_status),
+            web.get("/v2/systemsharedmemory/region/{region}/status", self.shm_status),
+            web.post("/v2/systemsharedmemory/region/{region}/register", self.shm_register),
+            web.post("/v2/systemsharedmemory/region/{region}/unregister", self.shm_unregister),
+            web.post("/v2/systemsharedmemory/unregister", self.shm_unregister),
+            web.get("/v2/cudasharedmemory/status", self.cuda_shm_status),
+            web.get("/v2/cudasharedmemory/region/{region}/status", self.cuda_shm_status),
+            web.post("/v2/cudasharedmemory/region/{region}/register", self.cuda_shm_register),
+            web.post("/v2/cudasharedmemory/region/{region}/unregister", self.empty_ok),
+            web.post("/v2/cudasharedmemory/unregister", self.empty_ok),
+        ]
         self.app.add_routes(routes)
 
     # --- health and metadata ---
@@ -99,6 +116,73 @@ class HttpFrontend:
     async def statistics(self, request: web.Request) -> web.Response:
         name, version = request.match_info.get("model", ""), request.match_info.get("version", "")
         return json_response({"model_stats": self.service.model_statistics(name, version)})
+
+    # --- model repository extension ---
+
+    @handles_errors
+    async def repository_index(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        ready = body.get("ready", False)
+        if not isinstance(ready, bool):
+            raise invalid_arg("'ready' must be a boolean")
+        return json_response(self.service.repository_index(ready))
+
+    @handles_errors
+    async def load_model(self, request: web.Request) -> web.Response:
+        parameters = (await _json_body(request)).get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise invalid_arg("'parameters' must be a JSON object")
+        config = parameters.get("config")
+        if config is not None and not isinstance(config, str):
+            raise invalid_arg("the 'config' parameter must be a string holding JSON")
+        files = {key: _base64(key, value) for key, value in parameters.items()
+                 if key.startswith("file:")}
+        await self.service.load_model(request.match_info["model"], config, files or None)
+        return web.Response(status=200)
+
+    @handles_errors
+    async def unload_model(self, request: web.Request) -> web.Response:
+        parameters = (await _json_body(request)).get("parameters", {})
+        dependents = parameters.get("unload_dependents", False) if isinstance(parameters, dict) \
+            else False
+        await self.service.unload_model(request.match_info["model"], bool(dependents))
+        return web.Response(status=200)
+
+    # --- shared memory extensions ---
+
+    @handles_errors
+    async def shm_status(self, request: web.Request) -> web.Response:
+        return json_response(self.service.system_shm.status(request.match_info.get("region", "")))
+
+    @handles_errors
+    async def shm_register(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        key, offset, size = body.get("key"), body.get("offset", 0), body.get("byte_size")
+        if not isinstance(key, str) or not isinstance(offset, int) or not isinstance(size, int):
+            raise invalid_arg("register needs 'key' (string), 'offset' and 'byte_size' "
+                              "(integers)")
+        self.service.system_shm.register(request.match_info["region"], key, offset, size)
+        return web.Response(status=200)
+
+    @handles_errors
+    async def shm_unregister(self, request: web.Request) -> web.Response:
+        self.service.system_shm.unregister(request.match_info.get("region", ""))
+        return web.Response(status=200)
+
+    @handles_errors
+    async def cuda_shm_status(self, request: web.Request) -> web.Response:
+        region = request.match_info.get("region", "")
+        if region:
+            raise TritonError(Code.NOT_FOUND,
+                              f"Unable to find cuda shared memory region: '{region}'")
+        return json_response([])
+
+    @handles_errors
+    async def cuda_shm_register(self, request: web.Request) -> web.Response:
+        raise unsupported(CUDA_SHM_UNAVAILABLE)
+
+    async def empty_ok(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
 
     # --- inference ---
 
@@ -140,6 +224,28 @@ class HttpFrontend:
         if "Accept-Encoding" in request.headers:
             response.enable_compression()
         return response
+
+
+async def _json_body(request: web.Request) -> dict:
+    body = await request.read()
+    if not body:
+        return {}
+    try:
+        document = http_codec.loads(body)
+    except ValueError as error:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
+    if not isinstance(document, dict):
+        raise invalid_arg("the request body must be a JSON object")
+    return document
+
+
+def _base64(key: str, value) -> bytes:
+    if not isinstance(value, str):
+        raise invalid_arg(f"parameter '{key}' must hold base64-encoded file contents")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid_arg(f"parameter '{key}' is not valid base64") from None
 
 
 def _header_length(value: str | None) -> int | None:

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import enum
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import Backend, ModelContext
 from ..backends.registry import backend_class
 from ..config import ConfigError, parse_config_file
+from ..config.json_format import config_from_json
 from ..config.autofill import AutofillError, check_config, complete_platform, fill_defaults
-from ..core.errors import TritonError, not_found, unavailable
+from ..core.errors import TritonError, invalid_arg, not_found, unavailable
 from ..core.stats import ModelStats
 from ..scheduling import create_scheduler
 from . import scan
@@ -68,6 +71,13 @@ class ModelRecord:
     state: State = State.UNAVAILABLE
     reason: str = ""
     fingerprint: tuple = ()
+    unloaded: bool = False  # unloaded on purpose: not counted for readiness
+    private_dir: Path | None = None  # a directory written from load-API file overrides
+
+    def ensemble_steps(self) -> set[str]:
+        if self.config is None or self.config.platform != "ensemble":
+            return set()
+        return {step.model_name for step in self.config.ensemble_scheduling.step}
 
 
 @dataclass
@@ -79,16 +89,22 @@ class ServerOptions:
     gpu_available: bool = False
 
 
+CONTROL_DISABLED = ("explicit model load / unload is not allowed if polling is enabled")
+
+
 class ModelRepositoryManager:
+    """Every change of a model's state goes through here, one at a time."""
+
     def __init__(self, repositories: list[Path], options: ServerOptions | None = None,
-                 server=None):
+                 server=None, mode: str = "none"):
         self.repositories = [Path(r) for r in repositories]
         self.options = options or ServerOptions()
         self.server = server
+        self.mode = mode
         self.records: dict[str, ModelRecord] = {}
-        self.lock = threading.RLock()
+        self.lock = threading.RLock()  # serialises loads, reloads and unloads
 
-    # --- discovery and loading ---
+    # --- discovery ---
 
     def model_folders(self) -> dict[str, Path]:
         """Model name → folder over all repositories; the first repository wins."""
@@ -98,25 +114,98 @@ class ModelRepositoryManager:
                 folders.setdefault(name, path)
         return folders
 
-    def load_all(self) -> list[ModelRecord]:
-        """Load every model found; returns the records of those that failed."""
-        for name, folder in self.model_folders().items():
-            self.load_model(name, folder)
-        return [r for r in self.records.values() if r.state != State.READY]
+    # --- start-up, poll ---
 
-    def load_model(self, name: str, folder: Path) -> ModelRecord:
-        record = load_record(name, folder, self.options, self.server)
-        with self.lock:
-            previous = self.records.get(name)
-            self.records[name] = record
-        if previous is not None:
-            _stop_versions(previous, self.options.exit_timeout_secs)
-        if record.state == State.READY:
-            log.info("successfully loaded '%s' version %s", name,
-                     ",".join(str(v) for v in sorted(record.versions)))
+    def load_startup(self, names: list[str] | None = None) -> list[ModelRecord]:
+        """Load what the mode loads at start-up (explicit: only `names`, '*' = all);
+        returns the records that failed."""
+        folders = self.model_folders()
+        if self.mode == "explicit":
+            wanted = folders if "*" in (names or []) else {n: None for n in names or []}
+            for name in wanted:
+                self.load(name, check_mode=False)
         else:
-            log.error("%s", record.reason)
-        return record
+            for name in _dependencies_first(folders, self._peek_steps):
+                self._load_folder(name, folders[name])
+        return [r for r in self.records.values() if r.state != State.READY and not r.unloaded]
+
+    def load_all(self) -> list[ModelRecord]:
+        return self.load_startup(["*"])
+
+    def poll(self) -> None:
+        """Bring the served models in line with the repository folders."""
+        with self.lock:
+            folders = self.model_folders()
+            for name in list(self.records):
+                record = self.records[name]
+                if name not in folders and not record.unloaded and record.private_dir is None:
+                    self._unload(name, "model folder removed")
+            changed = [name for name, folder in folders.items()
+                       if name not in self.records
+                       or self.records[name].fingerprint != scan.fingerprint(folder)]
+            for name in _dependencies_first({n: folders[n] for n in changed}, self._peek_steps):
+                self._load_folder(name, folders[name])
+
+    # --- explicit control (the model-repository API) ---
+
+    def check_control_allowed(self) -> None:
+        if self.mode != "explicit":
+            raise unavailable(CONTROL_DISABLED)
+
+    def load(self, name: str, config_json: str | None = None,
+             files: dict[str, bytes] | None = None, check_mode: bool = True) -> ModelRecord:
+        """Load or reload `name`; raises TritonError when it does not become READY."""
+        if check_mode:
+            self.check_control_allowed()
+        with self.lock:
+            private_dir = None
+            if files:
+                if config_json is None:
+                    raise invalid_arg(f"failed to load '{name}': a 'config' parameter must be "
+                                      "given with file overrides")
+                folder = private_dir = write_private_model(name, files)
+            else:
+                folder = self.model_folders().get(name)
+                if folder is None:
+                    raise invalid_arg(f"failed to load '{name}', failed to poll from model "
+                                      f"repository: model '{name}' is not found in any "
+                                      "model repository")
+            override = None
+            if config_json is not None:
+                override = _config_override(name, config_json)
+            for step in self._peek_steps(name, folder, override):
+                if not self.is_ready(step):
+                    self.load(step, check_mode=False)
+            record = self._load_folder(name, folder, override, private_dir)
+            if record.state != State.READY or self.records.get(name) is not record:
+                current = self.records.get(name)
+                raise invalid_arg(current.reason if current and current is not record
+                                  and current.reason else record.reason)
+            return record
+
+    def unload(self, name: str, unload_dependents: bool = False, check_mode: bool = True) -> None:
+        if check_mode:
+            self.check_control_allowed()
+        with self.lock:
+            if name not in self.records and name not in self.model_folders():
+                raise invalid_arg(f"failed to unload '{name}': model '{name}' is not found")
+            self._unload(name, "unloaded")
+            if unload_dependents:
+                for dependent in self._dependents(name):
+                    self._unload(dependent, "unloaded")
+
+    def mark_unavailable(self, name: str, version: int, reason: str) -> None:
+        """A serving version broke (its worker died): stop routing to it."""
+        with self.lock:
+            record = self.records.get(name)
+            if record is None or version not in record.versions:
+                return
+            loaded = record.versions.pop(version)
+            record.statuses[version] = VersionStatus(version, State.UNAVAILABLE, reason)
+            if not record.versions:
+                record.state, record.reason = State.UNAVAILABLE, reason
+        log.error("%s", reason)
+        threading.Thread(target=_stop_quietly, args=(loaded, 1.0), daemon=True).start()
 
     # --- lookups used by the service ---
 
@@ -136,9 +225,10 @@ class ModelRepositoryManager:
                     f"Request for unknown model: '{name}' version {version} is not at ready "
                     "state")
             return loaded
-        if not record.versions:
+        versions = record.versions
+        if not versions:
             raise unavailable(f"Request for unknown model: '{name}' has no available versions")
-        return record.versions[max(record.versions)]
+        return versions[max(versions)]
 
     def record(self, name: str) -> ModelRecord:
         record = self.records.get(name)
@@ -154,22 +244,23 @@ class ModelRepositoryManager:
         return True
 
     def all_ready(self) -> bool:
-        return all(r.state == State.READY for r in self.records.values())
+        return all(r.state == State.READY for r in list(self.records.values()) if not r.unloaded)
 
     def loaded_versions(self) -> list[LoadedVersion]:
-        return [v for r in list(self.records.values()) for v in r.versions.values()]
+        return [v for r in list(self.records.values()) for v in list(r.versions.values())]
 
-    def index(self) -> list[dict]:
+    def index(self, ready_only: bool = False) -> list[dict]:
         entries = []
-        for name in sorted(self.records):
-            record = self.records[name]
-            if not record.statuses:
-                entries.append({"name": name, "state": record.state.value,
-                                "reason": record.reason})
-            for version in sorted(record.statuses):
-                status = record.statuses[version]
-                entries.append({"name": name, "version": str(version),
-                                "state": status.state.value, "reason": status.reason})
+        records = dict(self.records)
+        for name in sorted(set(records) | set(self.model_folders())):
+            record = records.get(name)
+            if record is None:
+                if not ready_only:
+                    entries.append({"name": name})
+                continue
+            entries.extend(_index_entries(record))
+        if ready_only:
+            entries = [e for e in entries if e.get("state") == State.READY.value]
         return entries
 
     def stop_all(self, timeout: float) -> None:
@@ -177,6 +268,173 @@ class ModelRepositoryManager:
             records = list(self.records.values())
         for record in records:
             _stop_versions(record, timeout)
+            _remove_private_dir(record)
+
+    # --- internals ---
+
+    def _load_folder(self, name: str, folder: Path, override: mc.ModelConfig | None = None,
+                     private_dir: Path | None = None) -> ModelRecord:
+        """Load a new record next to the old one and swap it in; a failed reload keeps
+        the old versions serving and records why in the index."""
+        with self.lock:
+            previous = self.records.get(name)
+            if previous is None or not previous.versions:
+                self.records[name] = ModelRecord(name, folder, state=State.LOADING,
+                                                 statuses=_loading_statuses(previous))
+            record = load_record(name, folder, self.options, self.server, override)
+            record.private_dir = private_dir
+            if record.state != State.READY and previous is not None and previous.versions:
+                previous.reason = f"failed to reload '{name}': {record.reason}"
+                previous.fingerprint = record.fingerprint
+                log.error("%s; the previous version keeps serving", previous.reason)
+                _remove_private_dir(record)
+                return record
+            self.records[name] = record
+            if previous is not None:
+                _stop_versions(previous, self.options.exit_timeout_secs)
+                if previous.private_dir != record.private_dir:
+                    _remove_private_dir(previous)
+            self._report(record)
+            if record.state == State.READY:
+                self._reload_dependents(name)
+            return record
+
+    def _report(self, record: ModelRecord) -> None:
+        if record.state == State.READY:
+            log.info("successfully loaded '%s' version %s", record.name,
+                     ",".join(str(v) for v in sorted(record.versions)))
+        else:
+            log.error("%s", record.reason)
+
+    def _unload(self, name: str, reason: str) -> None:
+        previous = self.records.get(name)
+        statuses = {v: VersionStatus(v, State.UNAVAILABLE, reason)
+                    for v in (previous.statuses if previous else {})}
+        self.records[name] = ModelRecord(name, previous.model_dir if previous else None,
+                                         config=previous.config if previous else None,
+                                         statuses=statuses, reason=reason, unloaded=True)
+        if previous is not None:
+            _stop_versions(previous, self.options.exit_timeout_secs)
+            _remove_private_dir(previous)
+            log.info("successfully unloaded '%s'", name)
+
+    def _dependents(self, name: str) -> list[str]:
+        return sorted(n for n, r in self.records.items()
+                      if name in r.ensemble_steps() and r.versions)
+
+    def _reload_dependents(self, name: str) -> None:
+        """An ensemble follows the models it uses: reload it when one of them changes."""
+        for dependent in self._dependents(name):
+            record = self.records[dependent]
+            if record.model_dir is not None and record.private_dir is None:
+                self._load_folder(dependent, record.model_dir)
+
+    def _peek_steps(self, name: str, folder: Path | None,
+                    override: mc.ModelConfig | None = None) -> set[str]:
+        """The models an ensemble folder uses, read without loading it."""
+        config = override
+        if config is None and folder is not None and (folder / scan.CONFIG_FILENAME).exists():
+            try:
+                config = parse_config_file(folder / scan.CONFIG_FILENAME)
+            except ConfigError:
+                return set()
+        if config is None or config.platform != "ensemble":
+            return set()
+        return {step.model_name for step in config.ensemble_scheduling.step} - {name}
+
+
+def _loading_statuses(previous: ModelRecord | None) -> dict[int, VersionStatus]:
+    if previous is None:
+        return {}
+    return {v: VersionStatus(v, State.LOADING) for v in previous.statuses}
+
+
+def _index_entries(record: ModelRecord) -> list[dict]:
+    if not record.statuses:
+        return [{"name": record.name, "state": record.state.value, "reason": record.reason}]
+    entries = []
+    for version in sorted(record.statuses):
+        status = record.statuses[version]
+        reason = status.reason
+        if status.state == State.READY and record.reason:
+            reason = record.reason  # a failed reload, while this version keeps serving
+        entries.append({"name": record.name, "version": str(version),
+                        "state": status.state.value, "reason": reason})
+    return entries
+
+
+def _dependencies_first(folders: dict[str, Path], steps_of) -> list[str]:
+    """Model names ordered so that an ensemble comes after the models it uses."""
+    ordered, placed = [], set()
+
+    def place(name: str, trail: tuple) -> None:
+        if name in placed or name not in folders or name in trail:
+            return
+        for step in sorted(steps_of(name, folders[name])):
+            place(step, trail + (name,))
+        placed.add(name)
+        ordered.append(name)
+
+    for name in folders:
+        place(name, ())
+    return ordered
+
+
+def _config_override(name: str, config_json: str) -> mc.ModelConfig:
+    try:
+        return config_from_json(config_json)
+    except (ConfigError, ValueError) as error:
+        raise invalid_arg(f"failed to load '{name}': invalid 'config' parameter: {error}") \
+            from None
+
+
+def write_private_model(name: str, files: dict[str, bytes]) -> Path:
+    """Write load-API file overrides into a fresh private model directory.
+
+    Keys are `file:<version>/<path>`; a path that is absolute, climbs out with
+    `..`, or would pass through a link is refused, so nothing is ever written
+    outside the new directory.
+    """
+    root = Path(tempfile.mkdtemp(prefix="mini_triton_"))
+    folder = root / name
+    folder.mkdir()
+    try:
+        for key, content in files.items():
+            target = _override_target(folder, key, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "xb") as handle:
+                handle.write(content)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return folder
+
+
+def _override_target(folder: Path, key: str, name: str) -> Path:
+    relative = key[len("file:"):]
+    parts = PurePosixPath(relative).parts
+    if (not relative or relative.startswith("/") or "\\" in relative or ".." in parts
+            or PurePosixPath(relative).is_absolute() or ":" in parts[0]):
+        raise invalid_arg(f"failed to load '{name}': invalid file override path '{relative}'")
+    if scan.parse_version(parts[0]) is None or len(parts) < 2:
+        raise invalid_arg(f"failed to load '{name}': file override '{relative}' must be "
+                          "'<version>/<path>' with a numeric version")
+    target = folder.joinpath(*parts)
+    current = folder
+    for part in parts[:-1]:
+        current = current / part
+        if current.is_symlink():
+            raise invalid_arg(f"failed to load '{name}': file override '{relative}' passes "
+                              "through a link")
+    if not target.resolve().is_relative_to(folder.resolve()):
+        raise invalid_arg(f"failed to load '{name}': file override '{relative}' leaves the "
+                          "model directory")
+    return target
+
+
+def _remove_private_dir(record: ModelRecord) -> None:
+    if record.private_dir is not None:
+        shutil.rmtree(record.private_dir.parent, ignore_errors=True)
 
 
 def _version_number(version: str, name: str) -> int:
@@ -187,24 +445,29 @@ def _version_number(version: str, name: str) -> int:
             f"Request for unknown model: '{name}' version {version} is not found") from None
 
 
+def _stop_quietly(loaded: LoadedVersion, timeout: float) -> None:
+    try:
+        loaded.stop(timeout)
+    except Exception:  # unloading must go on for the others
+        log.exception("error while unloading '%s' version %d", loaded.name, loaded.version)
+
+
 def _stop_versions(record: ModelRecord, timeout: float) -> None:
-    for loaded in record.versions.values():
-        try:
-            loaded.stop(timeout)
-        except Exception:  # unloading must go on for the others
-            log.exception("error while unloading '%s' version %d", loaded.name, loaded.version)
+    for loaded in list(record.versions.values()):
+        _stop_quietly(loaded, timeout)
 
 
 # --- loading one model folder ---
 
 
-def load_record(name: str, folder: Path, options: ServerOptions, server=None) -> ModelRecord:
+def load_record(name: str, folder: Path, options: ServerOptions, server=None,
+                override: mc.ModelConfig | None = None) -> ModelRecord:
     """Read, complete and load every version of one model folder. Never raises:
     a failure becomes an UNAVAILABLE record whose reason says why."""
     record = ModelRecord(name, folder, fingerprint=scan.fingerprint(folder))
     started = time.monotonic()
     try:
-        record.config = read_config(name, folder, options, server)
+        record.config = read_config(name, folder, options, server, override)
     except TritonError as error:
         record.reason = f"failed to load '{name}': {error.message}"
         return record
@@ -225,11 +488,16 @@ def load_record(name: str, folder: Path, options: ServerOptions, server=None) ->
     return record
 
 
-def read_config(name: str, folder: Path, options: ServerOptions, server=None) -> mc.ModelConfig:
-    """The completed config of a model folder (config.pbtxt, then auto-complete)."""
+def read_config(name: str, folder: Path, options: ServerOptions, server=None,
+                override: mc.ModelConfig | None = None) -> mc.ModelConfig:
+    """The completed config of a model folder (an override, else config.pbtxt, then
+    auto-complete)."""
     config_path = folder / scan.CONFIG_FILENAME
     try:
-        if config_path.exists():
+        if override is not None:
+            config = mc.ModelConfig()
+            config.CopyFrom(override)
+        elif config_path.exists():
             config = parse_config_file(config_path)
         elif options.disable_auto_complete:
             raise unavailable(f"model configuration file {config_path} does not exist "

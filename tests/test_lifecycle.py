@@ -1,0 +1,287 @@
+"""A live repository: explicit load/unload with overrides, polling, reload without lost
+requests, failures that keep the old version serving."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import connect, server_settings
+from mini_triton.server import ServerThread
+
+IDENTITY = """
+name: "{name}"
+backend: "identity"
+max_batch_size: 8
+{extra}
+input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] }} ]
+"""
+
+
+def write_model(repository: Path, name: str, versions=(1,), extra: str = "") -> Path:
+    folder = repository / name
+    for version in versions:
+        (folder / str(version)).mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(IDENTITY.format(name=name, extra=extra))
+    return folder
+
+
+def wait_until(condition, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def echo(protocol, model="m", version=""):
+    data = np.arange(8, dtype=np.float32).reshape(1, 8)
+    tensor = protocol.module.InferInput("INPUT0", [1, 8], "FP32")
+    tensor.set_data_from_numpy(data)
+    result = protocol.client.infer(model, [tensor], model_version=version)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+    response = result.get_response(as_json=True) if protocol.name == "grpc" \
+        else result.get_response()
+    return response["model_version"]
+
+
+def index(protocol, ready=False):
+    """The repository index, with the server's own `ready` filter."""
+    if protocol.name == "grpc":
+        import grpc
+        from google.protobuf import json_format
+        from tritonclient.grpc import service_pb2 as pb
+        from tritonclient.grpc import service_pb2_grpc
+
+        with grpc.insecure_channel(protocol.url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            reply = stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=ready))
+        return json_format.MessageToDict(reply, preserving_proto_field_name=True).get(
+            "models", [])
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{protocol.url}/v2/repository/index",
+                                     data=json.dumps({"ready": ready}).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+# --- explicit control ---
+
+
+@pytest.fixture(scope="module")
+def explicit_server(tmp_path_factory):
+    repository = tmp_path_factory.mktemp("explicit")
+    write_model(repository, "a")
+    write_model(repository, "b")
+    (repository / "broken" / "1").mkdir(parents=True)
+    (repository / "broken" / "config.pbtxt").write_text('name: "broken"\nbackend "identity"\n')
+    settings = server_settings(repository, model_control_mode="explicit", load_models=["a"])
+    with ServerThread(settings) as server:
+        yield server
+
+
+@pytest.fixture(params=["http", "grpc"])
+def explicit(request, explicit_server):
+    protocol = connect(request.param, explicit_server)
+    yield protocol
+    protocol.client.close()
+
+
+def test_explicit_startup_loads_only_named_models(explicit):
+    assert explicit.client.is_model_ready("a")
+    names = {entry["name"] for entry in index(explicit)}
+    assert {"a", "b", "broken"} <= names
+
+
+def test_load_and_unload(explicit):
+    explicit.client.load_model("b")
+    assert explicit.client.is_model_ready("b")
+    assert echo(explicit, "b") == "1"
+    explicit.client.unload_model("b")
+    assert not explicit.client.is_model_ready("b")
+    entry = next(e for e in index(explicit) if e["name"] == "b")
+    assert entry["state"] == "UNAVAILABLE" and entry["reason"] == "unloaded"
+    assert "b" not in {e["name"] for e in index(explicit, ready=True)}
+
+
+def test_load_failure_names_the_model_and_position(explicit):
+    with pytest.raises(InferenceServerException) as caught:
+        explicit.client.load_model("broken")
+    assert "failed to load 'broken'" in caught.value.message()
+    assert "config.pbtxt:2:9" in caught.value.message()
+    entry = next(e for e in index(explicit) if e["name"] == "broken")
+    assert entry["state"] == "UNAVAILABLE"
+    assert "config.pbtxt:2:9" in entry["reason"]
+    assert explicit.client.is_model_ready("a")
+
+
+def test_load_with_config_override(explicit):
+    config = json.dumps({"name": "b", "backend": "identity", "max_batch_size": 2,
+                         "input": [{"name": "INPUT0", "data_type": "type_fp32", "dims": [-1]}],
+                         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32",
+                                     "dims": [-1]}]})
+    explicit.client.load_model("b", config=config)
+    loaded = explicit.client.get_model_config("b", as_json=True) if explicit.name == "grpc" \
+        else explicit.client.get_model_config("b")
+    loaded = loaded.get("config", loaded)
+    assert int(loaded["max_batch_size"]) == 2
+    explicit.client.unload_model("b")
+
+
+def test_config_override_with_unknown_field_is_refused(explicit):
+    config = json.dumps({"name": "b", "backend": "identity", "max_batch_sise": 2})
+    with pytest.raises(InferenceServerException) as caught:
+        explicit.client.load_model("b", config=config)
+    assert "failed to load 'b'" in caught.value.message()
+    assert 'unknown field "max_batch_sise"' in caught.value.message()
+
+
+def test_file_override_writes_a_private_model(explicit):
+    config = IDENTITY.format(name="fresh", extra="")
+    json_config = json.dumps({"name": "fresh", "backend": "identity", "max_batch_size": 8,
+                              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32",
+                                         "dims": [-1]}],
+                              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32",
+                                          "dims": [-1]}]})
+    files = {"file:3/notes.txt": config.encode()}
+    explicit.client.load_model("fresh", config=json_config, files=files)
+    assert echo(explicit, "fresh") == "3"
+    explicit.client.unload_model("fresh")
+
+
+@pytest.mark.parametrize("path", ["../escape.txt", "/etc/passwd", "1/../../escape.txt",
+                                  "notaversion/x", "1"])
+def test_file_override_outside_the_model_is_refused(explicit, path, tmp_path):
+    json_config = json.dumps({"name": "evil", "backend": "identity"})
+    with pytest.raises(InferenceServerException) as caught:
+        explicit.client.load_model("evil", config=json_config,
+                                   files={f"file:{path}": b"x"})
+    assert "failed to load 'evil'" in caught.value.message()
+    assert not explicit.client.is_model_ready("evil")
+
+
+def test_file_override_http_is_base64(explicit_server):
+    import urllib.request
+
+    body = json.dumps({"parameters": {"config": json.dumps({"name": "b64", "backend": "identity"}),
+                                      "file:1/x": "not base64!"}}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{explicit_server.ports['http']}/v2/repository/models/b64/load",
+        data=body, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)
+    assert caught.value.code == 400
+    assert "is not valid base64" in json.loads(caught.value.read())["error"]
+
+
+def test_none_mode_refuses_control(proto):
+    for action in (proto.client.load_model, proto.client.unload_model):
+        with pytest.raises(InferenceServerException) as caught:
+            action("identity_fp32")
+        assert "explicit model load / unload is not allowed if polling is enabled" in \
+            caught.value.message()
+    assert proto.client.is_model_ready("identity_fp32")
+
+
+# --- polling ---
+
+
+class Traffic:
+    """HTTP and gRPC clients sending requests continuously; every one must succeed."""
+
+    def __init__(self, server, model: str):
+        self.server, self.model = server, model
+        self.errors: list[str] = []
+        self.counts = {"http": 0, "grpc": 0}
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(p,)) for p in self.counts]
+
+    def _run(self, name: str) -> None:
+        protocol = connect(name, self.server)
+        try:
+            while not self.stop.is_set():
+                try:
+                    echo(protocol, self.model)
+                    self.counts[name] += 1
+                except Exception as error:  # recorded, asserted by the test
+                    self.errors.append(f"{name}: {error}")
+        finally:
+            protocol.client.close()
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        wait_until(lambda: all(self.counts.values()), what="traffic to start")
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+
+
+@pytest.fixture()
+def poll_server(tmp_path):
+    repository = tmp_path / "repo"
+    repository.mkdir()
+    write_model(repository, "m", extra='parameters { key: "execute_delay_ms" value: '
+                                      '{ string_value: "20" } }')
+    settings = server_settings(repository, model_control_mode="poll", repository_poll_secs=0.2,
+                               exit_timeout_secs=10)
+    with ServerThread(settings) as server:
+        yield server, repository
+
+
+def test_model_availability_on_reload(poll_server):
+    server, repository = poll_server
+    http = connect("http", server)
+    with Traffic(server, "m") as traffic:
+        write_model(repository, "m", versions=(1, 2),
+                    extra='parameters { key: "execute_delay_ms" value: { string_value: "20" } }')
+        wait_until(lambda: http.client.is_model_ready("m", "2"), what="version 2")
+        time.sleep(0.3)  # let traffic run on the new version too
+    assert traffic.errors == []
+    assert echo(http, "m") == "2"
+    assert not http.client.is_model_ready("m", "1")
+
+
+def test_broken_reload_keeps_old_version_serving(poll_server):
+    server, repository = poll_server
+    http = connect("http", server)
+    with Traffic(server, "m") as traffic:
+        (repository / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "identity"\n'
+                                                       "max_batch_size: [\n")
+        wait_until(lambda: "failed to reload" in json.dumps(
+            http.client.get_model_repository_index()), what="failed reload in the index")
+    assert traffic.errors == []
+    entry = next(e for e in http.client.get_model_repository_index() if e["name"] == "m")
+    assert entry["state"] == "READY" and "config.pbtxt:4:1:" in entry["reason"]
+    assert echo(http, "m") == "1"
+    write_model(repository, "m")  # repaired
+    wait_until(lambda: next(e for e in http.client.get_model_repository_index()
+                            if e["name"] == "m")["reason"] == "", what="repair")
+    assert echo(http, "m") == "1"
+
+
+def test_new_and_deleted_folders(poll_server):
+    server, repository = poll_server
+    http = connect("http", server)
+    write_model(repository, "added")
+    wait_until(lambda: http.client.is_model_ready("added"), what="new folder to load")
+    assert echo(http, "added") == "1"
+    shutil.rmtree(repository / "added")
+    wait_until(lambda: not http.client.is_model_ready("added"), what="deleted folder to unload")
+    assert http.client.is_model_ready("m")
