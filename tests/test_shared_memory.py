@@ -1,0 +1,146 @@
+"""System shared memory with tritonclient.utils.shared_memory over HTTP and gRPC:
+the server reads and writes the right bytes and refuses anything out of bounds."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from conftest import STATUS
+
+SIZE = 64  # 16 FP32 values
+
+
+@pytest.fixture()
+def regions(proto):
+    """An input and an output region, registered under names unique to this test."""
+    tag = f"{proto.name}_{os.getpid()}_{id(proto)}"
+    handles = {}
+    for role in ("in", "out"):
+        key = f"/mt_{role}_{tag}"
+        handles[role] = (f"{role}_{tag}", key, shm.create_shared_memory_region(
+            f"{role}_{tag}", key, SIZE * 2))
+    for name, key, _ in handles.values():
+        proto.client.register_system_shared_memory(name, key, SIZE * 2)
+    yield handles
+    for name, _, handle in handles.values():
+        proto.client.unregister_system_shared_memory(name)
+        shm.destroy_shared_memory_region(handle)
+
+
+def shm_input(proto, name, byte_size, offset=0):
+    tensor = proto.module.InferInput("INPUT0", [1, 16], "FP32")
+    tensor.set_shared_memory(name, byte_size, offset)
+    return tensor
+
+
+def shm_output(proto, name, byte_size, offset=0):
+    output = proto.module.InferRequestedOutput("OUTPUT0")
+    output.set_shared_memory(name, byte_size, offset)
+    return output
+
+
+def test_inputs_and_outputs_through_shared_memory(proto, regions):
+    in_name, _, in_handle = regions["in"]
+    out_name, _, out_handle = regions["out"]
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    shm.set_shared_memory_region(in_handle, [data], offset=SIZE)
+    result = proto.client.infer("identity_fp32", [shm_input(proto, in_name, SIZE, SIZE)],
+                                outputs=[shm_output(proto, out_name, SIZE, SIZE)])
+    output = result.get_output("OUTPUT0")
+    shape = list(output.shape) if proto.name == "grpc" else output["shape"]
+    assert [int(d) for d in shape] == [1, 16]
+    got = shm.get_contents_as_numpy(out_handle, np.float32, [1, 16], offset=SIZE)
+    np.testing.assert_array_equal(got, data)
+
+
+def test_status_lists_registered_regions(proto, regions):
+    in_name, key, _ = regions["in"]
+    status = proto.client.get_system_shared_memory_status(in_name, as_json=True) \
+        if proto.name == "grpc" else proto.client.get_system_shared_memory_status(in_name)
+    if proto.name == "grpc":
+        entry = status["regions"][in_name]
+    else:
+        (entry,) = status
+    assert entry["key"] == key and int(entry["byte_size"]) == SIZE * 2
+
+
+@pytest.mark.parametrize("offset, size", [(SIZE * 2, SIZE), (SIZE + 8, SIZE), (-4, SIZE)])
+def test_out_of_bounds_input_is_refused(proto, regions, offset, size):
+    in_name, _, _ = regions["in"]
+    if offset < 0 and proto.name == "http":
+        pytest.skip("tritonclient refuses a negative offset before sending")
+    with pytest.raises(InferenceServerException) as caught:
+        proto.client.infer("identity_fp32", [shm_input(proto, in_name, size, offset)])
+    assert proto.status_of(caught.value) == STATUS[proto.name]["INVALID_ARG"]
+    assert "exceeds the size" in caught.value.message() or "offset" in caught.value.message()
+
+
+def test_output_region_too_small_is_refused(proto, regions):
+    in_name, _, in_handle = regions["in"]
+    out_name, _, _ = regions["out"]
+    shm.set_shared_memory_region(in_handle, [np.ones((1, 16), np.float32)])
+    with pytest.raises(InferenceServerException) as caught:
+        proto.client.infer("identity_fp32", [shm_input(proto, in_name, SIZE)],
+                           outputs=[shm_output(proto, out_name, 16)])
+    assert "should be at least 64 bytes" in caught.value.message()
+
+
+def test_output_beyond_region_is_refused(proto, regions):
+    in_name, _, _ = regions["in"]
+    out_name, _, _ = regions["out"]
+    with pytest.raises(InferenceServerException) as caught:
+        proto.client.infer("identity_fp32", [shm_input(proto, in_name, SIZE)],
+                           outputs=[shm_output(proto, out_name, SIZE, SIZE * 2 - 8)])
+    assert "exceeds the size" in caught.value.message()
+
+
+def test_register_missing_key_is_refused(proto):
+    with pytest.raises(InferenceServerException) as caught:
+        proto.client.register_system_shared_memory("ghost", "/mt_no_such_key", 64)
+    assert proto.status_of(caught.value) == STATUS[proto.name]["INVALID_ARG"]
+    assert "does not exist" in caught.value.message()
+
+
+def test_register_beyond_object_is_refused(proto):
+    handle = shm.create_shared_memory_region(f"small_{proto.name}", f"/mt_small_{proto.name}",
+                                             32)
+    try:
+        with pytest.raises(InferenceServerException) as caught:
+            proto.client.register_system_shared_memory(f"small_{proto.name}",
+                                                       f"/mt_small_{proto.name}", 64, offset=8)
+        assert "exceeds the size 32" in caught.value.message()
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_unknown_region_in_request(proto):
+    with pytest.raises(InferenceServerException) as caught:
+        proto.client.infer("identity_fp32", [shm_input(proto, "never_registered", SIZE)])
+    assert "Unable to find shared memory region: 'never_registered'" in caught.value.message()
+
+
+def test_cuda_shared_memory_endpoints(proto):
+    status = proto.client.get_cuda_shared_memory_status()
+    assert not (status.get("regions") if isinstance(status, dict) else status) \
+        if proto.name == "http" else len(status.regions) == 0
+    proto.client.unregister_cuda_shared_memory()
+    with pytest.raises(InferenceServerException) as caught:
+        proto.client.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 64)
+    assert "no CUDA device" in caught.value.message()
+
+
+def test_classification_extension(proto):
+    data = np.array([[0.1, 0.7, 0.2, 0.05]], dtype=np.float32)
+    tensor = proto.module.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(data)
+    output = proto.module.InferRequestedOutput("OUTPUT0", class_count=2)
+    result = proto.client.infer("multi_version", [tensor], outputs=[output])
+    classes = result.as_numpy("OUTPUT0")
+    assert classes.shape == (1, 2)
+    assert [c.decode() if isinstance(c, bytes) else c for c in classes[0]] == \
+        ["0.700000:1", "0.200000:2"]
