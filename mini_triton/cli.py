@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
+from .frontends.restrictions import parse_restrictions
 from .server import Settings, run
 
 _TRUE = ("true", "1", "yes", "on", "t")
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-max-input-size", type=non_negative, default=DEFAULT_MAX_INPUT_SIZE)
     add("--metrics-config", action="append", type=key_value, default=[],
         help="KEY=VALUE, e.g. summary_latencies=true")
+    add("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
+        help="e.g. model-repository,shared-memory:admin-key=secret (repeatable)")
+    add("--grpc-restricted-protocol", action="append", default=[], metavar="APIS:KEY=VALUE")
     return parser
 
 
@@ -100,6 +104,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         disable_auto_complete_config=args.disable_auto_complete_config,
         http_max_input_size=args.http_max_input_size,
         metrics_config=dict(args.metrics_config),
+        http_restricted=parse_restrictions(args.http_restricted_api),
+        grpc_restricted=parse_restrictions(args.grpc_restricted_protocol),
     )
 
 
@@ -118,10 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         return check_config(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except ValueError as error:
+        parser.error(str(error))
     if args.load_model and args.model_control_mode != "explicit":
         parser.error("--load-model requires --model-control-mode=explicit")
     configure_logging(args.log_verbose, args.log_info)
-    return run(settings_from(args))
+    return run(settings)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ class Settings:
     disable_auto_complete_config: bool = False
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     metrics_config: dict = field(default_factory=dict)
+    http_restricted: dict = field(default_factory=dict)  # API group → Restriction
+    grpc_restricted: dict = field(default_factory=dict)
 
 
 class StartupError(RuntimeError):
@@ -74,7 +76,8 @@ class Server:
         if self.settings.allow_grpc:
             await self._start_grpc()
         if self.settings.allow_http:
-            app = HttpFrontend(self.service, self.settings.http_max_input_size).app
+            app = HttpFrontend(self.service, self.settings.http_max_input_size,
+                               self.settings.http_restricted).app
             self.ports["http"] = await self._start_site(app, self.settings.http_address,
                                                         self.settings.http_port)
             log.info("Started HTTPService at %s:%d", self.settings.http_address,
@@ -97,7 +100,8 @@ class Server:
     async def _start_grpc(self) -> None:
         address, port = self.settings.grpc_address, self.settings.grpc_port
         try:
-            server, port = grpc_server.create_server(self.service, address, port)
+            server, port = grpc_server.create_server(self.service, address, port,
+                                                     self.settings.grpc_restricted)
         except RuntimeError as error:
             raise StartupError(f"gRPC cannot listen on {address}:{port}: {error}") from None
         await server.start()

@@ -13,6 +13,7 @@ from ..core.errors import Code, TritonError, invalid_arg, unsupported
 from ..service import CUDA_SHM_UNAVAILABLE, InferenceService
 from . import grpc_codec
 from .errors import grpc_status
+from .restrictions import GRPC_PREFIX, Restriction, grpc_refusal
 
 MAX_MESSAGE_SIZE = 2**31 - 1  # INT32_MAX, as tritonserver sets it
 
@@ -36,9 +37,55 @@ def aborts_on_error(method):
     return wrapper
 
 
+# The API group of every RPC, for restricted protocols.
+RPC_GROUPS = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config", "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory", "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory", "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory", "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace", "LogSettings": "logging",
+}
+
+
+def _has_header(context, restriction: Restriction) -> bool:
+    wanted = GRPC_PREFIX + restriction.header
+    return any(key == wanted and value == restriction.value
+               for key, value in context.invocation_metadata() or ())
+
+
+def _guarded_unary(method, restriction: Restriction):
+    async def guarded(request, context):
+        if not _has_header(context, restriction):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, grpc_refusal(restriction))
+        return await method(request, context)
+
+    return guarded
+
+
+def _guarded_stream(method, restriction: Restriction):
+    async def guarded(request_iterator, context):
+        if not _has_header(context, restriction):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, grpc_refusal(restriction))
+        async for response in method(request_iterator, context):
+            yield response
+
+    return guarded
+
+
 class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, service: InferenceService):
+    def __init__(self, service: InferenceService,
+                 restricted: dict[str, Restriction] | None = None):
         self.service = service
+        for name, group in RPC_GROUPS.items():
+            restriction = (restricted or {}).get(group)
+            if restriction is not None and hasattr(self, name):
+                guard = _guarded_stream if name == "ModelStreamInfer" else _guarded_unary
+                setattr(self, name, guard(getattr(self, name), restriction))
 
     # --- health and metadata ---
 
@@ -188,10 +235,12 @@ def _stream_error(message, error: TritonError) -> pb.ModelStreamInferResponse:
     return response
 
 
-def create_server(service: InferenceService, address: str, port: int) -> tuple[grpc.aio.Server, int]:
+def create_server(service: InferenceService, address: str, port: int,
+                  restricted: dict[str, Restriction] | None = None) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server bound to address:port; returns it with the bound port."""
     server = grpc.aio.server(options=SERVER_OPTIONS,
                              compression=grpc.Compression.NoCompression)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcFrontend(service), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+        GrpcFrontend(service, restricted), server)
     bound = server.add_insecure_port(f"{address}:{port}")
     return server, bound

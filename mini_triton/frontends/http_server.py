@@ -15,6 +15,7 @@ from ..core.validate import config_datatype
 from ..service import CUDA_SHM_UNAVAILABLE, InferenceService
 from . import http_codec
 from .errors import http_status
+from .restrictions import Restriction, http_refusal
 
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # tritonserver's --http-max-input-size default
 
@@ -49,44 +50,64 @@ def _model_and_version(request: web.Request) -> tuple[str, str]:
 
 
 class HttpFrontend:
-    def __init__(self, service: InferenceService, max_input_size: int = DEFAULT_MAX_INPUT_SIZE):
+    def __init__(self, service: InferenceService, max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+                 restricted: dict[str, Restriction] | None = None):
         self.service = service
+        self.restricted = restricted or {}
         self.app = web.Application(client_max_size=max_input_size)
-        self._add_routes()
+        self.app.add_routes([method(path, self._guard(group, handler))
+                             for group, method, path, handler in self._routes()])
 
-    def _add_routes(self) -> None:
+    def _routes(self) -> list[tuple]:
+        """(API group, method, path, handler) for every endpoint."""
+        get, post = web.get, web.post
         model = "/v2/models/{model}"
-        versioned = model + "/versions/{version}"
         routes = [
-            web.get("/v2/health/live", self.live),
-            web.get("/v2/health/ready", self.ready),
-            web.get("/v2", self.server_metadata),
-            web.get("/v2/models/stats", self.statistics),
+            ("health", get, "/v2/health/live", self.live),
+            ("health", get, "/v2/health/ready", self.ready),
+            ("metadata", get, "/v2", self.server_metadata),
+            ("statistics", get, "/v2/models/stats", self.statistics),
         ]
-        for prefix in (model, versioned):
+        for prefix in (model, model + "/versions/{version}"):
             routes += [
-                web.get(prefix, self.model_metadata),
-                web.get(prefix + "/ready", self.model_ready),
-                web.get(prefix + "/config", self.model_config),
-                web.post(prefix + "/infer", self.infer),
-                web.get(prefix + "/stats", self.statistics),
+                ("metadata", get, prefix, self.model_metadata),
+                ("health", get, prefix + "/ready", self.model_ready),
+                ("model-config", get, prefix + "/config", self.model_config),
+                ("inference", post, prefix + "/infer", self.infer),
+                ("statistics", get, prefix + "/stats", self.statistics),
             ]
+        system, cuda = "/v2/systemsharedmemory", "/v2/cudasharedmemory"
         routes += [
-            web.post("/v2/repository/index", self.repository_index),
-            web.post("/v2/repository/models/{model}/load", self.load_model),
-            web.post("/v2/repository/models/{model}/unload", self.unload_model),
-            web.get("/v2/systemsharedmemory/status", self.shm_status),
-            web.get("/v2/systemsharedmemory/region/{region}/status", self.shm_status),
-            web.post("/v2/systemsharedmemory/region/{region}/register", self.shm_register),
-            web.post("/v2/systemsharedmemory/region/{region}/unregister", self.shm_unregister),
-            web.post("/v2/systemsharedmemory/unregister", self.shm_unregister),
-            web.get("/v2/cudasharedmemory/status", self.cuda_shm_status),
-            web.get("/v2/cudasharedmemory/region/{region}/status", self.cuda_shm_status),
-            web.post("/v2/cudasharedmemory/region/{region}/register", self.cuda_shm_register),
-            web.post("/v2/cudasharedmemory/region/{region}/unregister", self.empty_ok),
-            web.post("/v2/cudasharedmemory/unregister", self.empty_ok),
+            ("model-repository", post, "/v2/repository/index", self.repository_index),
+            ("model-repository", post, "/v2/repository/models/{model}/load", self.load_model),
+            ("model-repository", post, "/v2/repository/models/{model}/unload",
+             self.unload_model),
+            ("shared-memory", get, system + "/status", self.shm_status),
+            ("shared-memory", get, system + "/region/{region}/status", self.shm_status),
+            ("shared-memory", post, system + "/region/{region}/register", self.shm_register),
+            ("shared-memory", post, system + "/region/{region}/unregister", self.shm_unregister),
+            ("shared-memory", post, system + "/unregister", self.shm_unregister),
+            ("shared-memory", get, cuda + "/status", self.cuda_shm_status),
+            ("shared-memory", get, cuda + "/region/{region}/status", self.cuda_shm_status),
+            ("shared-memory", post, cuda + "/region/{region}/register", self.cuda_shm_register),
+            ("shared-memory", post, cuda + "/region/{region}/unregister", self.empty_ok),
+            ("shared-memory", post, cuda + "/unregister", self.empty_ok),
         ]
-        self.app.add_routes(routes)
+        return routes
+
+    def _guard(self, group: str, handler):
+        """The handler itself, or one that first checks the group's required header."""
+        restriction = self.restricted.get(group)
+        if restriction is None:
+            return handler
+
+        async def guarded(request: web.Request) -> web.Response:
+            if request.headers.get(restriction.header) != restriction.value:
+                return web.Response(body=http_codec.dumps({"error": http_refusal(restriction)}),
+                                    status=403, content_type=_JSON)
+            return await handler(request)
+
+        return guarded
 
     # --- health and metadata ---
 

@@ -1,0 +1,45 @@
+"""Restricted API groups (tritonserver's --http-restricted-api and
+--grpc-restricted-protocol): a restricted group answers only requests that carry
+the configured header with the configured value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# tritonserver's API group names.
+GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config",
+          "model-repository", "statistics", "trace", "logging")
+
+# gRPC clients send the header as metadata under this prefix.
+GRPC_PREFIX = "triton-grpc-protocol-"
+
+
+@dataclass(frozen=True)
+class Restriction:
+    header: str
+    value: str
+
+
+def parse_restrictions(specs: list[str]) -> dict[str, Restriction]:
+    """'model-repository,shared-memory:admin-key=admin-value' (repeatable) → group → header."""
+    restricted: dict[str, Restriction] = {}
+    for spec in specs:
+        groups, sep, header = spec.partition(":")
+        key, eq, value = header.partition("=")
+        if not sep or not eq or not key:
+            raise ValueError(f"expected '<api>[,<api>...]:<key>=<value>', got '{spec}'")
+        for group in (g.strip() for g in groups.split(",")):
+            if group not in GROUPS:
+                raise ValueError(f"unknown API group '{group}' (known: {', '.join(GROUPS)})")
+            if group in restricted:
+                raise ValueError(f"API group '{group}' is restricted twice")
+            restricted[group] = Restriction(key.strip().lower(), value)
+    return restricted
+
+
+def http_refusal(restriction: Restriction) -> str:
+    return f"This API is restricted, expecting header '{restriction.header}'"
+
+
+def grpc_refusal(restriction: Restriction) -> str:
+    return f"This protocol is restricted, expecting header '{GRPC_PREFIX}{restriction.header}'"
