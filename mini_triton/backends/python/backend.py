@@ -1,0 +1,150 @@
+"""The Python backend: models written for NVIDIA Triton's Python backend,
+served unchanged (`backend: "python"`, `1/model.py` with `TritonPythonModel`).
+
+Per-model settings are `parameters` of the config (see `PythonSettings`);
+the execution mode picks `ProcessInstance` (the default) or `ThreadInstance`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ...config.json_format import config_from_json, config_to_json
+from ...core.errors import invalid_arg, unavailable
+from ..base import Backend, ModelContext, ModelInstance
+from . import process_mode
+from .bridge import ServerBridge
+from .runner import ModelError, ModelRunner, install_module_alias, mentions_auto_complete
+
+EXECUTION_MODE = "execution_mode"  # "process" (default) or "thread"
+AUTO_STACK = "auto_stack"  # "true": execute gets one request holding the whole batch
+EXECUTE_TIMEOUT_MS = "execute_timeout_ms"  # give up on an execute after this long
+MODE_ENVIRONMENT = "MINI_TRITON_PYTHON_EXECUTION_MODE"  # server-wide default mode
+_MODES = ("process", "thread")
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
+
+
+@dataclass(frozen=True)
+class PythonSettings:
+    """What the config's `parameters` choose for a Python model."""
+
+    mode: str = "process"
+    auto_stack: bool = False
+    execute_timeout_s: float | None = None
+    drain_s: float = 5.0  # at unload, how long open (decoupled) requests may take to finish
+
+    @classmethod
+    def from_config(cls, config: mc.ModelConfig, drain_s: float = 5.0) -> "PythonSettings":
+        def parameter(key: str, default: str) -> str:
+            if key in config.parameters:
+                return config.parameters[key].string_value.strip().lower()
+            return default
+
+        mode = parameter(EXECUTION_MODE, os.environ.get(MODE_ENVIRONMENT, "process").lower())
+        if mode not in _MODES:
+            raise invalid_arg(f"parameter '{EXECUTION_MODE}' of model '{config.name}' must be "
+                              f"'process' or 'thread', not '{mode}'")
+        stack = parameter(AUTO_STACK, "false")
+        if stack not in _TRUE + _FALSE:
+            raise invalid_arg(f"parameter '{AUTO_STACK}' of model '{config.name}' must be "
+                              f"'true' or 'false', not '{stack}'")
+        timeout = parameter(EXECUTE_TIMEOUT_MS, "0") or "0"
+        try:
+            timeout_ms = float(timeout)
+        except ValueError:
+            raise invalid_arg(f"parameter '{EXECUTE_TIMEOUT_MS}' of model '{config.name}' must "
+                              f"be a number of milliseconds, not '{timeout}'") from None
+        return cls(mode, stack in _TRUE, timeout_ms / 1000.0 if timeout_ms > 0 else None,
+                   drain_s)
+
+    def deadline_s(self, requests: list) -> float | None:
+        """How long one execute of `requests` may take: the shortest request timeout
+        (the client's `timeout` parameter) or the model's execute timeout, if any."""
+        limits = [r.timeout_us / 1e6 for r in requests if r.timeout_us]
+        if self.execute_timeout_s:
+            limits.append(self.execute_timeout_s)
+        return min(limits) if limits else None
+
+
+def model_file_of(config: mc.ModelConfig, version_dir: Path) -> Path:
+    return version_dir / (config.default_model_filename or "model.py")
+
+
+class PythonBackend(Backend):
+    @classmethod
+    def auto_complete(cls, config: mc.ModelConfig, context: ModelContext) -> None:
+        """Triton's auto-complete for Python models: the model's `auto_complete_config`."""
+        settings = PythonSettings.from_config(config)
+        model_file = model_file_of(config, context.version_dir)
+        if not model_file.exists():
+            return  # loading reports the missing file
+        config_json = json.dumps(config_to_json(config, including_defaults=True))
+        label = f"{config.name}_auto_complete"
+        if settings.mode == "thread":
+            runner = ModelRunner(model_file, label)
+            try:
+                runner.load()
+                completed = runner.auto_complete(config_json)
+            except ModelError as error:
+                raise unavailable(str(error)) from None
+        elif mentions_auto_complete(model_file):
+            completed = process_mode.auto_complete(model_file, config_json, label)
+        else:
+            return
+        config.CopyFrom(config_from_json(completed))
+
+    def __init__(self, context: ModelContext):
+        super().__init__(context)
+        install_module_alias()
+        drain_s = float(context.options.get("exit_timeout_secs", 5.0) or 5.0)
+        self.settings = PythonSettings.from_config(self.config, min(drain_s, 30.0))
+        self.decoupled = self.config.model_transaction_policy.decoupled
+        if self.settings.auto_stack and self.decoupled:
+            raise invalid_arg(f"parameter '{AUTO_STACK}' cannot be used with the decoupled "
+                              f"model '{self.config.name}'")
+        self.model_file = model_file_of(self.config, context.version_dir)
+        if not self.model_file.exists():
+            raise unavailable(f"Python model file not found in '{self.model_file}'")
+        self.bridge = ServerBridge(context)
+        self.instances: list[ModelInstance] = []
+        self._config_json = json.dumps(config_to_json(self.config, including_defaults=True))
+
+    def create_instance(self, index: int, kind: str, device_id: int) -> ModelInstance:
+        name = self._instance_name(index)
+        args = {
+            "model_config": self._config_json,
+            "model_instance_kind": kind.removeprefix("KIND_"),
+            "model_instance_name": name,
+            "model_instance_device_id": str(device_id),
+            "model_repository": str(self.context.model_dir),
+            "model_version": str(self.context.version),
+            "model_name": self.context.name,
+        }
+        if self.settings.mode == "thread":
+            from .thread_mode import ThreadInstance
+
+            instance = ThreadInstance(self, name, args)
+        else:
+            instance = process_mode.ProcessInstance(self, name, args)
+        self.instances.append(instance)
+        return instance
+
+    def _instance_name(self, index: int) -> str:
+        """Triton's '<group name>_<index in group>'."""
+        for group in self.config.instance_group:
+            if index < group.count:
+                return f"{group.name or self.config.name}_{index}"
+            index -= group.count
+        return f"{self.config.name}_{index}"
+
+    def is_ready(self) -> bool:
+        """Every instance healthy, and the model's own `is_ready()` (if any) says so."""
+        return all(instance.is_ready() for instance in self.instances)
+
+    def unload(self) -> None:
+        self.bridge.release()

@@ -1,0 +1,201 @@
+"""Translation between the server's requests/responses and the model API's.
+
+Both execution modes meet in one neutral form, so each conversion is written
+once: a tensor is `(name, datatype, array)`, an error `(code name, message)`,
+and a response `Reply(outputs, error, parameters_json)`. The thread mode goes
+server ↔ neutral ↔ model API directly; the process mode puts the neutral form
+on the wire in between (see `messages.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import NamedTuple
+
+import numpy as np
+
+from ...core import datatypes
+from ...core.errors import Code, TritonError
+from ...core.request import InferenceRequest as CoreRequest
+from ...core.request import InferenceResponse as CoreResponse
+from ...core.tensor import RequestedOutput
+from ...core.tensor import Tensor as CoreTensor
+from . import utils as pb
+
+# Request parameters the server interprets itself; a model never sees them (as in Triton).
+_SERVER_PARAMETERS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority",
+                                "timeout", "binary_data_output", "binary_data_size",
+                                "shared_memory_region", "shared_memory_byte_size",
+                                "shared_memory_offset"))
+
+
+class Reply(NamedTuple):
+    """One response in neutral form."""
+
+    outputs: list  # [(name, datatype, array)]
+    error: tuple | None  # (code name, message)
+    parameters: str = "{}"  # JSON object
+
+
+# --- server side: core objects ↔ neutral ---
+
+
+def tensor_array(tensor: CoreTensor) -> np.ndarray:
+    """A core tensor's contents as an array (decoding raw wire bytes when needed)."""
+    if tensor.data is not None:
+        return tensor.data
+    raw = tensor.raw if tensor.raw is not None else b""
+    if tensor.datatype == "BYTES":
+        return datatypes.deserialize_bytes(raw).reshape(tensor.shape)
+    dtype = datatypes.from_name(tensor.datatype).numpy
+    return np.frombuffer(raw, dtype=dtype).reshape(tensor.shape)
+
+
+def request_parameters_json(request: CoreRequest) -> str:
+    """The parameters a model sees in `request.parameters()`."""
+    visible = {k: v for k, v in request.parameters.items()
+               if k not in _SERVER_PARAMETERS and not k.startswith("triton_")}
+    return json.dumps(visible) if visible else "{}"
+
+
+class RequestInfo(NamedTuple):
+    """Everything about a request a model sees, except its input tensors."""
+
+    request_id: str
+    correlation_id: int | str
+    flags: int
+    timeout: int
+    parameters: str
+    model_name: str
+    model_version: int
+    outputs: list  # the requested output names
+
+
+def request_info(request: CoreRequest, all_outputs: list[str]) -> RequestInfo:
+    """`all_outputs` stand in when the client named no outputs (Triton does the same)."""
+    wanted = [o.name for o in request.outputs] if request.outputs else list(all_outputs)
+    return RequestInfo(request.id, request.correlation_id, request.flags, request.timeout_us,
+                       request_parameters_json(request), request.model_name,
+                       int(request.model_version or -1), wanted)
+
+
+def request_tensors(request: CoreRequest) -> list:
+    return [(t.name, t.datatype, tensor_array(t)) for t in request.inputs]
+
+
+def core_error(error: tuple) -> TritonError:
+    code_name, message = error
+    try:
+        code = Code[code_name]
+    except KeyError:
+        code = Code.INTERNAL
+    return TritonError(code, message)
+
+
+def core_response(request: CoreRequest, reply: Reply | None, final: bool) -> CoreResponse:
+    """The server's response for `request`; `reply` None means only the final flag."""
+    if reply is None:
+        return CoreResponse(request.model_name, request.model_version, request.id,
+                            final=final, empty=True)
+    parameters = json.loads(reply.parameters) if reply.parameters not in ("", "{}") else {}
+    if reply.error is not None:
+        return CoreResponse(request.model_name, request.model_version, request.id,
+                            parameters=parameters, error=core_error(reply.error), final=final)
+    outputs = [CoreTensor(name, datatype, tuple(int(d) for d in array.shape), array)
+               for name, datatype, array in reply.outputs]
+    return CoreResponse(request.model_name, request.model_version, request.id, outputs,
+                        parameters, final=final)
+
+
+def reply_from_core(response: CoreResponse) -> Reply:
+    """A server response (to a BLS call) in neutral form."""
+    error = None if response.error is None else (response.error.code.name,
+                                                 response.error.message)
+    outputs = [(t.name, t.datatype, tensor_array(t)) for t in response.outputs]
+    parameters = json.dumps(response.parameters, default=str) if response.parameters else "{}"
+    return Reply(outputs, error, parameters)
+
+
+class BlsCall(NamedTuple):
+    """A request a model makes to another model, in neutral form."""
+
+    model_name: str
+    model_version: int
+    request_id: str
+    correlation_id: int | str
+    flags: int
+    timeout: int
+    parameters: str
+    inputs: list  # [(name, datatype, array)]
+    outputs: list  # [name]
+
+
+def core_request(call: BlsCall) -> CoreRequest:
+    """The server request a BLS call becomes (sequence fields as request parameters)."""
+    parameters = json.loads(call.parameters) if call.parameters else {}
+    if call.correlation_id:
+        parameters["sequence_id"] = call.correlation_id
+    if call.flags & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+        parameters["sequence_start"] = True
+    if call.flags & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+        parameters["sequence_end"] = True
+    if call.timeout:
+        parameters["timeout"] = call.timeout
+    inputs = [CoreTensor(name, datatype, tuple(int(d) for d in array.shape), array)
+              for name, datatype, array in call.inputs]
+    version = str(call.model_version) if call.model_version >= 0 else ""
+    return CoreRequest(call.model_name, version, call.request_id, inputs,
+                       [RequestedOutput(name) for name in call.outputs], parameters)
+
+
+def error_reply(error: TritonError) -> Reply:
+    return Reply([], (error.code.name, error.message))
+
+
+# --- model side: model API objects ↔ neutral ---
+
+
+def model_tensors(tensors: list) -> list:
+    """Neutral tensors as the model API's Tensor objects (no copies)."""
+    return [pb.Tensor._wrap(name, array, datatype) for name, datatype, array in tensors]
+
+
+def reply_from_model(response: pb.InferenceResponse, wanted: list[str] | None) -> Reply:
+    """A model's response, keeping only the outputs the request asked for."""
+    error = response.error()
+    if error is not None:
+        code = pb.ERROR_CODE_NAMES.get(error.code(), "INTERNAL")
+        return Reply([], (code, error.message()), response.parameters())
+    keep = set(wanted) if wanted else None
+    outputs = [(t.name(), t._datatype, t.as_numpy()) for t in response.output_tensors()
+               if keep is None or t.name() in keep]
+    return Reply(outputs, None, response.parameters())
+
+
+def model_response(reply: Reply) -> pb.InferenceResponse:
+    """A neutral response as the model API's InferenceResponse (what a BLS call returns)."""
+    error = None
+    if reply.error is not None:
+        code_name, message = reply.error
+        error = pb.TritonError(message, pb.ERROR_CODES_BY_NAME.get(code_name,
+                                                                   pb.TritonError.INTERNAL))
+    return pb.InferenceResponse(model_tensors(reply.outputs), error, reply.parameters or "{}")
+
+
+def bls_call(request: pb.InferenceRequest) -> BlsCall:
+    """A model-built request in neutral form."""
+    inputs = []
+    for tensor in request.inputs():
+        if not isinstance(tensor, pb.Tensor):
+            raise pb.TritonModelException("BLS request inputs must be pb_utils.Tensor objects")
+        inputs.append((tensor.name(), tensor._datatype, tensor.as_numpy()))
+    return BlsCall(request._model_name, request._model_version, request._id,
+                   request._correlation_id, request._flags, request._timeout,
+                   request._parameters, inputs, list(request._outputs))
+
+
+def incoming_request(handle, info: RequestInfo, inputs: list) -> pb.InferenceRequest:
+    """The model API's request for a server request (`inputs` in neutral form)."""
+    return pb.InferenceRequest._incoming(
+        handle, info.request_id, info.correlation_id, model_tensors(inputs), info.outputs,
+        info.model_name, info.model_version, info.flags, info.timeout, info.parameters)

@@ -1,0 +1,99 @@
+"""The requests an instance has taken and not yet finished.
+
+A Python model may answer after `execute` returns (decoupled models,
+response senders), from any thread, and a failing worker must fail exactly
+the requests still open. `Outstanding` keeps that set and makes sure each
+request gets one final response, however the model, a timeout and a crash
+race for it. With auto-stacking, one model request stands for several server
+requests; `deliver` splits its outputs back along the batch dimension.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ...core.errors import TritonError
+from ...scheduling import batch as batching
+from .convert import Reply, core_response
+
+
+class Outstanding:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._open: dict[int, object] = {}  # id → request (requests are not hashable)
+
+    def add(self, requests: list) -> None:
+        with self._lock:
+            for request in requests:
+                self._open[id(request)] = request
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def deliver(self, requests: list, reply: Reply | None, final: bool) -> None:
+        """Send a model response (None: only the final flag) to the request(s) it answers."""
+        replies = [reply] * len(requests) if reply is None or len(requests) == 1 \
+            else split_reply(requests, reply)
+        for request, part in zip(requests, replies):
+            self._respond(request, core_response(request, part, final))
+
+    def fail(self, requests: list, error: TritonError) -> None:
+        for request in requests:
+            self._respond(request, request.error_response(error))
+
+    def fail_open(self, error: TritonError) -> None:
+        with self._lock:
+            requests = list(self._open.values())
+        self.fail(requests, error)
+
+    def finish_unanswered(self, requests: list, error: TritonError) -> None:
+        """Fail those of `requests` the model left without a final response."""
+        self.fail([r for r in requests if not r.completed], error)
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._open:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def _respond(self, request, response) -> None:
+        with self._lock:
+            if request.completed:
+                return  # already finished (timed out, failed, or answered twice)
+            request.respond(response)
+            if response.final:
+                self._open.pop(id(request), None)
+                if not self._open:
+                    self._idle.notify_all()
+
+
+def stacked_outputs(requests: list) -> list[str]:
+    """The outputs a stacked request asks for: every output any of its requests asked for
+    (all of them when one request named none)."""
+    if any(not r.outputs for r in requests):
+        return []
+    names: list[str] = []
+    for request in requests:
+        names += [o.name for o in request.outputs if o.name not in names]
+    return names
+
+
+def split_reply(requests: list, reply: Reply) -> list[Reply]:
+    """One stacked response → one response per request, rows split along dim 0."""
+    if reply.error is not None:
+        return [reply] * len(requests)
+    types = {name: datatype for name, datatype, _ in reply.outputs}
+    arrays = {name: array for name, _, array in reply.outputs}
+    pieces = batching.split_outputs(requests, arrays, batched=True)
+    replies = []
+    for request, piece in zip(requests, pieces):
+        wanted = [o.name for o in request.outputs] or list(piece)
+        outputs = [(name, types[name], piece[name]) for name in wanted if name in piece]
+        replies.append(Reply(outputs, None, reply.parameters))
+    return replies

@@ -1,0 +1,376 @@
+"""Process mode (the default, as in Triton): each instance runs its model in a
+worker process of its own (`python -m mini_triton.backends.python.worker`).
+
+The instance's thread sends a batch and waits for the worker's "done"; one
+reader thread per worker takes everything the worker sends: responses (also
+after `execute` returned, for decoupled models), BLS calls (answered through
+the event loop, so a waiting instance never blocks them), metrics and model
+control. When the worker dies (a crash, `os._exit`) or `execute` runs past its
+deadline, the open requests fail with the reason and the model version goes
+UNAVAILABLE; the rest of the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ...core.errors import TritonError, internal, unavailable
+from ...core.stats import ExecutionTiming
+from ..base import ModelInstance
+from . import convert
+from .outstanding import Outstanding, stacked_outputs
+from .wire import Link, Outgoing, get_reply, get_tensors, put_reply, put_tensors
+
+log = logging.getLogger("mini_triton.backends.python")
+
+WORKER_MODULE = "mini_triton.backends.python.worker"
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
+FINALIZE_TIMEOUT_S = 10.0
+READY_TIMEOUT_S = 5.0  # a model's own is_ready() gets this long, as in Triton
+_CONTROL_METHODS = frozenset(("load_model", "unload_model", "is_model_ready"))
+_METRIC_METHODS = frozenset(("metric_family", "metric_create", "metric_value"))
+
+
+def spawn(label: str) -> tuple[subprocess.Popen, Link]:
+    """Start a worker process connected to us by a socket pair."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", WORKER_MODULE, str(child.fileno()), label],
+            pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env)
+    except BaseException:
+        parent.close()
+        raise
+    finally:
+        child.close()
+    return process, Link(parent)
+
+
+def stop_process(process: subprocess.Popen, link: Link, grace_s: float = 2.0) -> None:
+    """Close the link (the worker exits on it) and reap the process, killing it if it lingers."""
+    link.close()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def auto_complete(model_file: Path, config_json: str, label: str) -> str:
+    """Run the model's `auto_complete_config` in a short-lived worker; the completed JSON."""
+    process, link = spawn(label)
+    try:
+        link.send({"op": "auto_complete", "model_file": str(model_file), "label": label,
+                   "config": config_json})
+        reply = link.recv().meta
+    except (EOFError, OSError):
+        raise internal(f"the worker process for '{label}' {_exit_description(process)} while "
+                       "running auto_complete_config") from None
+    finally:
+        stop_process(process, link)
+    if reply.get("error"):
+        raise internal(reply["error"])
+    return reply["config"]
+
+
+def _exit_description(process: subprocess.Popen) -> str:
+    try:
+        code = process.wait(5)
+    except subprocess.TimeoutExpired:
+        return "stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return f"was killed by signal {name}"
+    return f"exited with status {code}"
+
+
+class _Batch:
+    __slots__ = ("id", "groups", "done")
+
+    def __init__(self, batch_id: int, groups: list):
+        self.id = batch_id
+        self.groups = groups
+        self.done = threading.Event()
+
+
+class ProcessInstance(ModelInstance):
+    def __init__(self, backend, instance_name: str, args: dict):
+        self.backend = backend
+        self.bridge = backend.bridge
+        self.settings = backend.settings
+        self.name = instance_name
+        self.model = backend.context.name
+        self.decoupled = backend.decoupled
+        self.output_names = [o.name for o in backend.config.output]
+        self.outstanding = Outstanding()
+        self.lock = threading.Lock()
+        self.batches: dict[int, _Batch] = {}
+        self.targets: dict[tuple[int, int], list] = {}  # (batch, index) → server requests
+        self.calls: dict[int, concurrent.futures.Future] = {}
+        self.ids = itertools.count(1)
+        self.dead: str | None = None
+        self.stopping = False
+        self.serving = False  # initialized: a death from now on takes the model down
+        self.has_is_ready = False
+        self.process, self.link = spawn(instance_name)
+        self.reader = threading.Thread(target=self._read, daemon=True,
+                                       name=f"{instance_name}-reader")
+        self.reader.start()
+        self._initialize(backend, args)
+
+    def _initialize(self, backend, args: dict) -> None:
+        try:
+            reply = self._call({"op": "init", "model_file": str(backend.model_file),
+                                "instance_name": self.name, "decoupled": self.decoupled,
+                                "args": args})
+        except TritonError:
+            self._close()
+            raise
+        if reply.get("error"):
+            self._close()
+            raise internal(reply["error"])
+        self.has_is_ready = reply.get("has_is_ready", False)
+        self.serving = True
+
+    # --- execution ---
+
+    def execute(self, requests: list) -> ExecutionTiming:
+        start = time.monotonic_ns()
+        self.outstanding.add(requests)
+        groups = [requests] if self.settings.auto_stack else [[r] for r in requests]
+        outgoing = Outgoing()
+        encoded = [self._encode(group, outgoing) for group in groups]
+        batch = _Batch(next(self.ids), groups)
+        with self.lock:
+            dead = self.dead
+            if not dead:
+                self.batches[batch.id] = batch
+                for index, group in enumerate(groups):
+                    self.targets[(batch.id, index)] = group
+        if dead:
+            self.outstanding.fail(requests, unavailable(dead))
+            return ExecutionTiming.around(start)
+        try:
+            self.link.send({"op": "execute", "batch": batch.id, "requests": encoded}, outgoing)
+        except OSError:
+            pass  # the reader sees the worker gone and fails the batch
+        input_end = time.monotonic_ns()
+        timeout = self.settings.deadline_s(requests)
+        if not batch.done.wait(timeout):
+            self._hung(timeout)
+        infer_end = time.monotonic_ns()
+        return ExecutionTiming(start, input_end, infer_end, infer_end)
+
+    def _encode(self, group: list, outgoing: Outgoing) -> tuple:
+        info = convert.request_info(group[0], self.output_names)
+        if len(group) == 1:
+            return tuple(info), put_tensors(outgoing, convert.request_tensors(group[0]))
+        info = info._replace(outputs=stacked_outputs(group) or list(self.output_names))
+        rows = sum(r.batch_size for r in group)
+        descriptors = [
+            outgoing.tensor(t.name, t.datatype, (rows, *t.shape[1:]),
+                            [convert.tensor_array(r.input(t.name)) for r in group])
+            for t in group[0].inputs]
+        return tuple(info), descriptors
+
+    def _hung(self, timeout_s: float) -> None:
+        reason = (f"model '{self.model}' instance '{self.name}': execute did not finish "
+                  f"within {timeout_s * 1000:.0f} ms; its worker process (pid "
+                  f"{self.process.pid}) was stopped and the model is unavailable until it is "
+                  "loaded again")
+        self._die(reason)
+        self.process.kill()
+
+    # --- the reader thread ---
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self.link.recv()
+            except (EOFError, OSError):
+                break
+            try:
+                self._dispatch(message)
+            except Exception:  # a bad message must not stop the reader
+                log.exception("instance '%s': cannot handle a message from its worker",
+                              self.name)
+        if not self.stopping:
+            self._die(f"model '{self.model}' instance '{self.name}': its worker process (pid "
+                      f"{self.process.pid}) {_exit_description(self.process)}; the model is "
+                      "unavailable until it is loaded again")
+        else:
+            self._die(f"model '{self.model}' instance '{self.name}' was unloaded")
+
+    def _dispatch(self, message) -> None:
+        meta = message.meta
+        op = meta["op"]
+        if op == "response":
+            key = (meta["batch"], meta["index"])
+            group = self.targets.get(key)
+            if group is not None:
+                self.outstanding.deliver(group, get_reply(message, meta["reply"]), meta["final"])
+                if meta["final"]:
+                    self.targets.pop(key, None)
+        elif op == "done":
+            self._done(message)
+        elif op == "reply":
+            future = self.calls.pop(meta["call"], None)
+            if future is not None:
+                future.set_result(meta)
+        elif op == "infer":
+            self._infer(message)
+        elif op == "call":
+            self._answer(meta)
+        elif op == "notify":
+            try:
+                self.bridge.metric_update(*meta["args"])
+            except TritonError as error:
+                log.warning("model '%s': %s", self.model, error.message)
+
+    def _done(self, message) -> None:
+        meta = message.meta
+        batch = self.batches.pop(meta["batch"], None)
+        if batch is None:
+            return
+        error, replies, still_open = meta["error"], meta["replies"], set(meta["open"])
+        for index, group in enumerate(batch.groups):
+            key = (batch.id, index)
+            if error is not None:
+                self.outstanding.fail(group, internal(error))
+            elif replies is not None and replies[index] is not None:
+                self.outstanding.deliver(group, get_reply(message, replies[index]), True)
+            elif index in still_open or self.decoupled:
+                continue  # its response sender answers later
+            else:
+                self.outstanding.finish_unanswered(group, internal(
+                    f"Python model '{self.name}' returned no response for request "
+                    f"'{group[0].id}'"))
+            self.targets.pop(key, None)
+        batch.done.set()
+
+    def _infer(self, message) -> None:
+        meta = message.meta
+        call_id = meta["call"]
+        call = convert.BlsCall(*meta["request"])
+        call = call._replace(inputs=get_tensors(message, call.inputs))
+
+        def deliver(reply, final: bool) -> None:
+            outgoing = Outgoing()
+            encoded = put_reply(outgoing, reply)
+            try:
+                self.link.send({"op": "bls_response", "call": call_id, "reply": encoded,
+                                "final": final}, outgoing)
+            except OSError:
+                pass  # the worker is gone; its reader handles that
+
+        self.bridge.infer(call, meta["decoupled"], deliver)
+
+    def _answer(self, meta: dict) -> None:
+        method, args = meta["method"], meta["args"]
+        if method in _CONTROL_METHODS:  # may take long: never on the reader thread
+            threading.Thread(target=self._answer_now, args=(meta["call"], method, args),
+                             daemon=True).start()
+        else:
+            self._answer_now(meta["call"], method, args)
+
+    def _answer_now(self, call_id: int, method: str, args: list) -> None:
+        value, error = None, None
+        try:
+            if method == "is_cancelled":
+                group = self.targets.get(tuple(args), [])
+                value = bool(group) and all(r.cancelled for r in group)
+            elif method in _CONTROL_METHODS or method in _METRIC_METHODS:
+                value = getattr(self.bridge, method)(*args)
+            else:
+                error = f"unknown request '{method}'"
+        except TritonError as failure:
+            error = failure.message
+        except Exception as failure:
+            error = f"{type(failure).__name__}: {failure}"
+        try:
+            self.link.send({"op": "reply", "call": call_id, "value": value, "error": error})
+        except OSError:
+            pass
+
+    # --- calls that wait for the worker's answer ---
+
+    def _call(self, meta: dict, timeout: float | None = None) -> dict:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        call_id = next(self.ids)
+        with self.lock:
+            if self.dead:
+                raise unavailable(self.dead)
+            self.calls[call_id] = future
+        try:
+            self.link.send({**meta, "call": call_id})
+            return future.result(timeout)
+        except OSError:
+            raise unavailable(self.dead or f"the worker of '{self.name}' is gone") from None
+        finally:
+            self.calls.pop(call_id, None)
+
+    # --- failure and shutdown ---
+
+    def _die(self, reason: str) -> None:
+        """The worker is gone or given up on: fail everything open, once."""
+        with self.lock:
+            if self.dead:
+                return
+            self.dead = reason
+            batches = list(self.batches.values())
+            self.batches.clear()
+            calls = list(self.calls.values())
+            self.calls.clear()
+        error = unavailable(reason)
+        for future in calls:
+            if not future.done():
+                future.set_exception(error)
+        self.outstanding.fail_open(error)
+        self.targets.clear()
+        for batch in batches:
+            batch.done.set()
+        if self.serving and not self.stopping:
+            self.bridge.mark_unavailable(reason)
+
+    def is_ready(self) -> bool:
+        if self.dead:
+            return False
+        if not self.has_is_ready:
+            return True
+        try:
+            return bool(self._call({"op": "is_ready"}, READY_TIMEOUT_S).get("value"))
+        except (TritonError, concurrent.futures.TimeoutError):
+            return False
+
+    def finalize(self) -> None:
+        self.outstanding.wait_idle(self.settings.drain_s)
+        self.outstanding.fail_open(unavailable(
+            f"model '{self.model}' was unloaded before it finished the request"))
+        self.stopping = True
+        if not self.dead:
+            try:
+                self._call({"op": "finalize"}, FINALIZE_TIMEOUT_S)
+            except (TritonError, concurrent.futures.TimeoutError):
+                log.warning("instance '%s' did not finalize in time; stopping its worker",
+                            self.name)
+        self._close()
+
+    def _close(self) -> None:
+        self.stopping = True
+        stop_process(self.process, self.link)
+        self.reader.join(5)

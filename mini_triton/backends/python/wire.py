@@ -1,0 +1,256 @@
+"""Messages between the server and a model's worker process.
+
+A message is a small header, pickled metadata (names, shapes, ids: never
+tensor bytes), then the tensor bytes. Tensors under `SHARED_THRESHOLD` ride
+inline after the metadata; larger ones are written once into a shared-memory
+file (`memfd`) whose descriptor travels with the message (SCM_RIGHTS), and
+the receiver maps it: numpy views, no copies, no names to leak when a
+process dies. Both ends read with `recvmsg_into`, so descriptors are never
+dropped.
+"""
+
+from __future__ import annotations
+
+import array
+import collections
+import mmap
+import os
+import pickle
+import socket
+import struct
+import threading
+
+import numpy as np
+
+from ...core import datatypes
+from .convert import Reply
+
+SHARED_THRESHOLD = 64 * 1024  # bytes; smaller tensors travel inline
+_ALIGN = 64
+_HEADER = struct.Struct("<IIQ")  # metadata bytes, descriptor count, tensor bytes
+_SCRATCH = 256 * 1024
+_MAX_FDS = 16
+_ANCILLARY = socket.CMSG_SPACE(_MAX_FDS * 4)
+_HAS_MEMFD = hasattr(os, "memfd_create")
+INLINE, SHARED = 0, 1
+
+
+def _aligned(size: int) -> int:
+    return (size + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class Outgoing:
+    """The tensors of one message being built; `tensor` returns a descriptor for the metadata."""
+
+    def __init__(self):
+        self.buffers: list = []
+        self.inline_size = 0
+        self.shared: list[tuple[int, list]] = []
+        self.shared_size = 0
+
+    def tensor(self, name: str, datatype: str, shape, parts: list) -> tuple:
+        """Describe a tensor made of `parts` laid end to end (one array, or several
+        batches to stack along the first dimension)."""
+        if datatype == "BYTES":
+            parts = [datatypes.serialize_bytes(p) for p in parts]
+        else:
+            parts = [np.ascontiguousarray(p) for p in parts]
+        nbytes = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+        shape = tuple(int(d) for d in shape)
+        if nbytes >= SHARED_THRESHOLD and _HAS_MEMFD:
+            offset = self.shared_size
+            self.shared.append((offset, parts))
+            self.shared_size = _aligned(offset + nbytes)
+            return (name, datatype, shape, SHARED, offset, nbytes)
+        offset = self.inline_size
+        for part in parts:
+            if isinstance(part, bytes):
+                self.buffers.append(part)
+            elif part.nbytes:
+                self.buffers.append(memoryview(part.reshape(-1).view(np.uint8)))
+        padded = _aligned(offset + nbytes)
+        if padded > offset + nbytes:
+            self.buffers.append(bytes(padded - offset - nbytes))
+        self.inline_size = padded
+        return (name, datatype, shape, INLINE, offset, nbytes)
+
+    def shared_file(self) -> int | None:
+        """Write the large tensors into a fresh memfd; its descriptor (or None)."""
+        if not self.shared:
+            return None
+        fd = os.memfd_create("mini-triton-tensors", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, self.shared_size)
+            with mmap.mmap(fd, self.shared_size) as mapping:
+                for offset, parts in self.shared:
+                    for part in parts:
+                        data = part if isinstance(part, bytes) else \
+                            memoryview(part.reshape(-1).view(np.uint8))
+                        mapping[offset:offset + len(data)] = data
+                        offset += len(data)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+class Incoming:
+    """A received message: `meta` (a dict) and the tensors it describes."""
+
+    __slots__ = ("meta", "inline", "shared")
+
+    def __init__(self, meta: dict, inline, shared):
+        self.meta = meta
+        self.inline = inline
+        self.shared = shared
+
+    def array(self, descriptor: tuple) -> np.ndarray:
+        """The tensor a descriptor names, as a writable numpy view (BYTES: an object array)."""
+        _, datatype, shape, area, offset, nbytes = descriptor
+        buffer = self.inline if area == INLINE else self.shared
+        if datatype == "BYTES":
+            view = memoryview(buffer)[offset:offset + nbytes]
+            return datatypes.deserialize_bytes(view).reshape(shape)
+        dtype = datatypes.BY_NAME[datatype].numpy
+        count = nbytes // dtype.itemsize
+        if count == 0:
+            return np.empty(shape, dtype=dtype)
+        return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+class Link:
+    """One end of the socket pair. `send` is thread-safe; one thread calls `recv`."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._send_lock = threading.Lock()
+        self._buffer = bytearray()
+        self._position = 0
+        self._fds: collections.deque[int] = collections.deque()
+        self._scratch = bytearray(_SCRATCH)
+
+    # --- sending ---
+
+    def send(self, meta: dict, outgoing: Outgoing | None = None) -> None:
+        fd = outgoing.shared_file() if outgoing is not None else None
+        try:
+            encoded = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+            size = outgoing.inline_size if outgoing is not None else 0
+            pieces = [_HEADER.pack(len(encoded), 0 if fd is None else 1, size), encoded]
+            if outgoing is not None:
+                pieces += outgoing.buffers
+            ancillary = [] if fd is None else \
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+            with self._send_lock:
+                sent = self.sock.sendmsg(pieces, ancillary)
+                self._send_rest(pieces, sent)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _send_rest(self, pieces: list, sent: int) -> None:
+        for piece in pieces:
+            length = len(piece) if not isinstance(piece, memoryview) else piece.nbytes
+            if sent >= length:
+                sent -= length
+                continue
+            self.sock.sendall(memoryview(piece)[sent:] if sent else piece)
+            sent = 0
+
+    # --- receiving ---
+
+    def recv(self) -> Incoming:
+        """The next message; EOFError when the other end is gone."""
+        meta_size, fd_count, size = _HEADER.unpack(self._take(_HEADER.size))
+        meta = pickle.loads(self._take(meta_size))
+        inline = self._take_into(size) if size else b""
+        shared = None
+        for _ in range(fd_count):
+            while not self._fds:
+                self._fill()
+            fd = self._fds.popleft()
+            try:
+                shared = mmap.mmap(fd, 0)
+            finally:
+                os.close(fd)
+        return Incoming(meta, inline, shared)
+
+    def _available(self) -> int:
+        return len(self._buffer) - self._position
+
+    def _take(self, size: int) -> bytes:
+        while self._available() < size:
+            self._fill()
+        start = self._position
+        self._position += size
+        return bytes(self._buffer[start:self._position])
+
+    def _take_into(self, size: int) -> bytearray:
+        """`size` bytes in a buffer of their own (tensors view it after we return)."""
+        target = bytearray(size)
+        view = memoryview(target)
+        have = min(self._available(), size)
+        view[:have] = self._buffer[self._position:self._position + have]
+        self._position += have
+        while have < size:
+            have += self._receive(view[have:])
+        return target
+
+    def _fill(self) -> None:
+        if self._position and self._position == len(self._buffer):
+            self._buffer.clear()
+            self._position = 0
+        elif self._position > _SCRATCH:
+            del self._buffer[:self._position]
+            self._position = 0
+        view = memoryview(self._scratch)
+        count = self._receive(view)
+        self._buffer += view[:count]
+
+    def _receive(self, view: memoryview) -> int:
+        count, ancillary, flags, _ = self.sock.recvmsg_into([view], _ANCILLARY)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+                self._fds.extend(fds)
+        if flags & socket.MSG_CTRUNC:
+            raise EOFError("a message's shared-memory descriptors were truncated")
+        if count == 0:
+            raise EOFError("the other end closed the connection")
+        return count
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        while self._fds:
+            os.close(self._fds.popleft())
+
+
+# --- the neutral forms of convert.py on the wire ---
+
+
+def put_tensors(outgoing: Outgoing, tensors: list) -> list:
+    """Neutral tensors `(name, datatype, array)` → descriptors for the metadata."""
+    return [outgoing.tensor(name, datatype, array.shape, [array])
+            for name, datatype, array in tensors]
+
+
+def get_tensors(incoming: Incoming, descriptors: list) -> list:
+    return [(d[0], d[1], incoming.array(d)) for d in descriptors]
+
+
+def put_reply(outgoing: Outgoing, reply) -> tuple | None:
+    if reply is None:
+        return None
+    return (put_tensors(outgoing, reply.outputs), reply.error, reply.parameters)
+
+
+def get_reply(incoming: Incoming, encoded: tuple | None):
+    """The Reply a `put_reply` tuple describes (None stays None)."""
+    if encoded is None:
+        return None
+    descriptors, error, parameters = encoded
+    return Reply(get_tensors(incoming, descriptors), error, parameters)

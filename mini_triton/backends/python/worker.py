@@ -1,0 +1,240 @@
+"""A model's worker process: `python -m mini_triton.backends.python.worker FD LABEL`.
+
+FD is this end of the socket pair to the server. The main thread runs the
+model (init, execute, finalize, one at a time, as Triton's stub does); a
+reader thread takes what the server sends, so BLS answers and replies reach
+model code that waits for them. When the server goes away, so does the worker.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from . import convert
+from . import utils as pb
+from .runner import ModelError, ModelRunner, install_module_alias
+from .wire import Link, Outgoing, get_reply, get_tensors, put_reply, put_tensors
+
+
+class RemoteHandle:
+    """Sends one request's responses back to the server as they are made."""
+
+    __slots__ = ("worker", "batch", "index", "wanted", "final_sent")
+
+    def __init__(self, worker: "Worker", batch: int, index: int, wanted: list[str]):
+        self.worker = worker
+        self.batch = batch
+        self.index = index
+        self.wanted = wanted
+        self.final_sent = False
+
+    def send(self, response, final: bool) -> None:
+        outgoing = Outgoing()
+        reply = None if response is None else convert.reply_from_model(response, self.wanted)
+        self.worker.link.send({"op": "response", "batch": self.batch, "index": self.index,
+                               "reply": put_reply(outgoing, reply), "final": final}, outgoing)
+        if final:
+            self.final_sent = True
+
+    def is_cancelled(self) -> bool:
+        return bool(self.worker.request("is_cancelled", self.batch, self.index))
+
+
+class Worker:
+    """The host of the model API inside the worker process."""
+
+    def __init__(self, link: Link):
+        self.link = link
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.calls: dict = {}  # call id → Future (a reply) or _ResponseQueue (a BLS call)
+        self.ids = itertools.count(1)
+        self.runner: ModelRunner | None = None
+        self._model_dir = ""
+
+    # --- the main thread ---
+
+    def run(self) -> None:
+        install_module_alias()
+        pb._use_host(self, default=True)
+        threading.Thread(target=self._read, daemon=True, name="server-reader").start()
+        while True:
+            message = self.inbox.get()
+            op = message.meta["op"]
+            if op == "execute":
+                self._execute(message)
+            elif op == "init":
+                self._initialize(message.meta)
+            elif op == "auto_complete":
+                self._auto_complete(message.meta)
+            elif op == "finalize":
+                self._finalize(message.meta)
+                return
+
+    def _initialize(self, meta: dict) -> None:
+        model_file = Path(meta["model_file"])
+        self._model_dir = str(model_file.parent)
+        self.runner = ModelRunner(model_file, meta["instance_name"], meta["decoupled"])
+        error = None
+        try:
+            self.runner.load()
+            self.runner.initialize(meta["args"])
+        except ModelError as failure:
+            error = str(failure)
+        self.link.send({"op": "reply", "call": meta["call"], "error": error,
+                        "has_is_ready": error is None and self.runner.has_is_ready()})
+
+    def _auto_complete(self, meta: dict) -> None:
+        runner = ModelRunner(Path(meta["model_file"]), meta["label"])
+        config, error = None, None
+        try:
+            runner.load()
+            config = runner.auto_complete(meta["config"])
+        except ModelError as failure:
+            error = str(failure)
+        self.link.send({"op": "reply", "call": None, "config": config, "error": error})
+
+    def _execute(self, message) -> None:
+        meta = message.meta
+        batch = meta["batch"]
+        requests = []
+        for index, (info, descriptors) in enumerate(meta["requests"]):
+            info = convert.RequestInfo(*info)
+            handle = RemoteHandle(self, batch, index, info.outputs)
+            requests.append(convert.incoming_request(handle, info,
+                                                     get_tensors(message, descriptors)))
+        error, replies, outgoing = None, None, Outgoing()
+        try:
+            result = self.runner.execute(requests)
+            if result is not None:
+                replies = [None if response is None else put_reply(
+                    outgoing, convert.reply_from_model(response, request.requested_output_names()))
+                    for request, response in zip(requests, result)]
+        except ModelError as failure:
+            error, replies, outgoing = str(failure), None, Outgoing()
+        except Exception as failure:  # a response that cannot be sent
+            error, replies, outgoing = self.runner._failure(f"{type(failure).__name__}: "
+                                                            f"{failure}"), None, Outgoing()
+        still_open = [index for index, request in enumerate(requests)
+                      if request._sender is not None and not request._handle.final_sent]
+        self.link.send({"op": "done", "batch": batch, "error": error, "replies": replies,
+                        "open": still_open}, outgoing)
+
+    def _finalize(self, meta: dict) -> None:
+        if self.runner is not None and self.runner.model is not None:
+            self.runner.finalize()
+        self.link.send({"op": "reply", "call": meta["call"], "error": None})
+
+    # --- the reader thread ---
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self.link.recv()
+            except (EOFError, OSError):
+                _exit(0)  # the server closed the link or is gone
+            op = message.meta["op"]
+            if op == "bls_response":
+                self._bls_response(message)
+            elif op == "reply":
+                future = self.calls.pop(message.meta["call"], None)
+                if future is not None:
+                    future.set_result(message.meta)
+            elif op == "is_ready":
+                threading.Thread(target=self._is_ready, args=(message.meta["call"],),
+                                 daemon=True).start()
+            else:
+                self.inbox.put(message)
+
+    def _bls_response(self, message) -> None:
+        meta = message.meta
+        responses = self.calls.get(meta["call"])
+        if responses is None:
+            return
+        if meta["final"]:
+            self.calls.pop(meta["call"], None)
+        responses.put(convert.model_response(get_reply(message, meta["reply"])), meta["final"])
+
+    def _is_ready(self, call_id: int) -> None:
+        ready = self.runner.is_ready() if self.runner is not None else False
+        self.link.send({"op": "reply", "call": call_id, "value": ready is not False,
+                        "error": None})
+
+    # --- the host interface of the model API ---
+
+    def infer(self, request: pb.InferenceRequest, decoupled: bool) -> pb._ResponseQueue:
+        responses = pb._ResponseQueue()
+        call = convert.bls_call(request)
+        call_id = next(self.ids)
+        self.calls[call_id] = responses
+        outgoing = Outgoing()
+        encoded = tuple(call._replace(inputs=put_tensors(outgoing, call.inputs)))
+        self.link.send({"op": "infer", "call": call_id, "request": encoded,
+                        "decoupled": decoupled}, outgoing)
+        return responses
+
+    def request(self, method: str, *args):
+        """Ask the server and wait for its answer."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        call_id = next(self.ids)
+        self.calls[call_id] = future
+        self.link.send({"op": "call", "call": call_id, "method": method, "args": list(args)})
+        reply = future.result()
+        if reply.get("error"):
+            raise pb.TritonModelException(reply["error"])
+        return reply.get("value")
+
+    def metric_family(self, name, description, kind):
+        self.request("metric_family", name, description, kind)
+
+    def metric_create(self, name, labels, buckets):
+        self.request("metric_create", name, labels, buckets)
+
+    def metric_update(self, name, labels, op, value):
+        self.link.send({"op": "notify", "args": [name, labels, op, value]})
+
+    def metric_value(self, name, labels):
+        return self.request("metric_value", name, labels)
+
+    def load_model(self, name, config, files):
+        self.request("load_model", name, config, files)
+
+    def unload_model(self, name, unload_dependents):
+        self.request("unload_model", name, unload_dependents)
+
+    def is_model_ready(self, name, version):
+        return self.request("is_model_ready", name, version)
+
+    def model_dir(self) -> str:
+        return self._model_dir
+
+
+def _exit(code: int) -> None:
+    """Leave now, whatever threads model code started."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def main(argv: list[str]) -> None:
+    label = argv[2] if len(argv) > 2 else "model"
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s [{label}] %(message)s")
+    link = Link(socket.socket(fileno=int(argv[1])))
+    Worker(link).run()
+    _exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
