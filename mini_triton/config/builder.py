@@ -72,8 +72,9 @@ def _check_colon(node: FieldNode, field: FieldDescriptor) -> None:
     # The grammar already demands ":" before a scalar value; what is left is a scalar
     # field written like a message field: `dims {}` or `dims []`.
     if node.colon is None and field.cpp_type != _MESSAGE:
+        kind = scalars.article(scalars.type_name(field))
         raise ConfigError(
-            f'expected ":" after "{field.name}", a {scalars.type_name(field)} field, '
+            f'expected ":" after "{field.name}", {kind} field, '
             f"found {scalars.describe_token(node.value.open)}",
             node.value.open.line,
             node.value.open.column,
@@ -185,11 +186,4 @@ def _message_expected(item, field) -> ConfigError:
 
 
 def _scalar_expected(item, field) -> ConfigError:
-    token = _first_token(item)
-    return ConfigError(
-        f'expected {"an" if scalars.type_name(field)[0] in "aeiou" else "a"} '
-        f'{scalars.type_name(field)} value for "{field.name}", '
-        f"found {scalars.describe_token(token)}",
-        token.line,
-        token.column,
-    )
+    return scalars.expected_value(_first_token(item), field)

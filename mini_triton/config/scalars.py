@@ -72,7 +72,7 @@ def convert(tokens: list[Token], field: FieldDescriptor):
         return _string(tokens, field)
     token = tokens[0]
     if len(tokens) > 1 or token.type == "STRING":
-        raise _expected(token, field)
+        raise expected_value(token, field)
     if field.type in _INT_RANGES:
         return _integer(token, field)
     if field.type in _FLOAT_TYPES:
@@ -81,19 +81,21 @@ def convert(tokens: list[Token], field: FieldDescriptor):
         return _bool(token, field)
     if field.type == FieldDescriptor.TYPE_ENUM:
         return _enum(token, field)
-    raise _expected(token, field)
+    raise expected_value(token, field)
 
 
-def _expected(token: Token, field: FieldDescriptor, detail: str = "") -> ConfigError:
+def expected_value(token: Token, field: FieldDescriptor, detail: str = "") -> ConfigError:
+    """The error for a token that is not a value of `field`'s type."""
     return ConfigError(
-        f'expected {_article(type_name(field))} value for "{field.name}"{detail}, '
+        f'expected {article(type_name(field))} value for "{field.name}"{detail}, '
         f"found {describe_token(token)}",
         token.line,
         token.column,
     )
 
 
-def _article(noun: str) -> str:
+def article(noun: str) -> str:
+    """ "an int32", "a string": the noun with its indefinite article."""
     return ("an " if noun[0] in "aeiou" else "a ") + noun
 
 
@@ -119,7 +121,7 @@ def _integer(token: Token, field: FieldDescriptor) -> int:
     try:
         value = parse_integer(token.value)
     except ValueError:
-        raise _expected(token, field) from None
+        raise expected_value(token, field) from None
     if not low <= value <= high:
         why = "an unsigned field takes no negative value" if value < 0 and low == 0 else (
             f"{kind} holds {low} to {high}"
@@ -150,7 +152,7 @@ def _float(token: Token, field: FieldDescriptor) -> float:
     try:
         return parse_float(token.value)
     except ValueError:
-        raise _expected(token, field) from None
+        raise expected_value(token, field) from None
 
 
 def _bool(token: Token, field: FieldDescriptor) -> bool:
@@ -158,7 +160,7 @@ def _bool(token: Token, field: FieldDescriptor) -> bool:
         return True
     if token.value in _FALSE:
         return False
-    raise _expected(token, field, " (true, false, True, False, t, f, 1 or 0)")
+    raise expected_value(token, field, " (true, false, True, False, t, f, 1 or 0)")
 
 
 def _enum(token: Token, field: FieldDescriptor) -> int:
@@ -215,11 +217,11 @@ def _string(tokens: list[Token], field: FieldDescriptor) -> str | bytes:
 def _unquote(token: Token, field: FieldDescriptor) -> bytes:
     text = token.value
     if text[:1] not in _QUOTES:
-        raise _expected(token, field)
+        raise expected_value(token, field)
     if len(text) < 2 or text[-1] != text[0]:
         raise ConfigError(
-            f"string {describe_token(token)} for \"{field.name}\" is missing its closing "
-            f"{text[0]} before the end of the line",
+            f'string for "{field.name}" has no closing {text[0]} before the end of the line: '
+            f"{describe_token(token)}",
             token.line,
             token.column,
         )
