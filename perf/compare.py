@@ -269,7 +269,7 @@ def plot(results: list[Measurement], out_dir: Path) -> list[str]:
 
     fig, axes = plt.subplots(1, len(protocols), figsize=(6 * len(protocols), 4.5),
                              squeeze=False)
-    for ax, protocol in zip(axes[0], protocols):
+    for ax, protocol in zip(axes[0], protocols, strict=True):
         for server in servers:
             for attr, color in (("p50_us", "C0"), ("p90_us", "C1"), ("p99_us", "C3")):
                 xs, ys = series(server, protocol, attr)

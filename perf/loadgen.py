@@ -10,7 +10,8 @@ Python client cost: compare servers with the same tool, never across tools.
 
     python perf/loadgen.py -m identity_fp32 -u 127.0.0.1:8000 --concurrency-range 1:16:x2 \
         --shape INPUT0:16 -p 2000
-    python perf/loadgen.py -m identity_fp32 -u 127.0.0.1:8001 -i grpc --request-rate-range 500:1500:500
+    python perf/loadgen.py -m identity_fp32 -u 127.0.0.1:8001 -i grpc \
+        --request-rate-range 500:1500:500
 
 From Python: `measure(LoadSpec(model=..., url=...), "concurrency", 8)` returns a Measurement.
 """
@@ -158,7 +159,8 @@ class Client:
     def __init__(self, spec: LoadSpec) -> None:
         self.spec = spec
         self.api, aio = _client_modules(spec.protocol)
-        self.client = aio.InferenceServerClient(spec.url)
+        self.client = (aio.InferenceServerClient(spec.url) if spec.protocol == "grpc" else
+                       aio.InferenceServerClient(spec.url, conn_timeout=spec.request_timeout_s))
         self.inputs: list = []
 
     async def prepare(self) -> None:
@@ -178,9 +180,13 @@ class Client:
             self.inputs.append(infer_input)
 
     async def infer(self) -> None:
-        await self.client.infer(self.spec.model, self.inputs,
-                                timeout=None if self.spec.protocol == "http"
-                                else int(self.spec.request_timeout_s * 1e6))
+        # A client-side deadline only: the request itself carries no timeout parameter,
+        # just as perf_analyzer's do not.
+        if self.spec.protocol == "grpc":
+            await self.client.infer(self.spec.model, self.inputs,
+                                    client_timeout=self.spec.request_timeout_s)
+        else:
+            await self.client.infer(self.spec.model, self.inputs)
 
     @contextlib.asynccontextmanager
     async def stream(self):
