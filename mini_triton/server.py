@@ -62,7 +62,7 @@ class Server:
                                               mode=settings.model_control_mode)
         self.service = InferenceService(self.manager, settings.strict_readiness)
         self.manager.server = self.service
-        self.metrics = Metrics(self.manager)
+        self.metrics = Metrics(self.manager, config=settings.metrics_config)
         self.ports: dict[str, int] = {}
         self._runners: list[web.AppRunner] = []
         self._grpc = None
@@ -166,6 +166,7 @@ class Server:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.manager.stop_all,
                                    max(0.5, deadline - time.monotonic()))
+        self.service.log_settings.close()
 
     def _inflight(self) -> int:
         return sum(v.scheduler.inflight() for v in self.manager.loaded_versions())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -14,7 +15,11 @@ from .core.request import InferenceRequest, InferenceResponse, ResponseStream
 from .core.shared_memory import SharedMemoryRegistry
 from .core.tensor import Tensor
 from .core.validate import config_datatype, normalize
+from .logsettings import LogSettings
 from .repository.manager import LoadedVersion, ModelRepositoryManager
+from .tracing import Tracer
+
+log = logging.getLogger("mini_triton.service")
 
 CUDA_SHM_UNAVAILABLE = ("CUDA shared memory is not available: this server has no CUDA device "
                         "(use system shared memory instead)")
@@ -33,6 +38,8 @@ EXTENSIONS = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
+    "logging",
 )
 
 # Triton's failure reasons for nv_inference_request_failure.
@@ -46,6 +53,8 @@ class InferenceService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.accepting = True
         self.system_shm = SharedMemoryRegistry()
+        self.tracer = Tracer()
+        self.log_settings = LogSettings()
 
     # --- health and metadata ---
 
@@ -89,6 +98,9 @@ class InferenceService:
         if not self.accepting:
             raise TritonError(Code.UNAVAILABLE, "Server is stopping: no new requests accepted")
         requested_version = request.model_version
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("infer request: model '%s' version '%s' id '%s' with %d inputs",
+                      request.model_name, requested_version, request.id, len(request.inputs))
         loaded = self.manager.get(request.model_name, requested_version)
         if endpoint and loaded.config.model_transaction_policy.decoupled:
             raise unsupported(
@@ -152,7 +164,7 @@ class InferenceService:
 
     def _submit(self, request: InferenceRequest, loaded: LoadedVersion,
                 requested_version: str) -> None:
-        request.on_complete = _completion_recorder(loaded)
+        request.on_complete = _completion_recorder(loaded, self.tracer.sample(request.model_name))
         try:
             loaded.scheduler.submit(request)
         except TritonError as error:
@@ -193,6 +205,22 @@ class InferenceService:
         self.manager.check_control_allowed()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, lambda: self.manager.unload(name, unload_dependents))
+
+    # --- trace and logging extensions ---
+
+    def trace_settings(self, model: str = "", changes: dict | None = None) -> dict:
+        if model:
+            self.manager.record(model)  # unknown models are an error, as in Triton
+        try:
+            return self.tracer.update(changes, model) if changes else self.tracer.settings(model)
+        except ValueError as error:
+            raise invalid_arg(str(error)) from None
+
+    def logging_settings(self, changes: dict | None = None) -> dict:
+        try:
+            return self.log_settings.update(changes) if changes else self.log_settings.get()
+        except (ValueError, OSError) as error:
+            raise invalid_arg(str(error)) from None
 
     # --- statistics ---
 
@@ -245,7 +273,9 @@ def _tensor_metadata(tensor, config: mc.ModelConfig) -> dict:
     return {"name": tensor.name, "datatype": config_datatype(tensor.data_type), "shape": shape}
 
 
-def _completion_recorder(loaded: LoadedVersion):
+def _completion_recorder(loaded: LoadedVersion, trace=None):
+    """What happens when a request's final response is sent: statistics, and its
+    trace when the request was sampled."""
     stats = loaded.stats
 
     def record(request: InferenceRequest, response: InferenceResponse) -> None:
@@ -255,6 +285,8 @@ def _completion_recorder(loaded: LoadedVersion):
         else:
             stats.record_request(elapsed, False,
                                  _FAILURE_REASONS.get(response.error.code, "BACKEND"))
+        if trace is not None:
+            trace.finish(request)
 
     return record
 

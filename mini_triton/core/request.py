@@ -109,6 +109,7 @@ class InferenceRequest:
     # Applied to each successful response before it is sent (shared-memory and
     # classification outputs); None on the plain path.
     transform: Callable[[InferenceResponse], InferenceResponse] | None = None
+    timing: object = None  # the ExecutionTiming of the execution that ran it (for traces)
     completed: bool = False  # the final response was sent
 
     def input(self, name: str) -> Tensor | None:

@@ -178,6 +178,34 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryUnregister(self, request, context):
         return pb.CudaSharedMemoryUnregisterResponse()
 
+    # --- trace and logging extensions ---
+
+    @aborts_on_error
+    async def TraceSetting(self, request, context):
+        changes = {key: list(value.value) or None for key, value in request.settings.items()}
+        settings = self.service.trace_settings(request.model_name, changes or None)
+        response = pb.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
+
+    @aborts_on_error
+    async def LogSettings(self, request, context):
+        changes = {key: getattr(value, value.WhichOneof("parameter_choice"))
+                   for key, value in request.settings.items()
+                   if value.WhichOneof("parameter_choice")}
+        settings = self.service.logging_settings(changes or None)
+        response = pb.LogSettingsResponse()
+        for key, value in settings.items():
+            entry = response.settings[key]
+            if isinstance(value, bool):
+                entry.bool_param = value
+            elif isinstance(value, int):
+                entry.uint32_param = value
+            else:
+                entry.string_param = value
+        return response
+
     # --- inference ---
 
     @aborts_on_error

@@ -76,6 +76,14 @@ class HttpFrontend:
                 ("inference", post, prefix + "/infer", self.infer),
                 ("statistics", get, prefix + "/stats", self.statistics),
             ]
+        routes += [
+            ("trace", get, "/v2/trace/setting", self.trace_setting),
+            ("trace", post, "/v2/trace/setting", self.trace_setting),
+            ("trace", get, model + "/trace/setting", self.trace_setting),
+            ("trace", post, model + "/trace/setting", self.trace_setting),
+            ("logging", get, "/v2/logging", self.logging_settings),
+            ("logging", post, "/v2/logging", self.logging_settings),
+        ]
         system, cuda = "/v2/systemsharedmemory", "/v2/cudasharedmemory"
         routes += [
             ("model-repository", post, "/v2/repository/index", self.repository_index),
@@ -168,6 +176,19 @@ class HttpFrontend:
             else False
         await self.service.unload_model(request.match_info["model"], bool(dependents))
         return web.Response(status=200)
+
+    # --- trace and logging extensions ---
+
+    @handles_errors
+    async def trace_setting(self, request: web.Request) -> web.Response:
+        changes = await _json_body(request) if request.method == "POST" else None
+        return json_response(self.service.trace_settings(request.match_info.get("model", ""),
+                                                         changes))
+
+    @handles_errors
+    async def logging_settings(self, request: web.Request) -> web.Response:
+        changes = await _json_body(request) if request.method == "POST" else None
+        return json_response(self.service.logging_settings(changes))
 
     # --- shared memory extensions ---
 

@@ -1,0 +1,131 @@
+"""The trace extension: sampled request timelines written as Triton's JSON trace file.
+
+Settings are global with per-model overrides, as in tritonserver; values are
+strings (and `trace_level` a list of strings) exactly as the API carries them.
+A traced request's file entry is Triton's pair of objects: its model, then its
+timestamps (steady-clock ns): REQUEST_START, QUEUE_START, COMPUTE_START,
+COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END, REQUEST_END.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+
+DEFAULTS = {"trace_file": "", "trace_level": ["OFF"], "trace_rate": "1000",
+            "trace_count": "-1", "log_frequency": "0", "trace_mode": "triton"}
+_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
+
+
+class Trace:
+    """One sampled request."""
+
+    def __init__(self, tracer: "Tracer", trace_id: int, file: str):
+        self.tracer, self.id, self.file = tracer, trace_id, file
+
+    def finish(self, request) -> None:
+        marks = [("REQUEST_START", request.arrival_ns), ("QUEUE_START", request.queue_start_ns)]
+        timing = getattr(request, "timing", None)
+        if timing is not None:
+            marks += [("COMPUTE_START", timing.start), ("COMPUTE_INPUT_END", timing.input_end),
+                      ("COMPUTE_OUTPUT_START", timing.infer_end), ("COMPUTE_END", timing.end)]
+        marks.append(("REQUEST_END", time.monotonic_ns()))
+        entries = [
+            {"id": self.id, "model_name": request.model_name,
+             "model_version": int(request.model_version or 0)},
+            {"id": self.id, "timestamps": [{"name": n, "ns": ns} for n, ns in marks if ns]},
+        ]
+        self.tracer.write(self.file, entries)
+
+
+class Tracer:
+    def __init__(self):
+        self.global_settings = dict(DEFAULTS)
+        self.model_settings: dict[str, dict] = {}
+        self.lock = threading.Lock()
+        self.counters: dict[str, itertools.count] = {}
+        self.remaining: dict[str, int] = {}
+        self.ids = itertools.count(1)
+        self.files: dict[str, list] = {}
+
+    def settings(self, model: str = "") -> dict:
+        with self.lock:
+            return {**self.global_settings, **self.model_settings.get(model, {})}
+
+    def update(self, changes: dict, model: str = "") -> dict:
+        """Apply changes; a None value clears a model's override (back to global)."""
+        checked = {key: _checked(key, value) for key, value in changes.items()}
+        with self.lock:
+            target = self.model_settings.setdefault(model, {}) if model else self.global_settings
+            for key, value in checked.items():
+                if value is None:
+                    if model:
+                        target.pop(key, None)
+                    else:
+                        target[key] = DEFAULTS[key]
+                else:
+                    target[key] = value
+            self.counters.clear()
+            self.remaining.clear()
+        return self.settings(model)
+
+    def sample(self, model: str) -> Trace | None:
+        """A Trace for this request when the model's settings pick it, else None."""
+        settings = self.model_settings.get(model)
+        level = (settings or {}).get("trace_level", self.global_settings["trace_level"])
+        if level == ["OFF"] or not level:
+            return None
+        merged = self.settings(model)
+        with self.lock:
+            counter = self.counters.setdefault(model, itertools.count())
+            if next(counter) % max(1, int(merged["trace_rate"])):
+                return None
+            left = self.remaining.setdefault(model, int(merged["trace_count"]))
+            if left == 0:
+                return None
+            if left > 0:
+                self.remaining[model] = left - 1
+            trace_id = next(self.ids)
+        return Trace(self, trace_id, merged["trace_file"])
+
+    def write(self, path: str, entries: list) -> None:
+        if not path:
+            return
+        with self.lock:
+            traces = self.files.setdefault(path, [])
+            traces.extend(entries)
+            temporary = f"{path}.tmp"
+            with open(temporary, "w", encoding="utf-8") as handle:
+                json.dump(traces, handle)
+            os.replace(temporary, path)
+
+
+def _checked(key: str, value):
+    if key not in DEFAULTS:
+        raise ValueError(f"unknown trace setting '{key}' (known: {', '.join(DEFAULTS)})")
+    if value is None:
+        return None
+    if key == "trace_level":
+        levels = value if isinstance(value, list) else [value]
+        if not levels or any(level not in _LEVELS for level in levels):
+            raise ValueError(f"trace_level must be a list of {', '.join(_LEVELS)}")
+        return levels
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise ValueError(f"trace setting '{key}' takes one value")
+        value = value[0]
+    value = str(value)
+    if key in ("trace_rate", "trace_count", "log_frequency"):
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError(f"trace setting '{key}' must be an integer, got '{value}'") \
+                from None
+        if number < (-1 if key == "trace_count" else 0) or (key == "trace_rate" and number == 0):
+            raise ValueError(f"trace setting '{key}' is out of range: {value}")
+    if key == "trace_mode" and value != "triton":
+        raise ValueError("only trace_mode 'triton' is supported")
+    return value

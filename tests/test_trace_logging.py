@@ -1,0 +1,111 @@
+"""The trace and logging extensions change what the server really traces and logs."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from conftest import DEFAULT_REPOSITORY, connect, server_settings
+from mini_triton.server import ServerThread
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerThread(server_settings(DEFAULT_REPOSITORY)) as running:
+        yield running
+
+
+@pytest.fixture(params=["http", "grpc"])
+def protocol(request, server):
+    client = connect(request.param, server)
+    yield client
+    client.client.close()
+
+
+def infer(protocol, model="identity_fp32"):
+    data = np.ones((1, 4), dtype=np.float32)
+    tensor = protocol.module.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(data)
+    protocol.client.infer(model, [tensor])
+
+
+def as_dict(protocol, settings):
+    if protocol.name == "http":
+        return settings
+    return {k: (v["value"] if "value" in v else v)
+            for k, v in settings.get("settings", {}).items()}
+
+
+def test_trace_file_records_sampled_requests(protocol, tmp_path):
+    trace_file = tmp_path / f"trace_{protocol.name}.json"
+    settings = {"trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"],
+                "trace_rate": "2", "trace_count": "-1"}
+    updated = protocol.client.update_trace_settings(model_name="identity_int32_bytes",
+                                                     settings=settings) \
+        if protocol.name == "http" else protocol.client.update_trace_settings(
+            model_name="identity_int32_bytes", settings=settings, as_json=True)
+    assert as_dict(protocol, updated)["trace_rate"] in ("2", ["2"])
+    for _ in range(4):
+        a = protocol.module.InferInput("INPUT0", [1], "INT32")
+        a.set_data_from_numpy(np.array([1], dtype=np.int32))
+        b = protocol.module.InferInput("INPUT1", [1], "BYTES")
+        b.set_data_from_numpy(np.array([b"x"], dtype=np.object_))
+        protocol.client.infer("identity_int32_bytes", [a, b])
+    infer(protocol)  # another model: global settings are OFF, so not traced
+    traces = json.loads(trace_file.read_text())
+    models = [t for t in traces if "model_name" in t]
+    assert len(models) == 2  # every second request of four
+    assert {t["model_name"] for t in models} == {"identity_int32_bytes"}
+    stamps = [t for t in traces if "timestamps" in t][0]["timestamps"]
+    names = [s["name"] for s in stamps]
+    assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END"
+    assert "QUEUE_START" in names
+    assert [s["ns"] for s in stamps] == sorted(s["ns"] for s in stamps)
+    # clearing the override returns the model to the global setting (OFF)
+    protocol.client.update_trace_settings(model_name="identity_int32_bytes",
+                                          settings={"trace_level": None})
+    global_settings = protocol.client.get_trace_settings()
+    assert as_dict(protocol, global_settings if protocol.name == "http" else
+                   protocol.client.get_trace_settings(as_json=True))["trace_level"] == ["OFF"]
+
+
+def test_bad_trace_setting_is_refused(protocol):
+    with pytest.raises(InferenceServerException) as caught:
+        protocol.client.update_trace_settings(settings={"trace_rate": "often"})
+    assert "trace_rate" in caught.value.message()
+
+
+def test_verbose_logging_logs_each_request(server, tmp_path):
+    http = connect("http", server)
+    log_file = tmp_path / "server.log"
+    settings = http.client.update_log_settings({"log_file": str(log_file),
+                                                "log_verbose_level": 1})
+    assert settings["log_verbose_level"] == 1
+    infer(http)
+    time.sleep(0.05)
+    assert "infer request: model 'identity_fp32'" in log_file.read_text()
+    http.client.update_log_settings({"log_verbose_level": 0})
+    before = log_file.read_text()
+    infer(http)
+    assert log_file.read_text() == before  # verbose off: nothing logged per request
+    settings = http.client.update_log_settings({"log_file": ""})
+    assert settings["log_file"] == ""
+
+
+def test_log_settings_over_grpc(server):
+    grpc = connect("grpc", server)
+    settings = grpc.client.update_log_settings({"log_info": False}, as_json=True)
+    assert settings["settings"]["log_info"]["bool_param"] is False
+    settings = grpc.client.update_log_settings({"log_info": True}, as_json=True)
+    assert settings["settings"]["log_info"]["bool_param"] is True
+
+
+def test_bad_log_setting_is_refused(server):
+    http = connect("http", server)
+    with pytest.raises(InferenceServerException) as caught:
+        http.client.update_log_settings({"log_verbose_level": "loud"})
+    assert "log_verbose_level" in caught.value.message()
