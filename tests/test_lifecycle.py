@@ -285,3 +285,44 @@ def test_new_and_deleted_folders(poll_server):
     shutil.rmtree(repository / "added")
     wait_until(lambda: not http.client.is_model_ready("added"), what="deleted folder to unload")
     assert http.client.is_model_ready("m")
+
+
+# --- every kind of load failure is an UNAVAILABLE state with its reason ---
+
+BROKEN_MODELS = {
+    # name: (config.pbtxt, files in version 1, fragment of the reason)
+    "syntax": ('name: "syntax"\nbackend: "identity"\nmax_batch_size: 8 8\n', {},
+               "config.pbtxt:3:19"),
+    "no_model_file": ('name: "no_model_file"\nplatform: "onnxruntime_onnx"\n', {},
+                      "model.onnx"),
+    "no_backend": ('name: "no_backend"\nbackend: "caffe"\n', {},
+                   "unable to find backend library for backend 'caffe'"),
+    "no_tensorrt": ('name: "no_tensorrt"\nplatform: "tensorrt_plan"\n', {"model.plan": b"x"},
+                    "TensorRT"),
+    "bad_identity": ('name: "bad_identity"\nbackend: "identity"\n'
+                     'input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 2 ] } ]\n'
+                     'output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ 2 ] } ]\n', {},
+                     "must have the same data_type"),
+    "wrong_name": ('name: "other"\nbackend: "identity"\n', {}, "must match the model folder"),
+}
+
+
+def test_every_load_failure_is_unavailable_with_a_reason(tmp_path):
+    repository = tmp_path / "repo"
+    write_model(repository, "healthy")
+    for name, (config, files, _) in BROKEN_MODELS.items():
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "config.pbtxt").write_text(config)
+        for filename, content in files.items():
+            (repository / name / "1" / filename).write_bytes(content)
+    settings = server_settings(repository, exit_on_error=False, strict_readiness=False)
+    with ServerThread(settings) as server:
+        http = connect("http", server)
+        entries = {e["name"]: e for e in http.client.get_model_repository_index()}
+        for name, (_, _, fragment) in BROKEN_MODELS.items():
+            entry = entries[name]
+            assert entry["state"] == "UNAVAILABLE", entry
+            assert f"failed to load '{name}'" in entry["reason"]
+            assert fragment in entry["reason"], entry
+            assert not http.client.is_model_ready(name)
+        assert echo(http, "healthy") == "1"
