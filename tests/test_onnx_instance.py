@@ -122,3 +122,12 @@ def test_a_new_start_resets_the_state(accumulator):
         req, responses = step(instance, config, "abc", value, start=start)
         instance.execute([req])
     assert int(responses[0].outputs[0].data[0, 0]) == 1
+
+
+def test_null_requests_of_empty_slots_get_initial_state_and_leave_none(accumulator):
+    config, _, instance = load(accumulator)
+    real, responses = step(instance, config, 9, 5, start=True)
+    null, _ = request(config, {"INPUT": np.array([[1]], np.int32)})  # correlation id 0
+    instance.execute([real, null])
+    assert int(responses[0].outputs[0].data[0, 0]) == 5
+    assert list(instance.state.values) == [9]

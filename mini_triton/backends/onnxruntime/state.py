@@ -53,6 +53,8 @@ class ImplicitState:
                              else [outputs[name]]) for name in self.pairs}
         with self.lock:
             for index, request in enumerate(requests):
+                if not _in_sequence(request):
+                    continue  # a sequence batcher's null request fills an empty slot
                 if request.flags & SEQUENCE_END:
                     self.values.pop(request.correlation_id, None)
                     continue
@@ -61,11 +63,18 @@ class ImplicitState:
 
     def _current(self, request) -> dict[str, np.ndarray]:
         key = request.correlation_id
-        if request.flags & SEQUENCE_START or key not in self.values:
+        if not _in_sequence(request) or request.flags & SEQUENCE_START or key not in self.values:
             rows = (max(1, request.batch_size),) if self.batched else ()
-            self.values[key] = {name: np.broadcast_to(value, rows + value.shape).copy()
-                                for name, value in self.initial.items()}
+            initial = {name: np.broadcast_to(value, rows + value.shape).copy()
+                       for name, value in self.initial.items()}
+            if not _in_sequence(request):
+                return initial
+            self.values[key] = initial
         return self.values[key]
+
+
+def _in_sequence(request) -> bool:
+    return request.correlation_id not in (0, "")
 
 
 def _initial_value(model: str, state, model_dir: Path) -> np.ndarray:
