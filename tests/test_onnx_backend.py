@@ -128,8 +128,10 @@ def good_repository(tmp_path_factory) -> Path:
         parameters { key: "execution_mode" value: { string_value: "1" } }
         parameters { key: "enable_mem_arena" value: { string_value: "0" } }
         parameters { key: "enable_mem_pattern" value: { string_value: "false" } }
-        optimization { graph { level: 2 }
-                       execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] } }
+        optimization {
+          graph { level: 2 }
+          execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] }
+        }
     """)
     return repository
 
@@ -189,7 +191,8 @@ def test_integer_tensors_with_fixed_shape(onnx_proto):
     a = np.arange(16, dtype=np.int32).reshape(2, 8)
     b = np.full((2, 8), 3, dtype=np.int32)
     result = onnx_proto.client.infer("add_sub_int32_fixed", [
-        infer_input(onnx_proto, "INPUT0", a, "INT32"), infer_input(onnx_proto, "INPUT1", b, "INT32")])
+        infer_input(onnx_proto, "INPUT0", a, "INT32"),
+        infer_input(onnx_proto, "INPUT1", b, "INT32")])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
@@ -222,7 +225,8 @@ def test_several_datatypes_and_outputs_filled_from_the_model(onnx_proto):
     half = np.array([[0.5, 1.5, -2.0]], np.float16)
     count = np.array([[3, 0, -7]], np.int64)
     result = onnx_proto.client.infer("mixed_types", [
-        infer_input(onnx_proto, "HALF", half, "FP16"), infer_input(onnx_proto, "COUNT", count, "INT64")])
+        infer_input(onnx_proto, "HALF", half, "FP16"),
+        infer_input(onnx_proto, "COUNT", count, "INT64")])
     np.testing.assert_array_equal(result.as_numpy("DOUBLED"), half * 2)
     np.testing.assert_array_equal(result.as_numpy("AS_DOUBLE"), count.astype(np.float64))
     np.testing.assert_array_equal(result.as_numpy("POSITIVE"), count > 0)

@@ -91,12 +91,12 @@ def accumulator(tmp_path):
     return save(tmp_path / "accumulator",
                 [helper.make_node("Add", ["STATE_IN", "INPUT"], ["STATE_OUT"]),
                  helper.make_node("Identity", ["STATE_OUT"], ["OUTPUT"])],
-                [int_io("INPUT", TP.INT32, ["batch", 1]), int_io("STATE_IN", TP.INT32, ["batch", 1])],
-                [int_io("OUTPUT", TP.INT32, ["batch", 1]), int_io("STATE_OUT", TP.INT32, ["batch", 1])],
+                [int_io(n, TP.INT32, ["batch", 1]) for n in ("INPUT", "STATE_IN")],
+                [int_io(n, TP.INT32, ["batch", 1]) for n in ("OUTPUT", "STATE_OUT")],
                 STATEFUL)
 
 
-def step(instance, config, sequence_id, value, start=False, end=False):
+def step(config, sequence_id, value, start=False, end=False):
     req, responses = request(config, {"INPUT": np.array([[value]], np.int32)},
                              sequence_id=sequence_id, sequence_start=start, sequence_end=end)
     return req, responses
@@ -106,9 +106,9 @@ def test_implicit_state_is_fed_back_per_sequence(accumulator):
     config, _, instance = load(accumulator)
     assert [o.name for o in config.output] == ["OUTPUT"]  # the state stays out of the outputs
     seen = []
-    for batch in ([step(instance, config, 1, 5, start=True), step(instance, config, 2, 100, start=True)],
-                  [step(instance, config, 1, 2)],
-                  [step(instance, config, 2, 1, end=True), step(instance, config, 1, 3, end=True)]):
+    for batch in ([step(config, 1, 5, start=True), step(config, 2, 100, start=True)],
+                  [step(config, 1, 2)],
+                  [step(config, 2, 1, end=True), step(config, 1, 3, end=True)]):
         instance.execute([req for req, _ in batch])
         seen.append([int(r[0].outputs[0].data[0, 0]) for _, r in batch])
         assert all([t.name for t in r[0].outputs] == ["OUTPUT"] for _, r in batch)
@@ -119,14 +119,14 @@ def test_implicit_state_is_fed_back_per_sequence(accumulator):
 def test_a_new_start_resets_the_state(accumulator):
     config, _, instance = load(accumulator)
     for value, start in ((4, True), (4, False), (1, True)):
-        req, responses = step(instance, config, "abc", value, start=start)
+        req, responses = step(config, "abc", value, start=start)
         instance.execute([req])
     assert int(responses[0].outputs[0].data[0, 0]) == 1
 
 
 def test_null_requests_of_empty_slots_get_initial_state_and_leave_none(accumulator):
     config, _, instance = load(accumulator)
-    real, responses = step(instance, config, 9, 5, start=True)
+    real, responses = step(config, 9, 5, start=True)
     null, _ = request(config, {"INPUT": np.array([[1]], np.int32)})  # correlation id 0
     instance.execute([real, null])
     assert int(responses[0].outputs[0].data[0, 0]) == 5

@@ -37,10 +37,11 @@ def load_reasons(server: ServerThread) -> dict[str, str]:
 @pytest.mark.skipif(UNAVAILABLE is None, reason="TensorRT and a CUDA device are present")
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_plan_is_unavailable_with_the_reason_naming_what_is_missing(tmp_path, protocol):
-    for name, config in (("detected", None),  # a bare model.plan: platform found from the file
-                         ("configured", 'platform: "tensorrt_plan"\nmax_batch_size: 8\n'
-                                        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-                                        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]')):
+    configured = ('platform: "tensorrt_plan"\nmax_batch_size: 8\n'
+                  'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+                  'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]')
+    # "detected": a bare model.plan, the platform found from the file name
+    for name, config in (("detected", None), ("configured", configured)):
         (tmp_path / name / "1").mkdir(parents=True)
         (tmp_path / name / "1" / "model.plan").write_bytes(b"a plan built elsewhere")
         if config:
@@ -74,7 +75,8 @@ def add_sub_onnx(width: int = 16) -> bytes:
     graph = helper.make_graph(
         [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
          helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])], "add_sub",
-        [helper.make_tensor_value_info(n, TP.FLOAT, ["batch", width]) for n in ("INPUT0", "INPUT1")],
+        [helper.make_tensor_value_info(n, TP.FLOAT, ["batch", width])
+         for n in ("INPUT0", "INPUT1")],
         [helper.make_tensor_value_info(n, TP.FLOAT, ["batch", width])
          for n in ("OUTPUT0", "OUTPUT1")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
