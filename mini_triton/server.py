@@ -10,10 +10,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiohttp import web
-
 from .frontends import grpc_server
-from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend
+from .frontends.http_protocol import HttpReply, HttpRequest, start_server
+from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
 from .metrics import Metrics
 from .repository.manager import ModelRepositoryManager, ServerOptions
 from .service import InferenceService
@@ -64,7 +63,7 @@ class Server:
         self.manager.server = self.service
         self.metrics = Metrics(self.manager, config=settings.metrics_config)
         self.ports: dict[str, int] = {}
-        self._runners: list[web.AppRunner] = []
+        self._listeners: list = []
         self._grpc = None
         self._poller: asyncio.Task | None = None
         self._stop = asyncio.Event()
@@ -76,17 +75,16 @@ class Server:
         if self.settings.allow_grpc:
             await self._start_grpc()
         if self.settings.allow_http:
-            app = HttpFrontend(self.service, self.settings.http_max_input_size,
-                               self.settings.http_restricted).app
-            self.ports["http"] = await self._start_site(app, self.settings.http_address,
-                                                        self.settings.http_port)
+            frontend = HttpFrontend(self.service, self.settings.http_restricted)
+            self.ports["http"] = await self._listen(frontend.handle, self.settings.http_address,
+                                                    self.settings.http_port)
             log.info("Started HTTPService at %s:%d", self.settings.http_address,
                      self.ports["http"])
         if self.settings.model_control_mode == "poll":
             self._poller = asyncio.create_task(self._poll_repository())
         if self.settings.allow_metrics:
-            self.ports["metrics"] = await self._start_site(
-                self._metrics_app(), self.settings.metrics_address, self.settings.metrics_port)
+            self.ports["metrics"] = await self._listen(
+                self._serve_metrics, self.settings.metrics_address, self.settings.metrics_port)
             log.info("Started Metrics Service at %s:%d", self.settings.metrics_address,
                      self.ports["metrics"])
 
@@ -109,26 +107,22 @@ class Server:
         self.ports["grpc"] = port
         log.info("Started GRPCInferenceService at %s:%d", self.settings.grpc_address, port)
 
-    async def _start_site(self, app: web.Application, address: str, port: int) -> int:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, address, port, reuse_address=True)
+    async def _listen(self, handler, address: str, port: int) -> int:
         try:
-            await site.start()
+            server, bound = await start_server(handler, error_reply, address, port,
+                                               self.settings.http_max_input_size)
         except OSError as error:
-            await runner.cleanup()
             raise StartupError(f"cannot listen on {address}:{port}: {error.strerror}") from None
-        self._runners.append(runner)
-        return site._server.sockets[0].getsockname()[1]
+        self._listeners.append(server)
+        return bound
 
-    def _metrics_app(self) -> web.Application:
-        async def metrics(request: web.Request) -> web.Response:
-            return web.Response(text=self.metrics.render(),
-                                content_type="text/plain", charset="utf-8")
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        return app
+    async def _serve_metrics(self, request: HttpRequest) -> HttpReply:
+        if request.path != "/metrics":
+            return error_reply(404, f"Not Found: {request.path}")
+        if request.method != "GET":
+            return error_reply(405, f"Method {request.method} not allowed for /metrics")
+        return HttpReply(200, self.metrics.render().encode(),
+                         "text/plain; version=0.0.4; charset=utf-8")
 
     async def _poll_repository(self) -> None:
         """POLL mode: apply repository changes every --repository-poll-secs."""
@@ -161,8 +155,8 @@ class Server:
             log.warning("exit timeout reached with %d requests in flight", left)
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
-        for runner in self._runners:
-            await runner.cleanup()
+        for listener in self._listeners:
+            listener.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.manager.stop_all,
                                    max(0.5, deadline - time.monotonic()))

@@ -1,12 +1,13 @@
-"""The KServe v2 HTTP/REST front end on aiohttp: routing and status mapping only."""
+"""The KServe v2 HTTP/REST front end: routing and status mapping only.
+
+It runs on the lean HTTP/1.1 server in `http_protocol.py`.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import functools
-
-from aiohttp import web
 
 from ..config.json_format import config_to_json
 from ..core.datatypes import from_name
@@ -15,52 +16,61 @@ from ..core.validate import config_datatype
 from ..service import CUDA_SHM_UNAVAILABLE, InferenceService
 from . import http_codec
 from .errors import http_status
+from .http_protocol import HttpReply, HttpRequest, Router
 from .restrictions import Restriction, http_refusal
 
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # tritonserver's --http-max-input-size default
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
+_OK = HttpReply()
+_NOT_READY = HttpReply(status=400)
 
 
-def json_response(document, status: int = 200) -> web.Response:
-    return web.Response(body=http_codec.dumps(document), status=status, content_type=_JSON)
+def json_reply(document, status: int = 200) -> HttpReply:
+    return HttpReply(status, http_codec.dumps(document))
 
 
-def error_response(error: TritonError) -> web.Response:
-    return web.Response(body=http_codec.encode_error(error), status=http_status(error.code),
-                        content_type=_JSON)
+def error_reply(status: int, message: str) -> HttpReply:
+    return HttpReply(status, http_codec.dumps({"error": message}))
 
 
 def handles_errors(handler):
-    """Turn a TritonError raised by a handler into Triton's JSON error response."""
+    """Turn a TritonError raised by a handler into Triton's JSON error reply."""
 
     @functools.wraps(handler)
-    async def wrapper(self, request: web.Request) -> web.Response:
+    async def wrapper(self, request: HttpRequest) -> HttpReply:
         try:
             return await handler(self, request)
         except TritonError as error:
-            return error_response(error)
+            return error_reply(http_status(error.code), error.message)
 
     return wrapper
 
 
-def _model_and_version(request: web.Request) -> tuple[str, str]:
-    return request.match_info["model"], request.match_info.get("version", "")
+def _model_and_version(request: HttpRequest) -> tuple[str, str]:
+    return request.params["model"], request.params.get("version", "")
 
 
 class HttpFrontend:
-    def __init__(self, service: InferenceService, max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+    def __init__(self, service: InferenceService,
                  restricted: dict[str, Restriction] | None = None):
         self.service = service
         self.restricted = restricted or {}
-        self.app = web.Application(client_max_size=max_input_size)
-        self.app.add_routes([method(path, self._guard(group, handler))
-                             for group, method, path, handler in self._routes()])
+        self.router = Router(lambda message: error_reply(404, message))
+        for group, method, path, handler in self._routes():
+            self.router.add(method, path, self._guard(group, handler))
+
+    async def handle(self, request: HttpRequest) -> HttpReply:
+        handler, params, refusal = self.router.resolve(request.method, request.path)
+        if handler is None:
+            return refusal
+        request.params = params
+        return await handler(request)
 
     def _routes(self) -> list[tuple]:
         """(API group, method, path, handler) for every endpoint."""
-        get, post = web.get, web.post
+        get, post = "GET", "POST"
         model = "/v2/models/{model}"
         routes = [
             ("health", get, "/v2/health/live", self.live),
@@ -109,56 +119,54 @@ class HttpFrontend:
         if restriction is None:
             return handler
 
-        async def guarded(request: web.Request) -> web.Response:
+        async def guarded(request: HttpRequest) -> HttpReply:
             if request.headers.get(restriction.header) != restriction.value:
-                return web.Response(body=http_codec.dumps({"error": http_refusal(restriction)}),
-                                    status=403, content_type=_JSON)
+                return error_reply(403, http_refusal(restriction))
             return await handler(request)
 
         return guarded
 
     # --- health and metadata ---
 
-    async def live(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.service.live() else 400)
+    async def live(self, request: HttpRequest) -> HttpReply:
+        return _OK if self.service.live() else _NOT_READY
 
-    async def ready(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.service.ready() else 400)
+    async def ready(self, request: HttpRequest) -> HttpReply:
+        return _OK if self.service.ready() else _NOT_READY
 
-    async def server_metadata(self, request: web.Request) -> web.Response:
-        return json_response(self.service.server_metadata())
+    async def server_metadata(self, request: HttpRequest) -> HttpReply:
+        return json_reply(self.service.server_metadata())
 
-    async def model_ready(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.service.model_ready(*_model_and_version(request))
-                            else 400)
-
-    @handles_errors
-    async def model_metadata(self, request: web.Request) -> web.Response:
-        return json_response(self.service.model_metadata(*_model_and_version(request)))
+    async def model_ready(self, request: HttpRequest) -> HttpReply:
+        return _OK if self.service.model_ready(*_model_and_version(request)) else _NOT_READY
 
     @handles_errors
-    async def model_config(self, request: web.Request) -> web.Response:
+    async def model_metadata(self, request: HttpRequest) -> HttpReply:
+        return json_reply(self.service.model_metadata(*_model_and_version(request)))
+
+    @handles_errors
+    async def model_config(self, request: HttpRequest) -> HttpReply:
         config = self.service.model_config(*_model_and_version(request))
-        return json_response(config_to_json(config, including_defaults=True))
+        return json_reply(config_to_json(config, including_defaults=True))
 
     @handles_errors
-    async def statistics(self, request: web.Request) -> web.Response:
-        name, version = request.match_info.get("model", ""), request.match_info.get("version", "")
-        return json_response({"model_stats": self.service.model_statistics(name, version)})
+    async def statistics(self, request: HttpRequest) -> HttpReply:
+        name, version = request.params.get("model", ""), request.params.get("version", "")
+        return json_reply({"model_stats": self.service.model_statistics(name, version)})
 
     # --- model repository extension ---
 
     @handles_errors
-    async def repository_index(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+    async def repository_index(self, request: HttpRequest) -> HttpReply:
+        body = _json_body(request)
         ready = body.get("ready", False)
         if not isinstance(ready, bool):
             raise invalid_arg("'ready' must be a boolean")
-        return json_response(self.service.repository_index(ready))
+        return json_reply(self.service.repository_index(ready))
 
     @handles_errors
-    async def load_model(self, request: web.Request) -> web.Response:
-        parameters = (await _json_body(request)).get("parameters", {})
+    async def load_model(self, request: HttpRequest) -> HttpReply:
+        parameters = (_json_body(request)).get("parameters", {})
         if not isinstance(parameters, dict):
             raise invalid_arg("'parameters' must be a JSON object")
         config = parameters.get("config")
@@ -166,73 +174,73 @@ class HttpFrontend:
             raise invalid_arg("the 'config' parameter must be a string holding JSON")
         files = {key: _base64(key, value) for key, value in parameters.items()
                  if key.startswith("file:")}
-        await self.service.load_model(request.match_info["model"], config, files or None)
-        return web.Response(status=200)
+        await self.service.load_model(request.params["model"], config, files or None)
+        return _OK
 
     @handles_errors
-    async def unload_model(self, request: web.Request) -> web.Response:
-        parameters = (await _json_body(request)).get("parameters", {})
+    async def unload_model(self, request: HttpRequest) -> HttpReply:
+        parameters = (_json_body(request)).get("parameters", {})
         dependents = parameters.get("unload_dependents", False) if isinstance(parameters, dict) \
             else False
-        await self.service.unload_model(request.match_info["model"], bool(dependents))
-        return web.Response(status=200)
+        await self.service.unload_model(request.params["model"], bool(dependents))
+        return _OK
 
     # --- trace and logging extensions ---
 
     @handles_errors
-    async def trace_setting(self, request: web.Request) -> web.Response:
-        changes = await _json_body(request) if request.method == "POST" else None
-        return json_response(self.service.trace_settings(request.match_info.get("model", ""),
+    async def trace_setting(self, request: HttpRequest) -> HttpReply:
+        changes = _json_body(request) if request.method == "POST" else None
+        return json_reply(self.service.trace_settings(request.params.get("model", ""),
                                                          changes))
 
     @handles_errors
-    async def logging_settings(self, request: web.Request) -> web.Response:
-        changes = await _json_body(request) if request.method == "POST" else None
-        return json_response(self.service.logging_settings(changes))
+    async def logging_settings(self, request: HttpRequest) -> HttpReply:
+        changes = _json_body(request) if request.method == "POST" else None
+        return json_reply(self.service.logging_settings(changes))
 
     # --- shared memory extensions ---
 
     @handles_errors
-    async def shm_status(self, request: web.Request) -> web.Response:
-        return json_response(self.service.system_shm.status(request.match_info.get("region", "")))
+    async def shm_status(self, request: HttpRequest) -> HttpReply:
+        return json_reply(self.service.system_shm.status(request.params.get("region", "")))
 
     @handles_errors
-    async def shm_register(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+    async def shm_register(self, request: HttpRequest) -> HttpReply:
+        body = _json_body(request)
         key, offset, size = body.get("key"), body.get("offset", 0), body.get("byte_size")
         if not isinstance(key, str) or not isinstance(offset, int) or not isinstance(size, int):
             raise invalid_arg("register needs 'key' (string), 'offset' and 'byte_size' "
                               "(integers)")
-        self.service.system_shm.register(request.match_info["region"], key, offset, size)
-        return web.Response(status=200)
+        self.service.system_shm.register(request.params["region"], key, offset, size)
+        return _OK
 
     @handles_errors
-    async def shm_unregister(self, request: web.Request) -> web.Response:
-        self.service.system_shm.unregister(request.match_info.get("region", ""))
-        return web.Response(status=200)
+    async def shm_unregister(self, request: HttpRequest) -> HttpReply:
+        self.service.system_shm.unregister(request.params.get("region", ""))
+        return _OK
 
     @handles_errors
-    async def cuda_shm_status(self, request: web.Request) -> web.Response:
-        region = request.match_info.get("region", "")
+    async def cuda_shm_status(self, request: HttpRequest) -> HttpReply:
+        region = request.params.get("region", "")
         if region:
             raise TritonError(Code.NOT_FOUND,
                               f"Unable to find cuda shared memory region: '{region}'")
-        return json_response([])
+        return json_reply([])
 
     @handles_errors
-    async def cuda_shm_register(self, request: web.Request) -> web.Response:
+    async def cuda_shm_register(self, request: HttpRequest) -> HttpReply:
         raise unsupported(CUDA_SHM_UNAVAILABLE)
 
-    async def empty_ok(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+    async def empty_ok(self, request: HttpRequest) -> HttpReply:
+        return _OK
 
     # --- inference ---
 
     @handles_errors
-    async def infer(self, request: web.Request) -> web.Response:
+    async def infer(self, request: HttpRequest) -> HttpReply:
         model, version = _model_and_version(request)
-        body = await request.read()
-        header = request.headers.get(http_codec.HEADER_LENGTH)
+        body = request.body
+        header = request.headers.get("inference-header-content-length")
         header_length = _header_length(header)
         if header_length == 0:
             infer_request, binary_output = self._raw_request(model, version, body), True
@@ -256,20 +264,14 @@ class HttpFrontend:
         return http_codec.decode_raw_request(model, version, body, tensor.name, datatype, shape)
 
     @staticmethod
-    def _infer_response(request: web.Request, chunks: list, json_length: int | None):
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        headers = {}
-        if json_length is not None:
-            headers[http_codec.HEADER_LENGTH] = str(json_length)
-        response = web.Response(body=body, headers=headers,
-                                content_type=_JSON if json_length is None else _BINARY)
-        if "Accept-Encoding" in request.headers:
-            response.enable_compression()
-        return response
+    def _infer_response(request: HttpRequest, chunks: list, json_length: int | None):
+        if json_length is None:
+            return HttpReply(200, chunks)
+        return HttpReply(200, chunks, _BINARY, {http_codec.HEADER_LENGTH: str(json_length)})
 
 
-async def _json_body(request: web.Request) -> dict:
-    body = await request.read()
+def _json_body(request: HttpRequest) -> dict:
+    body = request.body
     if not body:
         return {}
     try:

@@ -1,0 +1,260 @@
+"""A lean HTTP/1.1 server: asyncio.Protocol with the httptools parser.
+
+Inference rates make per-request framework costs visible (routing, middleware,
+request objects: see PERF notes in perf/README.md), so the HTTP front end runs
+on this small server: it parses with httptools, routes by exact path first and
+patterns second, and writes each reply with one `writelines`. It keeps
+connections alive, answers pipelined requests in order, handles
+`Expect: 100-continue`, chunked bodies, gzip/deflate request bodies and
+response compression when the client accepts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+from urllib.parse import unquote
+
+import httptools
+
+log = logging.getLogger("mini_triton.http")
+
+_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
+            499: "Client Closed Request", 500: "Internal Server Error",
+            501: "Not Implemented", 503: "Service Unavailable"}
+
+
+@dataclass
+class HttpRequest:
+    method: str
+    path: str
+    headers: dict[str, str]  # lower-case names
+    body: bytes = b""
+    params: dict[str, str] = field(default_factory=dict)  # from the route pattern
+
+
+@dataclass
+class HttpReply:
+    status: int = 200
+    body: bytes | list = b""  # bytes, or a list of byte chunks written in order
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Handler = Callable[[HttpRequest], Awaitable[HttpReply]]
+
+
+class Router:
+    """Exact paths in a dict, parameterised paths as anchored regexes."""
+
+    def __init__(self, not_found: Callable[[str], HttpReply]):
+        self.exact: dict[str, dict[str, Handler]] = {}
+        self.patterns: list[tuple[re.Pattern, dict[str, Handler]]] = []
+        self.not_found = not_found
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        if "{" not in path:
+            self.exact.setdefault(path, {})[method] = handler
+            return
+        regex = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path) + "$")
+        for pattern, methods in self.patterns:
+            if pattern.pattern == regex.pattern:
+                methods[method] = handler
+                return
+        self.patterns.append((regex, {method: handler}))
+
+    def resolve(self, method: str, path: str) -> tuple[Handler | None, dict, HttpReply | None]:
+        """(handler, path parameters, None) or (None, {}, the 404/405 reply)."""
+        methods, params = self.exact.get(path), {}
+        if methods is None:
+            for pattern, candidates in self.patterns:
+                match = pattern.match(path)
+                if match:
+                    methods = candidates
+                    params = {k: unquote(v) for k, v in match.groupdict().items()}
+                    break
+        if methods is None:
+            return None, {}, self.not_found(f"Not Found: {path}")
+        handler = methods.get(method)
+        if handler is None:
+            reply = self.not_found(f"Method {method} not allowed for {path}")
+            reply.status = 405
+            reply.headers["Allow"] = ", ".join(sorted(methods))
+            return None, {}, reply
+        return handler, params, None
+
+
+def _decompress(body: bytes, encoding: str) -> bytes:
+    if encoding == "gzip":
+        return gzip.decompress(body)
+    if encoding == "deflate":
+        try:
+            return zlib.decompress(body)
+        except zlib.error:
+            return zlib.decompress(body, -zlib.MAX_WBITS)  # raw deflate
+    raise ValueError(f"unsupported Content-Encoding '{encoding}'")
+
+
+def _compress(chunks: list, accept: str) -> tuple[list, str | None]:
+    accepted = {token.split(";")[0].strip() for token in accept.split(",")}
+    if "gzip" in accepted:
+        return [gzip.compress(b"".join(chunks), compresslevel=6)], "gzip"
+    if "deflate" in accepted:
+        return [zlib.compress(b"".join(chunks))], "deflate"
+    return chunks, None
+
+
+class HttpProtocol(asyncio.Protocol):
+    """One connection; requests are answered in the order they arrived."""
+
+    def __init__(self, app: Handler, router_error: Callable[[int, str], HttpReply],
+                 max_body: int, connections: set):
+        self.app = app
+        self.connections = connections
+        self.router_error = router_error
+        self.max_body = max_body
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._size = 0
+        self._too_large = False
+        self._previous: asyncio.Future | None = None  # the reply written before ours
+
+    # --- asyncio.Protocol ---
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._close_with(400, "protocol upgrade is not supported")
+        except httptools.HttpParserError as error:
+            self._close_with(400, f"malformed HTTP request: {error}")
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+        self.connections.discard(self)
+
+    # --- httptools callbacks ---
+
+    def on_message_begin(self) -> None:
+        self._url, self._headers, self._body, self._size = b"", {}, [], 0
+        self._too_large = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        if self._headers.get("expect", "").lower() == "100-continue":
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > self.max_body:
+            self._too_large = True
+            self._body = []
+        elif not self._too_large:
+            self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        method = self.parser.get_method().decode()
+        keep_alive = self.parser.should_keep_alive()
+        path = httptools.parse_url(self._url).path.decode("latin-1")
+        request = HttpRequest(method, path, self._headers,
+                              b"".join(self._body) if len(self._body) != 1 else self._body[0])
+        done = asyncio.get_running_loop().create_future()
+        previous, self._previous = self._previous, done
+        asyncio.ensure_future(self._respond(request, keep_alive, previous, done,
+                                            self._too_large))
+
+    # --- replies ---
+
+    async def _respond(self, request: HttpRequest, keep_alive: bool,
+                       previous: asyncio.Future | None, done: asyncio.Future,
+                       too_large: bool) -> None:
+        try:
+            reply = await self._handle(request, too_large)
+            if previous is not None:
+                await previous
+            self._write(reply, keep_alive, request.headers.get("accept-encoding", ""))
+        finally:
+            done.set_result(None)
+
+    async def _handle(self, request: HttpRequest, too_large: bool) -> HttpReply:
+        if too_large:
+            return self.router_error(413, f"request body is larger than the limit of "
+                                          f"{self.max_body} bytes (--http-max-input-size)")
+        encoding = request.headers.get("content-encoding", "").lower()
+        try:
+            if encoding and encoding != "identity":
+                request.body = _decompress(request.body, encoding)
+            return await self.app(request)
+        except (ValueError, OSError, EOFError, zlib.error) as error:
+            return self.router_error(400, f"unable to decode the request body: {error}")
+        except Exception as error:  # never let a bug take the connection down silently
+            log.exception("error while handling %s %s", request.method, request.path)
+            return self.router_error(500, f"internal error: {error}")
+
+    def _write(self, reply: HttpReply, keep_alive: bool, accept_encoding: str) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        chunks = reply.body if isinstance(reply.body, list) else [reply.body]
+        extra = reply.headers
+        if accept_encoding and sum(len(c) for c in chunks):
+            chunks, applied = _compress(chunks, accept_encoding)
+            if applied:
+                extra = {**extra, "Content-Encoding": applied}
+        length = sum(len(c) for c in chunks)
+        head = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Unknown')}\r\n"
+                f"Content-Type: {reply.content_type}\r\nContent-Length: {length}\r\n"]
+        head += [f"{name}: {value}\r\n" for name, value in extra.items()]
+        if not keep_alive:
+            head.append("Connection: close\r\n")
+        head.append("\r\n")
+        self.transport.writelines([("".join(head)).encode("latin-1"), *chunks])
+        if not keep_alive:
+            self.transport.close()
+
+    def _close_with(self, status: int, message: str) -> None:
+        self._write(self.router_error(status, message), False, "")
+
+
+class Listener:
+    """A listening socket and the connections it accepted."""
+
+    def __init__(self):
+        self.server: asyncio.AbstractServer | None = None
+        self.connections: set[HttpProtocol] = set()
+
+    def close(self) -> None:
+        """Stop accepting, then close the kept-alive connections (after draining)."""
+        if self.server is not None:
+            self.server.close()
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.close()
+
+
+async def start_server(app: Handler, router_error: Callable[[int, str], HttpReply],
+                       host: str, port: int, max_body: int) -> tuple[Listener, int]:
+    """Listen on host:port (0 = any free port); returns the listener and the bound port."""
+    loop = asyncio.get_running_loop()
+    listener = Listener()
+    listener.server = await loop.create_server(
+        lambda: HttpProtocol(app, router_error, max_body, listener.connections),
+        host, port, reuse_address=True, backlog=1024)
+    return listener, listener.server.sockets[0].getsockname()[1]

@@ -1,0 +1,133 @@
+"""The HTTP/1.1 server itself, spoken to over raw sockets: keep-alive, pipelining,
+100-continue, chunked bodies, size limits and malformed requests."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from conftest import DEFAULT_REPOSITORY, server_settings
+from mini_triton.server import ServerThread
+
+INFER = ('{"inputs":[{"name":"INPUT0","shape":[1,2],"datatype":"FP32","data":[1,2]}]}')
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerThread(server_settings(DEFAULT_REPOSITORY, http_max_input_size=4096)) as running:
+        yield running
+
+
+def connect(server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=10)
+
+
+def read_reply(sock: socket.socket, buffer: bytearray) -> tuple[int, dict, bytes]:
+    """One response off the socket; leftover bytes stay in `buffer`."""
+    while b"\r\n\r\n" not in buffer:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before a reply")
+        buffer += chunk
+    head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    length = int(headers.get("content-length", 0))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    buffer[:] = rest[length:]
+    return status, headers, rest[:length]
+
+
+def post(path: str, body: str, extra: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+            f"{body}").encode()
+
+
+def test_keep_alive_and_pipelining_answer_in_order(server):
+    with connect(server) as sock:
+        requests = [post("/v2/models/identity_fp32/infer", INFER),
+                    b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n",
+                    post("/v2/models/no_such/infer", INFER)]
+        sock.sendall(b"".join(requests))
+        buffer = bytearray()
+        statuses = [read_reply(sock, buffer)[0] for _ in requests]
+    assert statuses == [200, 200, 404]
+
+
+def test_expect_100_continue(server):
+    with connect(server) as sock:
+        head = ("POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+                f"Content-Length: {len(INFER)}\r\nExpect: 100-continue\r\n\r\n")
+        sock.sendall(head.encode())
+        buffer = bytearray()
+        status, _, _ = read_reply(sock, buffer)
+        assert status == 100
+        sock.sendall(INFER.encode())
+        status, _, body = read_reply(sock, buffer)
+    assert status == 200 and json.loads(body)["outputs"][0]["data"] == [1.0, 2.0]
+
+
+def test_chunked_request_body(server):
+    body = INFER.encode()
+    chunked = b"".join(f"{len(part):x}\r\n".encode() + part + b"\r\n"
+                       for part in (body[:10], body[10:])) + b"0\r\n\r\n"
+    with connect(server) as sock:
+        sock.sendall(b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n" + chunked)
+        status, _, reply = read_reply(sock, bytearray())
+    assert status == 200 and json.loads(reply)["outputs"][0]["shape"] == [1, 2]
+
+
+def test_connection_close_is_honoured(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        status, headers, _ = read_reply(sock, bytearray())
+        assert status == 200 and headers.get("connection") == "close"
+        assert sock.recv(10) == b""
+
+
+def test_body_over_the_limit_is_413(server):
+    body = "x" * 5000
+    with connect(server) as sock:
+        sock.sendall(post("/v2/models/identity_fp32/infer", body))
+        status, _, reply = read_reply(sock, bytearray())
+    assert status == 413 and "--http-max-input-size" in json.loads(reply)["error"]
+
+
+def test_malformed_request_is_400_and_server_survives(server):
+    with connect(server) as sock:
+        sock.sendall(b"THIS IS NOT HTTP\r\n\r\n")
+        status, _, _ = read_reply(sock, bytearray())
+    assert status == 400
+    with connect(server) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_reply(sock, bytearray())[0] == 200
+
+
+def test_bad_gzip_body_is_400(server):
+    with connect(server) as sock:
+        sock.sendall(post("/v2/models/identity_fp32/infer", "not gzip",
+                          "Content-Encoding: gzip\r\n"))
+        status, _, reply = read_reply(sock, bytearray())
+    assert status == 400 and "unable to decode the request body" in json.loads(reply)["error"]
+
+
+def test_model_names_are_url_decoded(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /v2/models/identity%5Ffp32/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_reply(sock, bytearray())[0] == 200
+
+
+def test_metrics_port_serves_only_metrics(server):
+    with socket.create_connection(("127.0.0.1", server.ports["metrics"]), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nGET /other HTTP/1.1\r\n"
+                     b"Host: x\r\n\r\n")
+        buffer = bytearray()
+        status, headers, body = read_reply(sock, buffer)
+        assert status == 200 and b"nv_cpu_utilization" in body
+        assert headers["content-type"].startswith("text/plain")
+        assert read_reply(sock, buffer)[0] == 404
