@@ -166,17 +166,14 @@ class Server:
         return sum(v.scheduler.inflight() for v in self.manager.loaded_versions())
 
 
-def _use_uvloop() -> None:
+def run(settings: Settings) -> int:
+    """Serve until SIGINT/SIGTERM; the process exit status. Runs on uvloop where it
+    is installed (a cheaper loop for many small requests), else on asyncio's."""
     try:
         import uvloop
     except ImportError:
-        return
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
-def run(settings: Settings) -> int:
-    """Serve until SIGINT/SIGTERM; the process exit status."""
-    return asyncio.run(_serve(settings))
+        return asyncio.run(_serve(settings))
+    return uvloop.run(_serve(settings))
 
 
 async def _serve(settings: Settings) -> int:
