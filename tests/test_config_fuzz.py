@@ -379,3 +379,20 @@ def _mutate(text: str, rnd: random.Random) -> str:
 def test_mutated_config_read_as_protobuf_reads_it(case, rnd):
     _, text = case
     assert_same_as_protobuf(_mutate(text, rnd))
+
+
+def _unescape_outcome(unescape, text: str):
+    try:
+        return unescape(text)
+    except ValueError:  # UnicodeError included: both refuse
+        return "refused"
+
+
+@FUZZ
+@given(st.text(alphabet=st.sampled_from(list("\\\\\\xXuUN{}0178afgn'\"é€") + ["\U0001f600"])))
+def test_string_escapes_mean_what_they_mean_to_protobuf(body):
+    from google.protobuf.text_encoding import CUnescape
+
+    from mini_triton.config.scalars import c_unescape
+
+    assert _unescape_outcome(c_unescape, body) == _unescape_outcome(CUnescape, body)

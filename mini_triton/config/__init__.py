@@ -19,7 +19,7 @@ __all__ = ["ConfigError", "MAX_CONFIG_BYTES", "parse_config_file", "parse_config
 
 # Triton's configs are a few kilobytes; a config this large is a mistake (a model file
 # saved under the wrong name, say), and is refused before any time is spent on it.
-MAX_CONFIG_BYTES = 4 * 1024 * 1024
+MAX_CONFIG_BYTES = 1024 * 1024
 
 
 def parse_config_text(text: str) -> ModelConfig:
@@ -44,8 +44,8 @@ def parse_config_file(path: str | os.PathLike) -> ModelConfig:
 def _check_size(size: int) -> None:
     if size > MAX_CONFIG_BYTES:
         raise ConfigError(
-            f"config is larger than {MAX_CONFIG_BYTES} bytes; "
-            "is this file really a model configuration?",
+            f"config is {size} bytes, more than the {MAX_CONFIG_BYTES} allowed; "
+            "is this really a model configuration?",
             1,
             1,
         )

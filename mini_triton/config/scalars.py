@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import re
 
-from google.protobuf import text_encoding
 from google.protobuf.descriptor import FieldDescriptor
 from lark import Token
 
@@ -40,6 +39,8 @@ _FLOAT_OCTAL = re.compile(r"-?0[0-9]+")  # "01.5" is refused rather than read as
 _TRUE = frozenset(("true", "True", "t", "1"))
 _FALSE = frozenset(("false", "False", "f", "0"))
 _QUOTES = ("'", '"')
+# An escaped "\\x" with a single hex digit, found by pairing backslashes from the left.
+_ESCAPED_PAIR_OR_SHORT_HEX = re.compile(r"\\\\|\\x([0-9a-fA-F])(?![0-9a-fA-F])")
 
 
 def type_name(field: FieldDescriptor) -> str:
@@ -127,7 +128,8 @@ def _integer(token: Token, field: FieldDescriptor) -> int:
             f"{kind} holds {low} to {high}"
         )
         raise ConfigError(
-            f'value {token} is out of range for {kind} field "{field.name}": {why}',
+            f'value {describe_token(token)} is out of range for {kind} field "{field.name}": '
+            f"{why}",
             token.line,
             token.column,
         )
@@ -229,11 +231,30 @@ def _unquote(token: Token, field: FieldDescriptor) -> bytes:
     try:
         if "\\" not in body:
             return body.encode("utf-8")
-        # protobuf's own unescaping, so that every escape means exactly what it means there.
-        return text_encoding.CUnescape(body)
+        return c_unescape(body)
     except ValueError as error:  # also UnicodeError
         raise ConfigError(
-            f"bad escape in string {describe_token(token)} for \"{field.name}\": {error}",
+            f"cannot read string {describe_token(token)} for \"{field.name}\": {error}",
             token.line,
             token.column,
         ) from None
+
+
+def c_unescape(text: str) -> bytes:
+    """The bytes a string literal's body stands for, as protobuf's Python text format reads
+    them (`google.protobuf.text_encoding.CUnescape`): C escapes, `\\uXXXX`, `\\UXXXXXXXX`.
+
+    The steps are protobuf's, so every escape means exactly what it means there; only the
+    first is rewritten, because protobuf's regular expression for it takes quadratic time
+    on a long run of backslashes. Raises ValueError (UnicodeError) on a bad escape.
+    """
+    # Python's codecs want two hex digits after \x; C takes one.
+    text = _ESCAPED_PAIR_OR_SHORT_HEX.sub(_pad_short_hex, text)
+    # \u and \U escapes, with every other character kept as it is.
+    text = text.encode("raw_unicode_escape").decode("raw_unicode_escape")
+    # The C escapes, over UTF-8 bytes seen as Latin-1 characters, then back to bytes.
+    return text.encode("utf-8").decode("unicode_escape").encode("latin-1")
+
+
+def _pad_short_hex(match: re.Match) -> str:
+    return match.group(0) if match.group(1) is None else "\\x0" + match.group(1)
