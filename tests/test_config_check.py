@@ -1,0 +1,91 @@
+"""`mini-triton check-config PATH...`: JSON for configs that read, PATH:LINE:COLUMN for those
+that do not, exit status 2 when any fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mini_triton.config.check import main
+
+GOOD = 'name: "m"\nmax_batch_size: 8\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+BAD = 'name: "m"\nmax_batch_size 8\n'
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def configs(tmp_path):
+    good = tmp_path / "good" / "config.pbtxt"
+    bad = tmp_path / "bad" / "config.pbtxt"
+    for path, text in ((good, GOOD), (bad, BAD)):
+        path.parent.mkdir()
+        path.write_text(text)
+    return good, bad
+
+
+def test_good_config_prints_json_as_parsed(configs, capsys):
+    good, _ = configs
+    assert main([str(good)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {
+        "name": "m",
+        "max_batch_size": 8,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1]}],
+    }
+    assert err == ""
+
+
+def test_model_directory_means_its_config(configs, capsys):
+    good, _ = configs
+    assert main([str(good.parent)]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "m"
+
+
+def test_bad_config_reports_path_line_column_and_exit_2(configs, capsys):
+    good, bad = configs
+    assert main([str(good), str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out)["name"] == "m"
+    assert err.startswith(f'{bad}:2:16: expected ":" between field name "max_batch_size"')
+
+
+def test_every_file_is_checked_even_after_a_failure(configs, capsys):
+    good, bad = configs
+    assert main([str(bad), str(good), str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 2
+    assert json.loads(out)["max_batch_size"] == 8
+
+
+def test_missing_file_fails(tmp_path, capsys):
+    assert main([str(tmp_path / "absent.pbtxt")]) == 2
+    assert "absent.pbtxt: cannot read" in capsys.readouterr().err
+
+
+def test_no_paths_is_a_usage_error(capsys):
+    assert main([]) == 2
+    assert "usage: mini-triton check-config" in capsys.readouterr().err
+
+
+def test_check_config_in_a_fresh_process(configs):
+    good, bad = configs
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from mini_triton.config.check import main; sys.exit(main(sys.argv[1:]))",
+         str(good), str(bad)],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
+    )
+    assert done.returncode == 2
+    assert json.loads(done.stdout)["input"][0]["dims"] == [-1]
+    assert done.stderr.startswith(f"{bad}:2:16: ")
+
+
+def test_check_config_through_the_command_line_entry_point(configs, capsys):
+    cli = pytest.importorskip("mini_triton.cli")
+    good, bad = configs
+    assert cli.main(["check-config", str(good)]) == 0
+    assert cli.main(["check-config", str(bad)]) == 2
