@@ -257,7 +257,9 @@ sequence_batching {
       output_name: "CACHE_OUT"
       data_type: TYPE_INT32
       dims: [ 4 ]
-      initial_state [ { data_type: TYPE_INT32 dims: [ 4 ] data_file: "cache_init.raw" name: "from file" } ]
+      initial_state [
+        { data_type: TYPE_INT32 dims: [ 4 ] data_file: "cache_init.raw" name: "from file" }
+      ]
     }
   ]
 }
@@ -403,6 +405,8 @@ ACCEPTED_FORMS = {
     "only_comments": "# nothing here\n   # still nothing\n",
     "comment_after_value": 'name: "m" # the name\nmax_batch_size: 4#no space',
     "hash_inside_string": 'name: "a#b"',
+    "comment_holding_fields": "# max_batch_size: 8 input {\nname: 'm' # input { dims: [",
+    "comment_at_end_without_newline": "max_batch_size: 1 # done",
     "colon_before_message": "optimization: { graph: { level: 1 } }",
     "no_colon_before_message": "optimization { graph { level: 1 } }",
     "angle_brackets": "optimization < graph < level: 1 > >",
@@ -426,7 +430,8 @@ ACCEPTED_FORMS = {
     "map_entries_list": 'parameters [ { key: "a" value { string_value: "1" } }, { key: "b" } ]',
     "map_entry_value_first": 'parameters { value { string_value: "1" } key: "a" }',
     "map_entry_without_key": 'metric_tags { value: "x" }',
-    "map_key_repeated_last_wins": 'metric_tags { key: "a" value: "1" } metric_tags { key: "a" value: "2" }',
+    "map_key_repeated_last_wins": 'metric_tags { key: "a" value: "1" }'
+    ' metric_tags { key: "a" value: "2" }',
     "map_uint64_keys": "dynamic_batching { priority_queue_policy { key: 18446744073709551615"
     " value { max_queue_size: 1 } } priority_queue_policy [ { key: 0x10 } ] }",
     "enum_by_name": "input { data_type: TYPE_FP32 format: FORMAT_NHWC }",

@@ -103,39 +103,54 @@ class _Lexer(lark.lexer.Lexer):
     __future_interface__ = 2  # lex(lexer_state, parser_state), the current Lark interface
 
     def __init__(self, lexer_conf):
-        # The terminals' first characters are disjoint, so their order does not matter.
-        self._pattern = re.compile(
-            "|".join(f"(?P<{t.name}>{t.pattern.to_regexp()})" for t in lexer_conf.terminals)
-        )
-        self._ignored = frozenset(lexer_conf.ignore)
-        self._names = frozenset(t.name for t in lexer_conf.terminals) - self._ignored
+        ignored = [t for t in lexer_conf.terminals if t.name in lexer_conf.ignore]
+        kept = [t for t in lexer_conf.terminals if t.name not in lexer_conf.ignore]
+        # Whitespace and comments are skipped in the same match as the token after them:
+        # half as many trips round the Python loop. The skip is atomic (a look-ahead, then
+        # a back-reference), or a failed token match would backtrack into a comment and
+        # find a token there. The terminals' first characters are disjoint, so their order
+        # in the alternation does not matter.
+        skip = "(?:" + "|".join(t.pattern.to_regexp() for t in ignored) + ")*"
+        tokens = "|".join(f"(?P<{t.name}>{t.pattern.to_regexp()})" for t in kept)
+        self._token = re.compile(f"(?=(?P<_skipped>{skip}))(?P=_skipped)(?:{tokens})")
+        self._skip = re.compile(skip)
+        self._names = frozenset(t.name for t in kept)
 
     def lex(self, lexer_state, parser_state):
         text = lexer_state.text.text
-        match, ignored = self._pattern.match, self._ignored
+        match, count, rfind = self._token.match, text.count, text.rfind
         position, line, line_start, depth = 0, 1, 0, 0
-        while position < len(text):
+        while True:
             found = match(text, position)
             if found is None:
-                raise lark.exceptions.UnexpectedCharacters(
-                    text, position, line, position - line_start + 1, allowed=self._names
-                )
-            kind, value = found.lastgroup, found.group()
-            if kind in ignored:
-                newlines = value.count("\n")
-                if newlines:
-                    line += newlines
-                    line_start = position + value.rindex("\n") + 1
-            else:
-                token = Token(kind, value, position, line, position - line_start + 1)
-                if kind in _OPENERS:
-                    depth += 1
-                    if depth > MAX_NESTING:
-                        raise _too_deep(token)
-                elif kind in _CLOSERS:
-                    depth -= 1
-                yield token
+                self._at_end_or_stray(text, position, line, line_start)
+                return
+            kind = found.lastgroup
+            start = found.start(kind)
+            newlines = count("\n", position, start)
+            if newlines:
+                line += newlines
+                line_start = rfind("\n", position, start) + 1
+            token = Token(kind, found.group(kind), start, line, start - line_start + 1)
+            if kind in _OPENERS:
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise _too_deep(token)
+            elif kind in _CLOSERS:
+                depth -= 1
+            yield token
             position = found.end()
+
+    def _at_end_or_stray(self, text: str, position: int, line: int, line_start: int) -> None:
+        """Only whitespace left, or a character no terminal begins with (UnexpectedCharacters)."""
+        end = self._skip.match(text, position).end()
+        if end == len(text):
+            return
+        line += text.count("\n", position, end)
+        line_start = max(line_start, text.rfind("\n", position, end) + 1)
+        raise lark.exceptions.UnexpectedCharacters(
+            text, end, line, end - line_start + 1, allowed=self._names
+        )
 
 
 def _too_deep(token: Token) -> ConfigError:
