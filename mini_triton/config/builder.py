@@ -17,7 +17,7 @@ from lark import Token
 
 from . import scalars
 from .errors import ConfigError
-from .syntax import FieldNode, ListNode, MessageNode, ScalarNode
+from .syntax import FieldNode, ListNode, MessageNode, ScalarNode, describe_token
 
 _MESSAGE = FieldDescriptor.CPPTYPE_MESSAGE
 
@@ -47,7 +47,7 @@ def _lookup(name: Token, message: Message) -> FieldDescriptor:
     close = difflib.get_close_matches(name.value, list(descriptor.fields_by_name), n=1)
     hint = f'; did you mean "{close[0]}"?' if close else ""
     raise ConfigError(
-        f"unknown field {scalars.describe_token(name)} in "
+        f"unknown field {describe_token(name)} in "
         f"{scalars.short_name(descriptor)}{hint}",
         name.line,
         name.column,
@@ -75,7 +75,7 @@ def _check_colon(node: FieldNode, field: FieldDescriptor) -> None:
         kind = scalars.article(scalars.type_name(field))
         raise ConfigError(
             f'expected ":" after "{field.name}", {kind} field, '
-            f"found {scalars.describe_token(node.value.open)}",
+            f"found {describe_token(node.value.open)}",
             node.value.open.line,
             node.value.open.column,
         )
@@ -130,7 +130,7 @@ def _merge_scalar(item: ScalarNode, name: Token, field, message: Message, first_
             raise
         token = item.tokens[0]
         raise ConfigError(
-            f'cannot set "{field.name}" to {scalars.describe_token(token)}: {error}',
+            f'cannot set "{field.name}" to {describe_token(token)}: {error}',
             token.line,
             token.column,
         ) from None
@@ -165,7 +165,7 @@ def _not_repeated(node: FieldNode, field) -> ConfigError:
     token = node.value.open
     return ConfigError(
         f'"{field.name}" is not a repeated field, so it takes one '
-        f"{scalars.type_name(field)} value, not a list; found {scalars.describe_token(token)}",
+        f"{scalars.type_name(field)} value, not a list; found {describe_token(token)}",
         token.line,
         token.column,
     )
@@ -179,7 +179,7 @@ def _message_expected(item, field) -> ConfigError:
     token = _first_token(item)
     return ConfigError(
         f'expected "{{" or "<" to open "{field.name}" '
-        f"({scalars.type_name(field)}), found {scalars.describe_token(token)}",
+        f"({scalars.type_name(field)}), found {describe_token(token)}",
         token.line,
         token.column,
     )

@@ -15,6 +15,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from lark import Token
 
 from .errors import ConfigError
+from .syntax import describe_token
 
 # Ranges of the integer types, by descriptor type.
 _INT_RANGES = {
@@ -98,15 +99,6 @@ def expected_value(token: Token, field: FieldDescriptor, detail: str = "") -> Co
 def article(noun: str) -> str:
     """ "an int32", "a string": the noun with its indefinite article."""
     return ("an " if noun[0] in "aeiou" else "a ") + noun
-
-
-def describe_token(token: Token, limit: int = 40) -> str:
-    """A token as the user typed it (a string literal keeps its quotes), shortened."""
-    text = str(token)
-    shown = text if len(text) <= limit else text[:limit] + "..."
-    if not shown.isprintable():
-        return repr(shown)
-    return shown if text[:1] in _QUOTES else f'"{shown}"'
 
 
 def parse_integer(text: str) -> int:

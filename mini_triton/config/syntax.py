@@ -24,8 +24,9 @@ GRAMMAR_NAME = "pbtxt.lark"
 # ("{", "<", "[") so that no input, however deep, reaches a recursive walk.
 MAX_NESTING = 100
 
-_OPENERS = {"LBRACE": "}", "LANGLE": ">", "LSQB": "]"}
-_CLOSERS = {"RBRACE", "RANGLE", "_RSQB"}
+# Each opening bracket's terminal, and the terminal that closes it.
+_CLOSER_OF = {"LBRACE": "RBRACE", "LANGLE": "RANGLE", "LSQB": "_RSQB"}
+_CLOSERS = frozenset(_CLOSER_OF.values())
 
 
 @dataclass(slots=True)
@@ -94,10 +95,10 @@ class _ToNodes(lark.Transformer):
 class _Lexer(lark.lexer.Lexer):
     """The grammar's own terminals, matched in one regular-expression pass.
 
-    Lark's lexers are general (contexts, callbacks, line counting for every terminal); this
-    one knows that only ignored whitespace spans lines, which makes it several times
-    faster. It also refuses brackets nested deeper than MAX_NESTING as soon as it meets
-    them, so a 10 MB run of "{" fails at once.
+    Lark's own lexers are general (contexts, callbacks, line counting for every terminal);
+    this one knows that only ignored whitespace spans lines, which makes it faster. It also
+    refuses brackets nested deeper than MAX_NESTING as soon as it meets them, so a long run
+    of "{" fails at once.
     """
 
     __future_interface__ = 2  # lex(lexer_state, parser_state), the current Lark interface
@@ -132,7 +133,7 @@ class _Lexer(lark.lexer.Lexer):
                 line += newlines
                 line_start = rfind("\n", position, start) + 1
             token = Token(kind, found.group(kind), start, line, start - line_start + 1)
-            if kind in _OPENERS:
+            if kind in _CLOSER_OF:
                 depth += 1
                 if depth > MAX_NESTING:
                     raise _too_deep(token)
@@ -269,16 +270,17 @@ def _found(text: str, error) -> tuple[str, int, int]:
         column = len(text) - (text.rfind("\n") + 1) + 1
         return "end of file", line, column
     if token is not None:
-        return _quote(str(token)), token.line, token.column
-    return _quote(text[error.pos_in_stream]), error.line, error.column
+        return describe_token(token), token.line, token.column
+    return describe_token(text[error.pos_in_stream]), error.line, error.column
 
 
-def _quote(value: str, limit: int = 40) -> str:
-    """A token as the user typed it: a string literal keeps its own quotes."""
-    shown = value if len(value) <= limit else value[:limit] + "..."
+def describe_token(text: str, limit: int = 40) -> str:
+    """A token as the user typed it, for an error: quoted (a string literal keeps its own
+    quotes), shortened, and escaped if it does not print."""
+    shown = text if len(text) <= limit else text[:limit] + "..."
     if not shown.isprintable():
         return repr(shown)
-    return shown if value[:1] in ("'", '"') else f'"{shown}"'
+    return shown if text[:1] in ("'", '"') else f'"{shown}"'
 
 
 def _value_stack(error) -> list:
@@ -290,7 +292,7 @@ def _innermost_open(stack: list) -> tuple[Token, Token | None] | None:
     """The last unclosed bracket, with the field name it belongs to (None at top level)."""
     for index in range(len(stack) - 1, -1, -1):
         item = stack[index]
-        if isinstance(item, Token) and item.type in _OPENERS:
+        if isinstance(item, Token) and item.type in _CLOSER_OF:
             owner = next(
                 (
                     t
@@ -307,8 +309,7 @@ def _in_list(opened) -> str:
     if opened is None:
         return ""
     bracket, owner = opened
-    name = f' of "{owner}"' if owner is not None else ""
-    return f" (the list{name} opened at {bracket.line}:{bracket.column})"
+    return f' (the list of "{owner}" opened at {bracket.line}:{bracket.column})'
 
 
 def _expected_words(expected: set[str], opened) -> str:
@@ -319,16 +320,12 @@ def _expected_words(expected: set[str], opened) -> str:
     if "NAME" in expected:
         # Separators between fields are optional; naming them only adds noise.
         expected = expected - {"_COMMA", "_SEMICOLON"}
-    closer = None
-    if opened is not None:
-        bracket, owner = opened
-        closer = {"LBRACE": "RBRACE", "LANGLE": "RANGLE", "LSQB": "_RSQB"}[bracket.type]
+    bracket, owner = opened if opened is not None else (None, None)
+    closer = _CLOSER_OF[bracket.type] if bracket is not None else None
     for terminal in sorted(expected, key=_word_order):
         word = _WORDS.get(terminal, terminal.lower())
         if terminal == closer:
-            what = f'"{owner}"' if owner is not None else "the top level"
-            if bracket.type == "LSQB":
-                what = f"the list of {what}"
+            what = f'the list of "{owner}"' if bracket.type == "LSQB" else f'"{owner}"'
             word += f" to close {what} opened at {bracket.line}:{bracket.column}"
         words.append(word)
     if not words:
