@@ -1,12 +1,26 @@
 """Prometheus metrics under Triton's exact `nv_*` names and labels.
 
 The text is written here rather than by prometheus-client's generator, which
-renames every counter family to `<name>_total`; Triton's counters carry no
-suffix, and dashboards built for Triton query the names as Triton spells them.
+renames every counter family to `<name>_total` (and may add `_created`);
+Triton's counters carry no suffix, and dashboards built for Triton query the
+names as Triton spells them. Nothing here touches prometheus-client's global
+registry: the page holds this server's metrics only.
+
+Per model version (labels `model`, `version`), as Triton counts them:
+request success and failure (with `reason`), inferences and executions, the
+cumulative request, queue and compute durations of successful requests in
+microseconds, and the requests waiting in the scheduler. With
+`--metrics-config summary_latencies=true` the same latencies are also
+summaries (`nv_inference_*_summary_us`, quantiles over a sliding 60-second
+window, `_sum` and `_count` over all time); `counter_latencies=false` drops the
+duration counters and `summary_quantiles=0.5:0.05,0.9:0.01` chooses the
+quantiles, as in Triton.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -14,7 +28,10 @@ import psutil
 
 from .core.stats import ModelStats
 
+log = logging.getLogger("mini_triton.metrics")
+
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99)
 
 
 @dataclass(frozen=True)
@@ -24,42 +41,63 @@ class Family:
     help: str
 
 
-def _ns_to_us(ns: int) -> int:
+def _us(ns: int) -> int:
     return ns // 1000
 
 
-# Per-model counters: name, help, how to read the value from ModelStats.
-MODEL_COUNTERS = (
-    (Family("nv_inference_request_success", "counter",
-            "Number of successful inference requests, all batch sizes"),
-     lambda s: s.durations["success"].count),
-    (Family("nv_inference_count", "counter",
-            "Number of inferences performed (does not include cached requests)"),
-     lambda s: s.inference_count),
-    (Family("nv_inference_exec_count", "counter",
-            "Number of model executions performed (does not include cached requests)"),
-     lambda s: s.execution_count),
+SUCCESS = Family("nv_inference_request_success", "counter",
+                 "Number of successful inference requests, all batch sizes")
+FAILURE = Family("nv_inference_request_failure", "counter",
+                 "Number of failed inference requests, all batch sizes")
+COUNT = Family("nv_inference_count", "counter",
+               "Number of inferences performed (does not include cached requests)")
+EXEC_COUNT = Family("nv_inference_exec_count", "counter",
+                    "Number of model executions performed (does not include cached requests)")
+
+# Duration counters: family, how to read it from ModelStats.
+LATENCY_COUNTERS = (
     (Family("nv_inference_request_duration_us", "counter",
             "Cumulative inference request duration in microseconds (includes cached requests)"),
-     lambda s: _ns_to_us(s.durations["success"].ns + s.durations["fail"].ns)),
+     lambda s: _us(s.durations["success"].ns)),
     (Family("nv_inference_queue_duration_us", "counter",
             "Cumulative inference queuing duration in microseconds (includes cached requests)"),
-     lambda s: _ns_to_us(s.durations["queue"].ns)),
+     lambda s: _us(s.durations["queue"].ns)),
     (Family("nv_inference_compute_input_duration_us", "counter",
             "Cumulative compute input duration in microseconds (does not include cached "
             "requests)"),
-     lambda s: _ns_to_us(s.durations["compute_input"].ns)),
+     lambda s: _us(s.durations["compute_input"].ns)),
     (Family("nv_inference_compute_infer_duration_us", "counter",
             "Cumulative compute inference duration in microseconds (does not include cached "
             "requests)"),
-     lambda s: _ns_to_us(s.durations["compute_infer"].ns)),
+     lambda s: _us(s.durations["compute_infer"].ns)),
     (Family("nv_inference_compute_output_duration_us", "counter",
             "Cumulative inference compute output duration in microseconds (does not include "
             "cached requests)"),
-     lambda s: _ns_to_us(s.durations["compute_output"].ns)),
+     lambda s: _us(s.durations["compute_output"].ns)),
 )
-FAILURE = Family("nv_inference_request_failure", "counter",
-                 "Number of failed inference requests, all batch sizes")
+
+# Latency summaries: family, the ModelStats window it reads.
+LATENCY_SUMMARIES = (
+    (Family("nv_inference_request_summary_us", "summary",
+            "Summary of inference request duration in microseconds (includes cached requests)"),
+     "request"),
+    (Family("nv_inference_queue_summary_us", "summary",
+            "Summary of inference queuing duration in microseconds (includes cached requests)"),
+     "queue"),
+    (Family("nv_inference_compute_input_summary_us", "summary",
+            "Summary of compute input duration in microseconds (does not include cached "
+            "requests)"),
+     "compute_input"),
+    (Family("nv_inference_compute_infer_summary_us", "summary",
+            "Summary of compute inference duration in microseconds (does not include cached "
+            "requests)"),
+     "compute_infer"),
+    (Family("nv_inference_compute_output_summary_us", "summary",
+            "Summary of compute output duration in microseconds (does not include cached "
+            "requests)"),
+     "compute_output"),
+)
+
 PENDING = Family("nv_inference_pending_request_count", "gauge",
                  "Instantaneous number of pending requests awaiting execution per-model.")
 LOAD_DURATION = Family("nv_model_load_duration_secs", "gauge", "Model load time in seconds")
@@ -78,8 +116,13 @@ def _escape(value: str) -> str:
 
 
 def _number(value) -> str:
-    if isinstance(value, float) and not value.is_integer():
-        return repr(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "+Inf" if value > 0 else "-Inf"
+        if not value.is_integer():
+            return repr(value)
     return str(int(value))
 
 
@@ -95,16 +138,69 @@ class MetricsText:
         for labels, value in samples:
             self.lines.append(f"{family.name}{_labels(labels)} {_number(value)}")
 
+    def summary(self, family: Family, series: list[tuple[dict, list, float, int]],
+                quantiles: tuple) -> None:
+        """`series`: (labels, quantile values, sum, count) per labelled summary."""
+        self.lines.append(f"# HELP {family.name} {family.help}")
+        self.lines.append(f"# TYPE {family.name} summary")
+        for labels, values, total, count in series:
+            for quantile, value in zip(quantiles, values):
+                self.lines.append(f"{family.name}{_labels({**labels, 'quantile': quantile})} "
+                                  f"{_number(float(value))}")
+            self.lines.append(f"{family.name}_sum{_labels(labels)} {_number(total)}")
+            self.lines.append(f"{family.name}_count{_labels(labels)} {_number(count)}")
+
     def render(self) -> str:
         return "\n".join(self.lines) + "\n"
+
+
+@dataclass(frozen=True)
+class MetricsOptions:
+    """Triton's `--metrics-config` keys that shape the per-model families."""
+
+    counter_latencies: bool = True
+    summary_latencies: bool = False
+    quantiles: tuple = DEFAULT_QUANTILES
+
+    @classmethod
+    def from_config(cls, config: dict | None) -> "MetricsOptions":
+        config = config or {}
+        quantiles = DEFAULT_QUANTILES
+        if config.get("summary_quantiles"):
+            quantiles = _parse_quantiles(config["summary_quantiles"]) or DEFAULT_QUANTILES
+        return cls(str(config.get("counter_latencies", "true")).lower() != "false",
+                   str(config.get("summary_latencies", "false")).lower() == "true", quantiles)
+
+
+def _parse_quantiles(text: str) -> tuple:
+    """'0.5:0.05,0.9:0.01' → (0.5, 0.9): the quantiles (their error is not needed
+    here, where quantiles are computed exactly over the window)."""
+    quantiles = []
+    for pair in text.split(","):
+        quantile, sep, _error = pair.strip().partition(":")
+        try:
+            value = float(quantile)
+        except ValueError:
+            value = -1.0
+        if not sep or not 0.0 <= value <= 1.0:
+            log.error("Invalid option: [%s]. Expected format is <quantile>:<error>", pair)
+            continue
+        quantiles.append(value)
+    return tuple(quantiles)
 
 
 class Metrics:
     """The server's metrics, read from each loaded model's statistics on scrape."""
 
-    def __init__(self, manager, extra_sources=()):
+    def __init__(self, manager, extra_sources=(), config: dict | None = None,
+                 summary_latencies: bool | None = None):
         self.manager = manager
         self.extra_sources = list(extra_sources)  # callables adding families to a MetricsText
+        options = MetricsOptions.from_config(config)
+        if summary_latencies is not None:
+            options = MetricsOptions(options.counter_latencies, summary_latencies,
+                                     options.quantiles)
+        self.options = options
         psutil.cpu_percent(None)  # prime the utilisation counter
         self._cpu_at = time.monotonic()
 
@@ -120,16 +216,31 @@ class Metrics:
             source(text)
         return text.render()
 
-    @staticmethod
-    def _model_families(text: MetricsText, stats: list[ModelStats]) -> None:
+    def _model_families(self, text: MetricsText, stats: list[ModelStats]) -> None:
         labelled = [({"model": s.name, "version": s.version}, s) for s in stats]
-        text.family(MODEL_COUNTERS[0][0], [(l, MODEL_COUNTERS[0][1](s)) for l, s in labelled])
-        text.family(FAILURE, [({**l, "reason": reason}, s.failures_by_reason.get(reason, 0))
-                              for l, s in labelled for reason in FAILURE_REASONS])
-        for family, read in MODEL_COUNTERS[1:]:
-            text.family(family, [(l, read(s)) for l, s in labelled])
-        text.family(PENDING, [(l, s.pending) for l, s in labelled])
-        text.family(LOAD_DURATION, [(l, s.load_duration_secs) for l, s in labelled])
+        snapshots = [(labels, _snapshot(s)) for labels, s in labelled]
+        text.family(SUCCESS, [(l, s["success"]) for l, s in snapshots])
+        text.family(FAILURE, [({"model": l["model"], "reason": reason, "version": l["version"]},
+                               s["failures"].get(reason, 0))
+                              for l, s in snapshots for reason in FAILURE_REASONS])
+        text.family(COUNT, [(l, s["inference_count"]) for l, s in snapshots])
+        text.family(EXEC_COUNT, [(l, s["execution_count"]) for l, s in snapshots])
+        if self.options.counter_latencies:
+            for family, read in LATENCY_COUNTERS:
+                text.family(family, [(l, read(stat)) for l, stat in labelled])
+        if self.options.summary_latencies:
+            quantiles = self.options.quantiles
+            now = time.monotonic_ns()
+            for family, key in LATENCY_SUMMARIES:
+                series = []
+                for labels, stat in labelled:
+                    window = stat.summaries[key]
+                    with stat.lock:
+                        values = window.quantiles(quantiles, now)
+                        series.append((labels, values, window.total, window.count))
+                text.summary(family, series, quantiles)
+        text.family(PENDING, [(l, s["pending"]) for l, s in snapshots])
+        text.family(LOAD_DURATION, [(l, stat.load_duration_secs) for l, stat in labelled])
 
     @staticmethod
     def _cpu_families(text: MetricsText) -> None:
@@ -137,3 +248,12 @@ class Metrics:
         text.family(CPU_UTILIZATION, [({}, psutil.cpu_percent(None) / 100.0)])
         text.family(CPU_TOTAL, [({}, memory.total)])
         text.family(CPU_USED, [({}, memory.total - memory.available)])
+
+
+def _snapshot(stats: ModelStats) -> dict:
+    with stats.lock:
+        return {"success": stats.durations["success"].count,
+                "failures": dict(stats.failures_by_reason),
+                "inference_count": stats.inference_count,
+                "execution_count": stats.execution_count,
+                "pending": max(0, stats.pending)}

@@ -13,6 +13,7 @@ _BACKENDS = {
     "python": "mini_triton.backends.python:PythonBackend",
     "onnxruntime": "mini_triton.backends.onnxruntime:OnnxRuntimeBackend",
     "tensorrt": "mini_triton.backends.tensorrt:TensorRTBackend",
+    "ensemble": "mini_triton.backends.ensemble:EnsembleBackend",
 }
 
 

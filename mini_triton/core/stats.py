@@ -2,16 +2,32 @@
 
 Updated from worker threads and the event loop, read by the statistics API
 and the Prometheus collector; one lock guards each model version's numbers.
+
+What is counted where follows Triton's stats aggregator:
+
+- every execution (`record_batch`): `execution_count`, `last_inference` and
+  `batch_stats[batch size]`, the batch size counting every request the
+  backend was given (a sequence batcher's null requests too);
+- every request that succeeded (`record_compute`): its rows into
+  `inference_count`, its queue and compute durations;
+- every final response (`record_request`): `success` or `fail` (with a
+  failure reason for Prometheus);
+- decoupled responses (`record_response`): `response_stats` per index.
 """
 
 from __future__ import annotations
 
+import collections
+import math
 import threading
 import time
 from dataclasses import dataclass, field
 
 STAT_NAMES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
               "cache_hit", "cache_miss")
+
+# The latencies Prometheus summaries are kept for (see metrics.py).
+SUMMARY_NAMES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 
 
 @dataclass
@@ -48,6 +64,49 @@ class ExecutionTiming:
         now = time.monotonic_ns()
         return cls(start, start, now, now)
 
+    @property
+    def input_ns(self) -> int:
+        return max(0, self.input_end - self.start)
+
+    @property
+    def infer_ns(self) -> int:
+        return max(0, self.infer_end - self.input_end)
+
+    @property
+    def output_ns(self) -> int:
+        return max(0, self.end - self.infer_end)
+
+
+class LatencyWindow:
+    """A Prometheus summary's data: quantiles over a sliding time window, count
+    and sum over all time (as prometheus-cpp's summaries, which Triton uses).
+
+    The window keeps the newest observations of the last `max_age_s` seconds,
+    at most `capacity` of them, so memory stays bounded under any load.
+    """
+
+    def __init__(self, max_age_s: float = 60.0, capacity: int = 4096):
+        self.max_age_ns = int(max_age_s * 1e9)
+        self.samples: collections.deque = collections.deque(maxlen=capacity)
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, value: float, now_ns: int | None = None) -> None:
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        self.samples.append((now_ns, value))
+        self.count += 1
+        self.total += value
+
+    def quantiles(self, quantiles, now_ns: int | None = None) -> list[float]:
+        """Nearest-rank quantiles of the window; NaN when it holds nothing."""
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        oldest = now_ns - self.max_age_ns
+        values = sorted(v for t, v in list(self.samples) if t >= oldest)
+        if not values:
+            return [math.nan for _ in quantiles]
+        last = len(values) - 1
+        return [values[min(last, max(0, math.ceil(q * len(values)) - 1))] for q in quantiles]
+
 
 class ModelStats:
     def __init__(self, name: str, version: str):
@@ -63,30 +122,43 @@ class ModelStats:
         self.response_stats: dict[str, dict[str, Duration]] = {}
         self.pending = 0
         self.load_duration_secs = 0.0
+        self.summaries = {name: LatencyWindow() for name in SUMMARY_NAMES}
 
-    def record_execution(self, timing: ExecutionTiming, requests: list, batch_size: int) -> None:
-        """One backend execution that ran `requests` (batch_size rows in all)."""
-        input_ns = timing.input_end - timing.start
-        infer_ns = timing.infer_end - timing.input_end
-        output_ns = timing.end - timing.infer_end
+    def record_batch(self, timing: ExecutionTiming, batch_size: int) -> None:
+        """One backend execution of `batch_size` rows (null requests included)."""
         with self.lock:
             self.execution_count += 1
-            self.inference_count += batch_size
-            self.last_inference_ms = time.time_ns() // 1_000_000
+            self.last_inference_ms = max(self.last_inference_ms, time.time_ns() // 1_000_000)
             batch = self.batch_stats.setdefault(batch_size, BatchStat())
-            batch.compute_input.add(input_ns)
-            batch.compute_infer.add(infer_ns)
-            batch.compute_output.add(output_ns)
-            for request in requests:
-                self.durations["queue"].add(max(0, timing.start - request.queue_start_ns))
-                self.durations["compute_input"].add(input_ns)
-                self.durations["compute_infer"].add(infer_ns)
-                self.durations["compute_output"].add(output_ns)
+            batch.compute_input.add(timing.input_ns)
+            batch.compute_infer.add(timing.infer_ns)
+            batch.compute_output.add(timing.output_ns)
+
+    def record_compute(self, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int,
+                       rows: int) -> None:
+        """A request that succeeded: its rows, its time queued and computing."""
+        now = time.monotonic_ns()
+        with self.lock:
+            self.inference_count += rows
+            for stat, ns in (("queue", queue_ns), ("compute_input", input_ns),
+                             ("compute_infer", infer_ns), ("compute_output", output_ns)):
+                self.durations[stat].add(max(0, ns))
+                self.summaries[stat].observe(max(0, ns) // 1000, now)
+
+    def record_execution(self, timing: ExecutionTiming, requests: list, batch_size: int) -> None:
+        """One execution whose requests all succeeded (batch and per-request numbers)."""
+        self.record_batch(timing, batch_size)
+        for request in requests:
+            self.record_compute(timing.start - request.queue_start_ns, timing.input_ns,
+                                timing.infer_ns, timing.output_ns, max(1, request.batch_size))
 
     def record_request(self, request_ns: int, ok: bool, reason: str = "OTHER") -> None:
+        """A request's final response: success, or failure with Triton's reason
+        (REJECTED, CANCELED, BACKEND, OTHER)."""
         with self.lock:
             if ok:
                 self.durations["success"].add(request_ns)
+                self.summaries["request"].observe(max(0, request_ns) // 1000)
             else:
                 self.durations["fail"].add(request_ns)
                 self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1

@@ -1,17 +1,31 @@
-"""Schedulers: the one interface is `submit(request)`, `inflight()`, `stop()`.
+"""Schedulers: the one interface is `submit(request)`, `inflight()`,
+`cancel(request)`, `stop(timeout)` (see scheduling/base.py).
 
-`create_scheduler` picks the scheduler a model's config asks for.
+`create_scheduler` picks the scheduler a model's config asks for: the
+ensemble scheduler for `platform: "ensemble"`, the sequence batcher for
+`sequence_batching`, else the dynamic batcher (batching off without
+`dynamic_batching`).
 """
 
 from __future__ import annotations
 
 
 def create_scheduler(context, backend, instances, stats):
-    """The scheduler for one loaded model version (see scheduling/base.py)."""
-    from ..core.errors import unavailable
+    """The scheduler for one loaded model version."""
+    from ..core.errors import invalid_arg
     from .dynamic import DynamicScheduler
 
     config = context.config
+    if config.platform == "ensemble" or config.HasField("ensemble_scheduling"):
+        from .ensemble import EnsembleScheduler
+
+        if config.platform != "ensemble":
+            raise invalid_arg(
+                f"ensemble scheduling cannot be set for model '{config.name}' whose platform "
+                "is not ensemble")
+        return EnsembleScheduler(context, stats)
     if config.HasField("sequence_batching"):
-        raise unavailable("sequence batching is not supported by this server yet")
+        from .sequence import SequenceScheduler
+
+        return SequenceScheduler(config, instances, stats)
     return DynamicScheduler(config, instances, stats, backend.supports_batching)

@@ -1,10 +1,19 @@
-"""The scheduler interface (Triton's Enqueue / InflightInferenceCount / Stop)."""
+"""The scheduler interface (Triton's Enqueue / InflightInferenceCount / Stop)
+and what every scheduler shares: the response tap on each request and the
+execution of one batch on one model instance, with its accounting.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+import time
+from typing import Callable, Protocol
 
-from ..core.request import InferenceRequest
+from ..core.errors import Code, TritonError, internal
+from ..core.request import InferenceRequest, InferenceResponse
+from ..core.stats import ExecutionTiming, ModelStats
+
+CANCELLED_MESSAGE = "Request was cancelled"
+TIMEOUT_MESSAGE = "Request timeout expired"
 
 
 class Scheduler(Protocol):
@@ -14,5 +23,152 @@ class Scheduler(Protocol):
     def inflight(self) -> int:
         """Requests accepted and not yet given their final response."""
 
+    def cancel(self, request: InferenceRequest) -> None:
+        """The client went away: a queued request leaves the queue with CANCELLED."""
+
     def stop(self, timeout: float) -> None:
         """Refuse new requests, let accepted ones finish (up to timeout), release instances."""
+
+
+# --- the response tap ---
+
+
+class Tap:
+    """Every response of one request passes here before it is delivered.
+
+    It keeps Triton's promise of exactly one final response (anything a
+    backend sends after the final one is dropped), remembers how the request
+    ended, and runs the stages schedulers add: a stage takes a response and
+    returns it (possibly changed) or None when it takes over delivery (the
+    response orderer does that).
+    """
+
+    __slots__ = ("deliver", "stages", "final_seen", "failed", "responses")
+
+    def __init__(self, deliver: Callable[[InferenceResponse], None]):
+        self.deliver = deliver
+        self.stages: list[Callable] = []
+        self.final_seen = False
+        self.failed = False
+        self.responses = 0
+
+    def __call__(self, response: InferenceResponse) -> None:
+        if self.final_seen:
+            return
+        self.responses += 1
+        if response.final:
+            self.final_seen = True
+            self.failed = response.error is not None
+        for stage in self.stages:
+            response = stage(response)
+            if response is None:
+                return
+        self.deliver(response)
+
+
+def tap(request: InferenceRequest) -> Tap:
+    """The request's tap, installed on first use in front of `request.respond`."""
+    current = request.__dict__.get("respond")
+    if isinstance(current, Tap):
+        return current
+    installed = Tap(request.respond)
+    request.respond = installed  # an instance attribute: backends keep calling request.respond
+    return installed
+
+
+def finished(request: InferenceRequest) -> bool:
+    """Whether the request has had its final response."""
+    current = request.__dict__.get("respond")
+    return current.final_seen if isinstance(current, Tap) else request.completed
+
+
+def fail(request: InferenceRequest, error: TritonError) -> None:
+    """Send `error` as the final response unless the request already has one."""
+    if not finished(request):
+        request.respond_error(error)
+
+
+def cancelled_error() -> TritonError:
+    return TritonError(Code.CANCELLED, CANCELLED_MESSAGE)
+
+
+def rows(request: InferenceRequest) -> int:
+    """The rows a request adds to a batch (a request without batch dim counts 1)."""
+    return max(1, request.batch_size)
+
+
+# --- executing one batch ---
+
+
+def execute_batch(instance, requests: list, stats: ModelStats, nulls: frozenset = frozenset(),
+                  queue_start: Callable[[InferenceRequest], int] | None = None) -> None:
+    """Run `requests` on `instance` and account for it as Triton does.
+
+    A backend that raises fails the requests it did not answer; a
+    non-decoupled request left without a final response is failed too, so
+    every request ends with exactly one final response. `nulls` holds the
+    ids of null requests (a sequence batcher's empty slots): they count in
+    the executed batch size but are not requests of anyone.
+    """
+    taps = [tap(request) for request in requests]
+    start = time.monotonic_ns()
+    for request, request_tap in zip(requests, taps):
+        if request.decoupled and id(request) not in nulls:
+            request_tap.stages.insert(0, ResponseStatsStage(stats, start))
+    try:
+        timing = instance.execute(requests)
+    except TritonError as error:
+        timing = None
+        _fail_unanswered(requests, error)
+    except Exception as error:  # a backend bug must not kill the instance thread
+        timing = None
+        _fail_unanswered(requests, internal(f"model execution failed: {error}"))
+    if timing is None:
+        timing = ExecutionTiming.around(start)
+    for request, request_tap in zip(requests, taps):
+        if id(request) in nulls or request.decoupled or request_tap.final_seen:
+            continue
+        fail(request, internal(f"model '{request.model_name}' sent no response for the request"))
+    stats.record_batch(timing, sum(rows(r) for r in requests))
+    for request, request_tap in zip(requests, taps):
+        request.timing = timing
+        if id(request) in nulls or (request_tap.final_seen and request_tap.failed):
+            continue
+        queued = queue_start(request) if queue_start else request.queue_start_ns
+        stats.record_compute(timing.start - queued, timing.input_ns, timing.infer_ns,
+                             timing.output_ns, rows(request))
+
+
+class ResponseStatsStage:
+    """Triton's per-response statistics of a decoupled request, keyed by the
+    response's index: the time since the previous response (or the start of
+    the execution) as compute_infer, and as success, fail or empty_response."""
+
+    __slots__ = ("stats", "last_ns", "index")
+
+    def __init__(self, stats: ModelStats, start_ns: int):
+        self.stats = stats
+        self.last_ns = start_ns
+        self.index = 0
+
+    def __call__(self, response: InferenceResponse) -> InferenceResponse:
+        now = time.monotonic_ns()
+        elapsed = max(0, now - self.last_ns)
+        key = str(self.index)
+        self.stats.record_response(key, "compute_infer", elapsed)
+        if response.error is not None:
+            kind = "fail"
+        elif response.empty:
+            kind = "empty_response"
+        else:
+            kind = "success"
+            self.stats.record_response(key, "compute_output", 0)
+        self.stats.record_response(key, kind, elapsed)
+        self.last_ns = now
+        self.index += 1
+        return response
+
+
+def _fail_unanswered(requests: list, error: TritonError) -> None:
+    for request in requests:
+        fail(request, error)

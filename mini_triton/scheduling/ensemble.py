@@ -1,0 +1,315 @@
+"""The ensemble scheduler: an ensemble request runs its steps as a data-flow
+graph, each step a request that re-enters the server (`service.infer`) and
+so goes through its own model's scheduler; concurrent ensemble requests are
+batched there like any others.
+
+A step starts as soon as every tensor it reads exists; a tensor may feed
+several steps, and independent branches run at once. Each step request
+carries the ensemble request's parameters, so its correlation id, sequence
+flags, priority and timeout too. A decoupled step fans out: every response
+it sends continues the graph on its own, and the ensemble (then decoupled
+itself) sends a response for each complete set of outputs.
+`max_inflight_requests` bounds, per ensemble request, the step requests in
+flight at each step. The first failing step fails the ensemble request.
+
+The step models' configs are checked (ensemble_graph.check_ensemble_steps)
+when the ensemble loads, and again whenever a step model was reloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..core.errors import TritonError, internal, invalid_arg, unavailable
+from ..core.request import InferenceRequest, InferenceResponse
+from ..core.stats import ExecutionTiming, ModelStats
+from ..core.tensor import RequestedOutput, Tensor
+from .base import cancelled_error, fail, rows, tap
+from .dynamic import STOPPING_MESSAGE
+from .ensemble_graph import EnsembleGraph, check_ensemble_config, check_ensemble_steps
+
+
+class EnsembleScheduler:
+    def __init__(self, context, stats: ModelStats):
+        self.config: mc.ModelConfig = context.config
+        self.name = self.config.name
+        self.service = context.server
+        self.stats = stats
+        check_ensemble_config(self.config)
+        self.graph = EnsembleGraph.from_config(self.config)
+        self.max_inflight = self.config.ensemble_scheduling.max_inflight_requests
+        self.lock = threading.Condition()
+        self.active = 0
+        self.runs: set = set()
+        self.stopping = False
+        self.checked_against: tuple | None = None
+        if self.service is not None:
+            self._check_steps()
+
+    # --- the scheduler interface ---
+
+    def submit(self, request: InferenceRequest) -> None:
+        if self.stopping:
+            raise unavailable(STOPPING_MESSAGE)
+        if self.service is None:
+            raise internal(f"ensemble '{self.name}' has no server to run its steps")
+        self._check_steps()
+        request.queue_start_ns = time.monotonic_ns()
+        tap(request)
+        run = _EnsembleRun(self, request)
+        with self.lock:
+            self.active += 1
+            self.runs.add(run)
+        loop = self.service.loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.create_task(run.execute())
+        else:
+            asyncio.run_coroutine_threadsafe(run.execute(), loop)
+
+    def inflight(self) -> int:
+        with self.lock:
+            return self.active
+
+    def cancel(self, request: InferenceRequest) -> None:
+        """Cancel the ensemble request and the step requests it has in flight."""
+        request.cancelled = True
+        with self.lock:
+            runs = [run for run in self.runs if run.request is request]
+        for run in runs:
+            run.cancel()
+
+    def stop(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            self.stopping = True
+            while self.active and time.monotonic() < deadline:
+                self.lock.wait(max(0.0, min(0.05, deadline - time.monotonic())))
+
+    def finished(self, run: "_EnsembleRun") -> None:
+        with self.lock:
+            self.active -= 1
+            self.runs.discard(run)
+            self.lock.notify_all()
+
+    # --- the step models ---
+
+    def step_model(self, step):
+        """The loaded version a step uses, with Triton's message when there is none."""
+        version = "" if step.model_version < 0 else str(step.model_version)
+        try:
+            return self.service.manager.get(step.model_name, version)
+        except TritonError:
+            if version:
+                raise invalid_arg(
+                    f"ensemble '{self.name}' depends on '{step.model_name}' whose required "
+                    f"version {version} is not loaded") from None
+            raise invalid_arg(f"ensemble '{self.name}' depends on '{step.model_name}' which "
+                              "has no loaded version") from None
+
+    def _check_steps(self) -> None:
+        loaded = [self.step_model(step) for step in self.graph.steps]
+        identity = tuple(id(model) for model in loaded)
+        if identity == self.checked_against:
+            return
+        configs = {step.model_name: model.config for step, model in zip(self.graph.steps, loaded)}
+        decoupled = check_ensemble_steps(self.config, configs)
+        self.config.model_transaction_policy.decoupled = decoupled
+        self.checked_against = identity
+
+
+class _Flow:
+    """The tensors of one path through the graph (a decoupled step forks one)."""
+
+    __slots__ = ("tensors", "started", "emitted")
+
+    def __init__(self, tensors: dict, started=()):
+        self.tensors = tensors
+        self.started = set(started)
+        self.emitted = False
+
+    def fork(self, outputs: dict) -> "_Flow":
+        return _Flow({**self.tensors, **outputs}, self.started)
+
+
+class _EnsembleRun:
+    """One ensemble request on its way through the graph (on the event loop)."""
+
+    def __init__(self, scheduler: EnsembleScheduler, request: InferenceRequest):
+        self.scheduler = scheduler
+        self.request = request
+        self.graph = scheduler.graph
+        self.decoupled = scheduler.config.model_transaction_policy.decoupled
+        self.tasks: set[asyncio.Task] = set()
+        self.step_requests: dict[int, InferenceRequest] = {}
+        self.limits: dict[int, asyncio.Semaphore] = {}
+        self.done = False
+        self.failed = False
+        self.compute_ns = 0
+        self.idle: asyncio.Event | None = None
+
+    async def execute(self) -> None:
+        self.idle = asyncio.Event()
+        started = time.monotonic_ns()
+        try:
+            inputs = {t.name: t for t in self.request.inputs}
+            self._advance(_Flow(inputs))
+            if self.tasks:
+                await self.idle.wait()
+            if not self.done:
+                if self.decoupled:
+                    self._finish(InferenceResponse(self.request.model_name,
+                                                   self.request.model_version,
+                                                   self.request.id, final=True, empty=True))
+                else:
+                    self._finish(self.request.error_response(internal(
+                        f"ensemble '{self.scheduler.name}' finished without its outputs")))
+        except Exception as error:  # never leave the client without an answer
+            self._fail(internal(f"ensemble '{self.scheduler.name}' failed: {error}"))
+        finally:
+            if not self.failed:
+                self._record(started)
+            self.scheduler.finished(self)
+
+    def cancel(self) -> None:
+        for step_request in list(self.step_requests.values()):
+            step_request.cancelled = True
+            try:
+                loaded = self.scheduler.service.manager.get(step_request.model_name,
+                                                            step_request.model_version)
+                loaded.scheduler.cancel(step_request)
+            except TritonError:
+                pass
+        self._fail(cancelled_error())
+
+    def _advance(self, flow: _Flow) -> None:
+        """Start every step of `flow` that can start; answer when its outputs are complete."""
+        for step in self.graph.ready_steps(flow.tensors, flow.started):
+            flow.started.add(step.index)
+            self._spawn(self._run_step(flow, step))
+        self._maybe_respond(flow)
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(internal(f"ensemble '{self.scheduler.name}' failed: {task.exception()}"))
+        if not self.tasks:
+            self.idle.set()
+
+    async def _run_step(self, flow: _Flow, step) -> None:
+        if self.done:
+            return
+        limit = self._limit(step.index)
+        if limit is not None:
+            await limit.acquire()
+        try:
+            await self._infer_step(flow, step)
+        finally:
+            if limit is not None:
+                limit.release()
+
+    async def _infer_step(self, flow: _Flow, step) -> None:
+        step_request = self._step_request(flow, step)
+        began = time.monotonic_ns()
+        try:
+            stream = self.scheduler.service.infer(step_request)
+        except TritonError as error:
+            self._fail(error)
+            return
+        self.step_requests[id(step_request)] = step_request
+        try:
+            decoupled = step_request.decoupled
+            async for response in stream:
+                if self.done:
+                    continue
+                if response.error is not None:
+                    self._fail(response.error)
+                    continue
+                if response.empty:
+                    continue
+                outputs = self._mapped_outputs(step, response)
+                if decoupled:
+                    self._advance(flow.fork(outputs))
+                else:
+                    flow.tensors.update(outputs)
+                    self._advance(flow)
+        finally:
+            self.step_requests.pop(id(step_request), None)
+            self.compute_ns += time.monotonic_ns() - began
+
+    def _limit(self, index: int) -> asyncio.Semaphore | None:
+        if not self.scheduler.max_inflight:
+            return None
+        if index not in self.limits:
+            self.limits[index] = asyncio.Semaphore(self.scheduler.max_inflight)
+        return self.limits[index]
+
+    def _step_request(self, flow: _Flow, step) -> InferenceRequest:
+        inputs = []
+        for model_input, tensor_name in step.inputs.items():
+            tensor = flow.tensors[tensor_name]
+            inputs.append(Tensor(model_input, tensor.datatype, tuple(tensor.shape), tensor.data,
+                                 tensor.raw if tensor.data is None else None))
+        version = "" if step.model_version < 0 else str(step.model_version)
+        return InferenceRequest(step.model_name, version, self.request.id, inputs,
+                                [RequestedOutput(name) for name in step.outputs],
+                                dict(self.request.parameters))
+
+    @staticmethod
+    def _mapped_outputs(step, response: InferenceResponse) -> dict:
+        outputs = {}
+        for tensor in response.outputs:
+            target = step.outputs.get(tensor.name)
+            if target is not None:
+                outputs[target] = Tensor(target, tensor.datatype, tuple(tensor.shape),
+                                         tensor.data, tensor.raw if tensor.data is None else None)
+        return outputs
+
+    def _maybe_respond(self, flow: _Flow) -> None:
+        if self.done or flow.emitted:
+            return
+        wanted = [o.name for o in self.request.outputs] or [o.name for o in
+                                                            self.scheduler.config.output]
+        if not all(name in flow.tensors for name in wanted):
+            return
+        flow.emitted = True
+        response = InferenceResponse(self.request.model_name, self.request.model_version,
+                                     self.request.id, [flow.tensors[n] for n in wanted],
+                                     final=not self.decoupled)
+        if self.decoupled:
+            self.request.respond(response)
+        else:
+            self._finish(response)
+
+    def _fail(self, error: TritonError) -> None:
+        if not self.done:
+            self._finish(self.request.error_response(error))
+
+    def _finish(self, response: InferenceResponse) -> None:
+        self.done = True
+        if response.error is not None:
+            self.failed = True
+            fail(self.request, response.error)
+        else:
+            self.request.respond(response)
+
+    def _record(self, started: int) -> None:
+        """As Triton accounts an ensemble: one execution of the request's batch
+        size, its compute time the time its steps took."""
+        end = time.monotonic_ns()
+        stats = self.scheduler.stats
+        stats.record_batch(ExecutionTiming(started, started, end, end), rows(self.request))
+        stats.record_compute(started - self.request.queue_start_ns, 0, self.compute_ns, 0,
+                             rows(self.request))

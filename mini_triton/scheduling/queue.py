@@ -1,0 +1,168 @@
+"""The dynamic batcher's queue: one queue per priority level, each with its
+queue policy (Triton's PriorityQueue / PolicyQueue), without threads.
+
+Level 1 is served first. Within a level, requests wait in arrival order;
+those whose timeout ran out under a DELAY policy move behind the others of
+their level and never time out again. Cancelled requests and those whose
+timeout ran out under a REJECT policy leave the queue when it is next looked
+at (`expire`).
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..core.errors import unavailable
+
+_REJECT = mc.ModelQueuePolicy.TimeoutAction.Value("REJECT")
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    max_queue_size: int = 0
+    default_timeout_us: int = 0
+    allow_timeout_override: bool = False
+    delay_on_timeout: bool = False
+
+    @classmethod
+    def from_config(cls, policy: mc.ModelQueuePolicy) -> "QueuePolicy":
+        return cls(policy.max_queue_size, policy.default_timeout_microseconds,
+                   policy.allow_timeout_override, policy.timeout_action != _REJECT)
+
+    def timeout_us(self, request_timeout_us: int) -> int:
+        """The request's queue timeout (0 = none): a request's own `timeout` may
+        only shorten the default, and only where the policy allows it."""
+        timeout = self.default_timeout_us
+        if self.allow_timeout_override and request_timeout_us and \
+                request_timeout_us < timeout:
+            timeout = request_timeout_us
+        return timeout
+
+
+@dataclass(eq=False)
+class Entry:
+    """A queued request with the times the queue keeps for it."""
+
+    request: object
+    enqueued_ns: int
+    deadline_ns: int = 0  # 0 = no timeout
+
+
+class LevelQueue:
+    """The requests of one priority level under one policy."""
+
+    def __init__(self, policy: QueuePolicy):
+        self.policy = policy
+        self.waiting: collections.deque[Entry] = collections.deque()
+        self.delayed: collections.deque[Entry] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.delayed)
+
+    def add(self, request, now_ns: int) -> Entry:
+        if self.policy.max_queue_size and len(self) >= self.policy.max_queue_size:
+            raise unavailable("Exceeds maximum queue size")
+        timeout = self.policy.timeout_us(request.timeout_us)
+        entry = Entry(request, now_ns, now_ns + timeout * 1000 if timeout else 0)
+        self.waiting.append(entry)
+        return entry
+
+    def expire(self, now_ns: int, dropped: list) -> None:
+        """Move out cancelled requests and those whose timeout has passed."""
+        if not any(e.request.cancelled or (e.deadline_ns and now_ns > e.deadline_ns)
+                   for e in self.waiting) and not any(e.request.cancelled for e in self.delayed):
+            return
+        keep = collections.deque()
+        for entry in self.waiting:
+            if entry.request.cancelled:
+                dropped.append(entry)
+            elif entry.deadline_ns and now_ns > entry.deadline_ns:
+                if self.policy.delay_on_timeout:
+                    entry.deadline_ns = 0
+                    self.delayed.append(entry)
+                else:
+                    dropped.append(entry)
+            else:
+                keep.append(entry)
+        self.waiting = keep
+        still_delayed = collections.deque()
+        for entry in self.delayed:
+            (dropped if entry.request.cancelled else still_delayed).append(entry)
+        self.delayed = still_delayed
+
+    def entries(self):
+        yield from self.waiting
+        yield from self.delayed
+
+    def remove(self, chosen: set) -> None:
+        if any(id(e) in chosen for e in self.waiting):
+            self.waiting = collections.deque(e for e in self.waiting if id(e) not in chosen)
+        if any(id(e) in chosen for e in self.delayed):
+            self.delayed = collections.deque(e for e in self.delayed if id(e) not in chosen)
+
+    def next_deadline(self) -> int:
+        deadlines = [e.deadline_ns for e in self.waiting if e.deadline_ns]
+        return min(deadlines) if deadlines else 0
+
+
+class PriorityQueues:
+    """The levels of a `dynamic_batching` config (one level when it has none)."""
+
+    def __init__(self, dyn: mc.ModelDynamicBatching | None = None):
+        dyn = dyn if dyn is not None else mc.ModelDynamicBatching()
+        count = max(1, dyn.priority_levels)
+        self.default_level = 1
+        if dyn.priority_levels:
+            default = dyn.default_priority_level
+            self.default_level = default if 1 <= default <= count else count
+        default_policy = QueuePolicy.from_config(dyn.default_queue_policy)
+        self.levels = [
+            LevelQueue(QueuePolicy.from_config(dyn.priority_queue_policy[level])
+                       if level in dyn.priority_queue_policy else default_policy)
+            for level in range(1, count + 1)
+        ]
+
+    def __len__(self) -> int:
+        return sum(len(level) for level in self.levels)
+
+    def level_of(self, priority: int) -> int:
+        """0-based level index; priority 0 or beyond the last level means the default."""
+        if priority <= 0 or priority > len(self.levels):
+            priority = self.default_level
+        return priority - 1
+
+    def add(self, request, now_ns: int) -> Entry:
+        """Queue a request; raises UNAVAILABLE "Exceeds maximum queue size"."""
+        return self.levels[self.level_of(request.priority)].add(request, now_ns)
+
+    def expire(self, now_ns: int) -> list[Entry]:
+        dropped: list[Entry] = []
+        for level in self.levels:
+            level.expire(now_ns, dropped)
+        return dropped
+
+    def entries(self) -> list[Entry]:
+        """Every queued entry in the order batches take them."""
+        return [entry for level in self.levels for entry in level.entries()]
+
+    def remove(self, entries) -> None:
+        chosen = {id(e) for e in entries}
+        for level in self.levels:
+            level.remove(chosen)
+
+    def discard(self, request) -> Entry | None:
+        """Take one request out of the queue (cancellation); None if not queued."""
+        for level in self.levels:
+            for entry in level.entries():
+                if entry.request is request:
+                    level.remove({id(entry)})
+                    return entry
+        return None
+
+    def next_deadline(self) -> int:
+        """The earliest queue timeout (monotonic ns), 0 when none is pending."""
+        deadlines = [d for d in (level.next_deadline() for level in self.levels) if d]
+        return min(deadlines) if deadlines else 0

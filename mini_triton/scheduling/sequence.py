@@ -1,0 +1,541 @@
+"""The sequence batcher: requests of one sequence (one correlation id) go,
+in order, to the one model instance that holds the sequence's slot.
+
+Each instance has slots (`max_batch_size` of them for `direct`,
+`max_candidate_sequences` for `oldest`). A sequence takes a free slot with
+its START request, preferring low slot numbers so that every instance's
+batches stay as small as possible; when every slot is taken it waits in the
+backlog until a sequence ends. Its END request frees the slot for the
+oldest backlogged sequence. A sequence that sends nothing for
+`max_sequence_idle_microseconds` loses its slot, and its next request fails
+as one that never started.
+
+How an instance batches the sequences in its slots is the strategy:
+
+- `direct` (`DirectBatcher`): a batch has one entry per slot up to the last
+  active one, in slot order; a slot with nothing ready gets a null request
+  (READY false). With `max_queue_delay_microseconds` and
+  `minimum_slot_utilization`, a batch waits until enough slots are ready or
+  the oldest request has waited long enough.
+- `oldest` (`OldestBatcher`): the next request of each sequence in the
+  instance's slots goes to a dynamic batcher (scheduling/dynamic.py) that
+  forms batches oldest first, by `preferred_batch_size` and
+  `max_queue_delay_microseconds`; a sequence's next request joins only once
+  the previous one has run, so a batch never holds two of one sequence.
+
+Requests get the model's control tensors (scheduling/controls.py) just
+before they join a batch.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..core.errors import invalid_arg, unavailable
+from ..core.request import InferenceRequest
+from ..core.stats import ModelStats
+from ..core.tensor import Tensor
+from ..core.validate import SEQUENCE_END, SEQUENCE_START
+from .base import cancelled_error, execute_batch, fail, tap
+from .batch import BatchShapeRule
+from .controls import SequenceControls
+from .dynamic import STOPPING_MESSAGE, BatchFormer, BatchingRules, fail_dropped
+from .ordering import ResponseOrderer
+
+log = logging.getLogger("mini_triton.scheduling")
+
+DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
+BACKLOG_TIMEOUT_MESSAGE = "timeout of the corresponding sequence has been expired"
+_BACKLOG_RECHECK_NS = 50_000_000
+
+
+def in_sequence(correlation_id) -> bool:
+    """Whether a correlation id names a sequence (0 and "" do not)."""
+    return correlation_id != 0 and correlation_id != ""
+
+
+@dataclass(eq=False)
+class Backlog:
+    """The requests of one sequence waiting for a slot."""
+
+    requests: collections.deque = field(default_factory=collections.deque)
+    expiration_ns: int = 0  # 0 = never
+
+
+class SequenceScheduler:
+    """Slots, backlog and idle sequences; the batching itself is per instance."""
+
+    def __init__(self, config: mc.ModelConfig, instances: list, stats: ModelStats,
+                 reaper: bool = True):
+        sequence = config.sequence_batching
+        self.config = config
+        self.name = config.name
+        self.stats = stats
+        self.controls = SequenceControls(config)
+        self.idle_ns = (sequence.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
+        oldest = sequence.HasField("oldest")
+        slot_count = max(1, config.max_batch_size)
+        if oldest and sequence.oldest.max_candidate_sequences > 0:
+            slot_count = sequence.oldest.max_candidate_sequences
+        self.lock = threading.RLock()
+        self.reaper_wake = threading.Condition(self.lock)
+        self.stopping = False
+        self.slot_of: dict = {}  # correlation id -> (batcher index, slot)
+        self.backlog: collections.deque[Backlog] = collections.deque()
+        self.backlog_of: dict = {}  # correlation id -> Backlog still collecting
+        self.last_seen: dict = {}  # correlation id -> monotonic ns of its latest request
+        self.ready_slots = [(slot, index) for slot in range(slot_count)
+                            for index in range(len(instances))]
+        heapq.heapify(self.ready_slots)
+        kind = OldestBatcher if oldest else DirectBatcher
+        self.batchers = [kind(self, index, instance, slot_count)
+                         for index, instance in enumerate(instances)]
+        for batcher in self.batchers:
+            batcher.start()
+        self.reaper = None
+        if reaper:
+            self.reaper = threading.Thread(target=self._reap_forever, daemon=True,
+                                           name=f"{config.name}-sequence-reaper")
+            self.reaper.start()
+
+    # --- the scheduler interface ---
+
+    def submit(self, request: InferenceRequest) -> None:
+        if request.batch_size > 1:
+            raise invalid_arg(
+                f"inference request to model '{self.name}' must specify batch-size 1 due to "
+                "requirements of sequence batcher")
+        corr = request.correlation_id
+        if not in_sequence(corr):
+            raise invalid_arg(
+                f"inference request to model '{self.name}' must specify a non-zero or "
+                "non-empty correlation ID")
+        now = time.monotonic_ns()
+        request.queue_start_ns = now
+        tap(request)
+        start = bool(request.flags & SEQUENCE_START)
+        end = bool(request.flags & SEQUENCE_END)
+        with self.lock:
+            if self.stopping and start:
+                raise unavailable(STOPPING_MESSAGE)
+            target = self.slot_of.get(corr)
+            backlog = self.backlog_of.get(corr)
+            if not start and target is None and backlog is None:
+                raise invalid_arg(
+                    f"inference request for sequence {corr} to model '{self.name}' must "
+                    "specify the START flag on the first request of the sequence")
+            self.last_seen[corr] = now
+            if start and (target is not None or backlog is not None):
+                log.warning("sequence %s for model '%s' has a conflict. The previous sequence "
+                            "did not end before this sequence start. Previous sequence will be "
+                            "terminated early.", corr, self.name)
+            self.stats.adjust_pending(1)
+            if target is None and backlog is None and self.ready_slots:
+                slot, index = heapq.heappop(self.ready_slots)
+                target = (index, slot)
+                self.slot_of[corr] = target
+            if target is not None:
+                if end:
+                    self.slot_of.pop(corr, None)
+                self.batchers[target[0]].enqueue(target[1], request)
+                return
+            if backlog is None:
+                backlog = Backlog()
+                self.backlog.append(backlog)
+                if not end:
+                    self.backlog_of[corr] = backlog
+            elif end:
+                self.backlog_of.pop(corr, None)
+            backlog.requests.append(request)
+            if request.timeout_us:
+                expiration = now + request.timeout_us * 1000
+                backlog.expiration_ns = (min(backlog.expiration_ns, expiration)
+                                         if backlog.expiration_ns else expiration)
+                self.reaper_wake.notify_all()
+
+    def inflight(self) -> int:
+        with self.lock:
+            waiting = sum(len(b.requests) for b in self.backlog)
+            return waiting + sum(batcher.inflight() for batcher in self.batchers)
+
+    def active_sequences(self) -> int:
+        """Sequences holding a slot (Triton's InflightInferenceCount)."""
+        with self.lock:
+            return len(self.slot_of)
+
+    def cancel(self, request: InferenceRequest) -> None:
+        """A cancelled request ends its sequence: the sequence's queued requests
+        are cancelled when the request reaches the front of its slot."""
+        with self.lock:
+            request.cancelled = True
+            for batcher in self.batchers:
+                batcher.cancelled(request)
+
+    def stop(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            self.stopping = True
+            for batcher in self.batchers:
+                batcher.wake.notify_all()
+            self.reaper_wake.notify_all()
+            while self.inflight() and time.monotonic() < deadline:
+                self.reaper_wake.wait(max(0.0, min(0.05, deadline - time.monotonic())))
+            left = self._abandon()
+            for batcher in self.batchers:
+                batcher.wake.notify_all()
+        for request in left:
+            fail(request, unavailable(STOPPING_MESSAGE))
+        for batcher in self.batchers:
+            batcher.join(max(0.1, deadline - time.monotonic()))
+        if self.reaper is not None:
+            self.reaper.join(max(0.1, deadline - time.monotonic()))
+
+    def _abandon(self) -> list:
+        """Take every request still waiting (the stop timeout passed); lock held."""
+        left = [r for backlog in self.backlog for r in backlog.requests]
+        self.backlog.clear()
+        self.backlog_of.clear()
+        for batcher in self.batchers:
+            left += batcher.abandon()
+        self.stats.adjust_pending(-len(left))
+        return left
+
+    # --- slots (called by the batchers, with the lock held) ---
+
+    def release_slot(self, index: int, slot: int, queue: collections.deque):
+        """Free a slot whose sequence ended, or hand it to the oldest backlogged
+        sequence (whose requests are moved into `queue`); returns that
+        sequence's correlation id, or None when the slot is free. Requests
+        left in `queue` belong to a cancelled sequence and are cancelled."""
+        leftovers = [r for r in queue if r is not None]
+        queue.clear()
+        if leftovers:
+            corr = leftovers[0].correlation_id
+            if self.slot_of.get(corr) == (index, slot):
+                del self.slot_of[corr]
+            self.last_seen.pop(corr, None)
+            self._cancel_all(leftovers)
+        while self.backlog:
+            backlog = self.backlog.popleft()
+            last = backlog.requests[-1]
+            corr = last.correlation_id
+            cancelled = any(r.cancelled for r in backlog.requests)
+            if not last.flags & SEQUENCE_END:
+                if self.backlog_of.get(corr) is backlog:
+                    del self.backlog_of[corr]
+                if not cancelled:
+                    self.slot_of[corr] = (index, slot)
+            if cancelled:
+                self._cancel_all(list(backlog.requests))
+                continue
+            queue.extend(backlog.requests)
+            return corr
+        heapq.heappush(self.ready_slots, (slot, index))
+        return None
+
+    def _cancel_all(self, requests: list) -> None:
+        self.stats.adjust_pending(-len(requests))
+        for request in requests:
+            fail(request, cancelled_error())
+
+    # --- idle sequences and backlog timeouts ---
+
+    def reap(self, now_ns: int) -> int:
+        """Release the slots of sequences idle longer than allowed and fail
+        backlogged sequences whose timeout passed; returns how long (ns)
+        until something may need doing."""
+        wait = self.idle_ns
+        with self.lock:
+            for corr, seen in list(self.last_seen.items()):
+                remaining = self.idle_ns - (now_ns - seen)
+                if remaining > 0:
+                    wait = min(wait, remaining + 1000)
+                    continue
+                target = self.slot_of.pop(corr, None)
+                if target is not None:
+                    del self.last_seen[corr]
+                    log.debug("sequence %s of '%s' idle: releasing its slot", corr, self.name)
+                    self.batchers[target[0]].enqueue(target[1], None)
+                elif corr in self.backlog_of:
+                    wait = min(wait, _BACKLOG_RECHECK_NS)
+                else:
+                    del self.last_seen[corr]
+            expired = [b for b in self.backlog if b.expiration_ns and b.expiration_ns <= now_ns]
+            for backlog in expired:
+                self.backlog.remove(backlog)
+                corr = backlog.requests[0].correlation_id
+                if self.backlog_of.get(corr) is backlog:
+                    del self.backlog_of[corr]
+                self.stats.adjust_pending(-len(backlog.requests))
+            for backlog in self.backlog:
+                if backlog.expiration_ns:
+                    wait = min(wait, backlog.expiration_ns - now_ns)
+        for backlog in expired:
+            for request in backlog.requests:
+                fail(request, unavailable(BACKLOG_TIMEOUT_MESSAGE))
+        return max(1000, wait)
+
+    def _reap_forever(self) -> None:
+        while True:
+            wait = self.reap(time.monotonic_ns())
+            with self.lock:
+                if self.stopping and not self.inflight():
+                    return
+                self.reaper_wake.wait(min(wait / 1e9, 0.05 if self.stopping else wait / 1e9))
+
+
+class _SlotBatcher:
+    """What both strategies share: one worker thread per instance, slot queues
+    (a None entry is the reaper's "release this slot"), control tensors."""
+
+    def __init__(self, owner: SequenceScheduler, index: int, instance, slot_count: int):
+        self.owner = owner
+        self.index = index
+        self.instance = instance
+        self.wake = threading.Condition(owner.lock)
+        self.queues = [collections.deque() for _ in range(slot_count)]
+        self.executing = 0
+        self.thread = threading.Thread(target=self._work, daemon=True,
+                                       name=f"{owner.name}-sequence-{index}")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+
+    def queued(self) -> int:
+        return sum(1 for q in self.queues for r in q if r is not None)
+
+    def inflight(self) -> int:
+        return self.queued() + self.executing
+
+    def cancelled(self, request) -> None:
+        self.wake.notify_all()
+
+    def abandon(self) -> list:
+        left = [r for q in self.queues for r in q if r is not None]
+        for queue in self.queues:
+            queue.clear()
+        return left
+
+    def prepare(self, request) -> None:
+        self.owner.controls.apply(request)
+
+    def _work(self) -> None:
+        try:
+            while True:
+                with self.wake:
+                    batch = self._wait_for_batch()
+                    if batch is None:
+                        return
+                    requests, nulls = batch
+                    self.executing += len(requests) - len(nulls)
+                try:
+                    execute_batch(self.instance, requests, self.owner.stats, nulls)
+                finally:
+                    with self.wake:
+                        self.executing -= len(requests) - len(nulls)
+                        self.after_execution(requests)
+                        self.owner.reaper_wake.notify_all()
+        finally:
+            self.instance.finalize()
+
+    def after_execution(self, requests: list) -> None:
+        pass
+
+
+class DirectBatcher(_SlotBatcher):
+    def __init__(self, owner: SequenceScheduler, index: int, instance, slot_count: int):
+        super().__init__(owner, index, instance, slot_count)
+        direct = owner.config.sequence_batching.direct
+        self.max_batch_size = max(1, owner.config.max_batch_size)
+        self.min_utilization = direct.minimum_slot_utilization
+        self.max_delay_ns = direct.max_queue_delay_microseconds * 1000
+        self.shape = BatchShapeRule.from_config(owner.config)
+        self.active = [None] * slot_count  # correlation id holding each slot
+        self.max_active = -1
+
+    def enqueue(self, slot: int, request) -> None:
+        """Queue a request (or None: release the slot) for a slot; lock held."""
+        self.queues[slot].append(request)
+        if request is not None:
+            self.active[slot] = request.correlation_id
+        self.max_active = max(self.max_active, slot)
+        self.wake.notify()
+
+    def _wait_for_batch(self):
+        while True:
+            formed, wait_ns = self.form(time.monotonic_ns())
+            if formed is not None:
+                return formed
+            if self.owner.stopping and not self.queued():
+                self.owner.reaper_wake.notify_all()
+                return None
+            self.wake.wait(None if wait_ns is None else wait_ns / 1e9)
+
+    def form(self, now_ns: int):
+        """The next batch as (requests, ids of null requests), or (None, wait ns)."""
+        representative, ready, earliest, last = self._survey()
+        if last < 0:
+            self._shrink()
+            return None, None
+        if self.max_delay_ns and self.min_utilization:
+            age = now_ns - earliest
+            if age <= self.max_delay_ns and ready / self.max_batch_size < self.min_utilization:
+                return None, self.max_delay_ns - age
+        requests, nulls = [], set()
+        for slot in range(last + 1):
+            queue = self.queues[slot]
+            if not queue or (self.shape.checks
+                             and not self.shape.compatible(representative, queue[0])):
+                null = self._null_request(representative)
+                nulls.add(id(null))
+                requests.append(null)
+                continue
+            request = queue.popleft()
+            self.owner.stats.adjust_pending(-1)
+            self.prepare(request)
+            requests.append(request)
+            if request.flags & SEQUENCE_END:
+                self.active[slot] = self.owner.release_slot(self.index, slot, queue)
+        self._shrink()
+        return (requests, frozenset(nulls)), None
+
+    def _survey(self):
+        """Release slots whose sequence was force-ended or cancelled; find the
+        first ready request, how many slots are ready, the oldest, the last."""
+        representative, ready, earliest, last = None, 0, None, -1
+        for slot in range(self.max_active + 1):
+            queue = self.queues[slot]
+            if queue and (queue[0] is None or queue[0].cancelled):
+                if queue[0] is None:
+                    queue.popleft()
+                self.active[slot] = self.owner.release_slot(self.index, slot, queue)
+            if queue:
+                if representative is None:
+                    representative = queue[0]
+                ready += 1
+                start = queue[0].queue_start_ns
+                earliest = start if earliest is None else min(earliest, start)
+                last = slot
+        return representative, ready, earliest, last
+
+    def _shrink(self) -> None:
+        while self.max_active >= 0 and self.active[self.max_active] is None \
+                and not self.queues[self.max_active]:
+            self.max_active -= 1
+
+    def _null_request(self, representative) -> InferenceRequest:
+        control_names = self.owner.controls.names
+        inputs = [Tensor(t.name, t.datatype, t.shape, _zeros_like(t.data))
+                  for t in representative.inputs if t.name not in control_names]
+        null = InferenceRequest(representative.model_name, representative.model_version,
+                                inputs=inputs, batch_size=representative.batch_size)
+        self.owner.controls.apply(null, ready=False)
+        return null
+
+
+class OldestBatcher(_SlotBatcher):
+    def __init__(self, owner: SequenceScheduler, index: int, instance, slot_count: int):
+        super().__init__(owner, index, instance, slot_count)
+        oldest = owner.config.sequence_batching.oldest
+        self.former = BatchFormer(BatchingRules.for_oldest(owner.config))
+        self.orderer = ResponseOrderer() if oldest.preserve_ordering else None
+        self.in_flight = [False] * slot_count
+        self.slot_of_request: dict[int, int] = {}
+
+    def enqueue(self, slot: int, request) -> None:
+        """Queue a request (or None: release the slot) for a slot; lock held."""
+        self.queues[slot].append(request)
+        if not self.in_flight[slot]:
+            self._next(slot)
+
+    def inflight(self) -> int:
+        return self.queued() + len(self.former) + self.executing
+
+    def cancelled(self, request) -> None:
+        if self.former.discard(request):
+            self.owner.stats.adjust_pending(-1)
+            slot = self.slot_of_request.pop(id(request))
+            fail(request, cancelled_error())
+            self._next(slot)
+        self.wake.notify_all()
+
+    def abandon(self) -> list:
+        left = super().abandon()
+        taken = self.former.take(time.monotonic_ns() + 10**18)
+        while taken.batch or taken.dropped:
+            left += taken.batch + taken.dropped
+            taken = self.former.take(time.monotonic_ns() + 10**18)
+        self.slot_of_request.clear()
+        return left
+
+    def _next(self, slot: int) -> None:
+        """The slot's previous request has run: send its next one to the batcher
+        (Triton's CompleteAndNext); lock held."""
+        queue = self.queues[slot]
+        retry = True
+        while retry:
+            retry = False
+            release = False
+            self.in_flight[slot] = False
+            if queue:
+                request = queue[0]
+                keep = False
+                if request is None:
+                    release = True
+                elif request.cancelled:
+                    release = keep = True
+                else:
+                    release = bool(request.flags & SEQUENCE_END)
+                    self.prepare(request)
+                    self.in_flight[slot] = True
+                    self.slot_of_request[id(request)] = slot
+                    self.former.add(request, time.monotonic_ns())
+                    self.wake.notify()
+                if not keep:
+                    queue.popleft()
+            if release and self.owner.release_slot(self.index, slot, queue) is not None:
+                retry = not self.in_flight[slot]
+
+    def _wait_for_batch(self):
+        while True:
+            taken = self.former.take(time.monotonic_ns())
+            if taken.dropped:
+                self.owner.stats.adjust_pending(-len(taken.dropped))
+                fail_dropped(taken.dropped)
+                for request in taken.dropped:
+                    self._next(self.slot_of_request.pop(id(request)))
+            if taken.batch:
+                self.owner.stats.adjust_pending(-len(taken.batch))
+                if self.orderer is not None:
+                    for request in taken.batch:
+                        self.orderer.enroll(request)
+                return taken.batch, frozenset()
+            if self.owner.stopping and not self.queued() and not len(self.former):
+                self.owner.reaper_wake.notify_all()
+                return None
+            self.wake.wait(None if taken.wait_ns is None else taken.wait_ns / 1e9)
+
+    def after_execution(self, requests: list) -> None:
+        for request in requests:
+            slot = self.slot_of_request.pop(id(request), None)
+            if slot is not None:
+                self._next(slot)
+
+
+def _zeros_like(array):
+    if array is None:
+        return None
+    if array.dtype == np.object_:
+        return np.full(array.shape, b"", dtype=np.object_)
+    return np.zeros_like(array)
