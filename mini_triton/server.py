@@ -62,6 +62,7 @@ class Server:
         self.service = InferenceService(self.manager, settings.strict_readiness)
         self.manager.server = self.service
         self.metrics = Metrics(self.manager, config=settings.metrics_config)
+        self.service.metrics = self.metrics  # backends add their own families (custom metrics)
         self.ports: dict[str, int] = {}
         self._listeners: list = []
         self._grpc = None

@@ -51,6 +51,7 @@ class InferenceService:
         self.manager = manager
         self.strict_readiness = strict_readiness
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.metrics = None  # the server's Metrics, where backends may add families
         self.accepting = True
         self.system_shm = SharedMemoryRegistry()
         self.tracer = Tracer()

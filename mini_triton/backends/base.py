@@ -75,6 +75,10 @@ class Backend:
     def create_instance(self, index: int, kind: str, device_id: int) -> ModelInstance:
         raise NotImplementedError
 
+    def is_ready(self) -> bool:
+        """Whether the loaded version can serve now (a model's own readiness check)."""
+        return True
+
     def unload(self) -> None:
         """Release model-wide resources after every instance is finalized."""
 

@@ -238,10 +238,10 @@ class ModelRepositoryManager:
 
     def is_ready(self, name: str, version: str = "") -> bool:
         try:
-            self.get(name, version)
+            loaded = self.get(name, version)
         except TritonError:
             return False
-        return True
+        return loaded.backend.is_ready()
 
     def all_ready(self) -> bool:
         return all(r.state == State.READY for r in list(self.records.values()) if not r.unloaded)
