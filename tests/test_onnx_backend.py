@@ -74,6 +74,15 @@ def matmul_with_weights() -> onnx.ModelProto:
                       [numpy_helper.from_array(weights, "W")])
 
 
+def accumulator() -> onnx.ModelProto:
+    """Implicit state: STATE_OUT = STATE_IN + INPUT; OUTPUT = STATE_OUT."""
+    return onnx_model(
+        [helper.make_node("Add", ["STATE_IN", "INPUT"], ["STATE_OUT"]),
+         helper.make_node("Identity", ["STATE_OUT"], ["OUTPUT"])],
+        [io(n, TP.INT32, ["batch", 1]) for n in ("INPUT", "STATE_IN")],
+        [io(n, TP.INT32, ["batch", 1]) for n in ("OUTPUT", "STATE_OUT")])
+
+
 def write_model(repository: Path, name: str, model: onnx.ModelProto, config: str | None = None,
                 filename: str = "model.onnx") -> Path:
     version = repository / name / "1"
@@ -133,6 +142,14 @@ def good_repository(tmp_path_factory) -> Path:
           execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] }
         }
     """)
+    write_model(repository, "stateful", accumulator(), config="""
+        platform: "onnxruntime_onnx"
+        max_batch_size: 4
+        sequence_batching {
+          state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32
+                    dims: [ 1 ] } ]
+        }
+    """)  # inputs and outputs auto-completed, the state tensors left out
     return repository
 
 
@@ -273,6 +290,24 @@ def _counts(proto, model: str) -> tuple[int, int]:
     else:
         stats = proto.client.get_inference_statistics(model)["model_stats"][0]
     return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
+
+
+def test_implicit_state_carries_over_a_sequence(onnx_proto):
+    def send(sequence_id, value, **flags):
+        result = onnx_proto.client.infer(
+            "stateful", [infer_input(onnx_proto, "INPUT", np.array([[value]], np.int32), "INT32")],
+            sequence_id=sequence_id, **flags)
+        return int(result.as_numpy("OUTPUT")[0, 0])
+
+    base = 1000 if onnx_proto.name == "grpc" else 2000  # the protocols run as separate tests
+    assert send(base + 1, 5, sequence_start=True) == 5
+    assert send(base + 2, 100, sequence_start=True) == 100
+    assert send(base + 1, 2) == 7
+    assert send(base + 2, 1, sequence_end=True) == 101
+    assert send(base + 1, 3, sequence_end=True) == 10
+    config = config_of(onnx_proto, "stateful")
+    assert [t["name"] for t in config["input"]] == ["INPUT"]
+    assert [t["name"] for t in config["output"]] == ["OUTPUT"]
 
 
 # --- auto-complete as the clients see it ---
