@@ -102,7 +102,9 @@ def fill_defaults(config: mc.ModelConfig, gpu_available: bool = False) -> None:
         if group.count < 1:
             group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            use_gpu = gpu_available and config.backend in ("tensorrt", "onnxruntime")
+            # A TensorRT plan only runs on a GPU; ONNX Runtime uses one when there is one.
+            use_gpu = config.backend == "tensorrt" or (
+                gpu_available and config.backend == "onnxruntime")
             group.kind = (mc.ModelInstanceGroup.KIND_GPU if use_gpu
                           else mc.ModelInstanceGroup.KIND_CPU)
     if not config.default_model_filename:
