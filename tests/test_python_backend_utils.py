@@ -1,0 +1,225 @@
+"""The triton_python_backend_utils module and the worker wire format, without a server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+import mini_triton.backends.python  # noqa: F401  (registers triton_python_backend_utils)
+import triton_python_backend_utils as pb_utils
+from mini_triton.backends.python import utils
+from mini_triton.backends.python.convert import Reply
+from mini_triton.backends.python.wire import (SHARED_THRESHOLD, Link, Outgoing, get_reply,
+                                              get_tensors, put_reply, put_tensors)
+
+
+def test_the_module_is_defined_once():
+    assert pb_utils is utils
+    assert pb_utils.Tensor is utils.Tensor
+
+
+@pytest.mark.parametrize("config_type, code, dtype", [
+    ("TYPE_BOOL", 1, np.bool_), ("TYPE_UINT8", 2, np.uint8), ("TYPE_INT32", 8, np.int32),
+    ("TYPE_FP16", 10, np.float16), ("TYPE_FP32", 11, np.float32), ("TYPE_FP64", 12, np.float64),
+    ("TYPE_STRING", 13, np.object_)])
+def test_type_tables(config_type, code, dtype):
+    assert np.dtype(pb_utils.triton_string_to_numpy(config_type)) == np.dtype(dtype)
+    assert pb_utils.triton_to_numpy_type(code) == dtype
+    assert pb_utils.numpy_to_triton_type(dtype) == code
+
+
+def test_bytes_serialization_round_trip():
+    array = np.array([b"a", b"", "\u00e9".encode(), b"\x00\x01"], dtype=np.object_)
+    encoded = pb_utils.serialize_byte_tensor(array)
+    assert encoded[:4] == b"\x01\x00\x00\x00"
+    assert list(pb_utils.deserialize_bytes_tensor(encoded)) == list(array)
+    assert pb_utils.serialize_byte_tensor(np.array([], dtype=np.object_)) == ()
+
+
+def test_tensor_of_strings_holds_bytes_objects():
+    tensor = pb_utils.Tensor("T", np.array([["ab", "c"]]))
+    assert tensor.triton_dtype() == 13 and tensor.shape() == [1, 2]
+    assert tensor.as_numpy().dtype == np.object_
+    assert tensor.as_numpy().tolist() == [[b"ab", b"c"]]
+
+
+def test_tensor_makes_arrays_contiguous_and_native():
+    tensor = pb_utils.Tensor("T", np.arange(12, dtype=">i4").reshape(3, 4).T)
+    array = tensor.as_numpy()
+    assert array.flags.c_contiguous and array.dtype.isnative
+    assert tensor.triton_dtype() == 8
+    np.testing.assert_array_equal(array, np.arange(12).reshape(3, 4).T)
+
+
+def test_tensor_refuses_what_triton_cannot_carry():
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.Tensor("T", np.zeros(2, np.complex64))
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.Tensor("T", [1, 2])
+
+
+def test_dlpack_round_trip_shares_memory():
+    array = np.arange(6, dtype=np.float32)
+    tensor = pb_utils.Tensor("T", array)
+    again = pb_utils.Tensor.from_dlpack("U", tensor.to_dlpack())
+    assert again.name() == "U"
+    np.testing.assert_array_equal(again.as_numpy(), array)
+    assert np.shares_memory(again.as_numpy(), array)
+    from_object = pb_utils.Tensor.from_dlpack("V", tensor)
+    np.testing.assert_array_equal(from_object.as_numpy(), array)
+
+
+def test_error_codes_and_messages():
+    error = pb_utils.TritonError("bad input", pb_utils.TritonError.INVALID_ARG)
+    assert error.message() == "bad input" and error.code() == pb_utils.TritonError.INVALID_ARG
+    assert pb_utils.TritonError("x").code() == pb_utils.TritonError.INTERNAL
+    response = pb_utils.InferenceResponse(error=error)
+    assert response.has_error() and response.error() is error
+    assert response.output_tensors() == []
+
+
+def test_bls_request_checks_its_arguments():
+    with pytest.raises(pb_utils.TritonModelException, match="Correlation ID"):
+        pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[],
+                                  correlation_id=1.5)
+    with pytest.raises(pb_utils.TritonModelException, match="bool/int/str"):
+        pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[],
+                                  parameters={"x": 1.5})
+    request = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=["O"],
+                                        correlation_id="seq", parameters={"k": True})
+    assert request.correlation_id() == "seq" and request.parameters() == '{"k": true}'
+
+
+def test_bls_outside_a_server_says_so():
+    request = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
+    with pytest.raises(pb_utils.TritonModelException, match="needs a model served"):
+        request.exec()
+
+
+def test_response_sender_closes_after_the_final_flag():
+    sent = []
+
+    class Handle:
+        def send(self, response, final):
+            sent.append((response, final))
+
+    sender = pb_utils.InferenceResponseSender(Handle())
+    sender.send(pb_utils.InferenceResponse())
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert [final for _, final in sent] == [False, True] and sent[1][0] is None
+    with pytest.raises(pb_utils.TritonModelException, match="closed"):
+        sender.send(pb_utils.InferenceResponse())
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceResponseSender(Handle()).send(None, 0)
+
+
+def model_config():
+    return pb_utils.ModelConfig('{"name": "m", "max_batch_size": 0, "input": ['
+                                '{"name": "A", "data_type": "TYPE_INVALID", "dims": []}], '
+                                '"output": []}')
+
+
+def test_model_config_completes_inputs_outputs_and_batching():
+    config = model_config()
+    config.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [4]})
+    config.add_input({"name": "B", "data_type": "TYPE_INT32", "dims": [-1], "optional": True})
+    config.add_output({"name": "C", "data_type": "TYPE_FP32", "dims": [4]})
+    config.set_max_batch_size(8)
+    config.set_dynamic_batching()
+    config.set_model_transaction_policy({"decoupled": True})
+    completed = config.as_dict()
+    assert completed["input"][0] == {"name": "A", "data_type": "TYPE_FP32", "dims": [4]}
+    assert [i["name"] for i in completed["input"]] == ["A", "B"]
+    assert completed["max_batch_size"] == 8 and completed["dynamic_batching"] == {}
+    assert completed["model_transaction_policy"] == {"decoupled": True}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c.add_input({"name": "A", "data_type": "TYPE_FP32"}), "missing 'dims'"),
+    (lambda c: c.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [1], "x": 1}),
+     "contains property other than"),
+    (lambda c: (c.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [1]}),
+                c.add_input({"name": "A", "data_type": "TYPE_INT8", "dims": [1]})),
+     "configuration expects datatype TYPE_FP32"),
+    (lambda c: (c.set_max_batch_size(4), c.set_max_batch_size(2)),
+     "configuration specified max_batch_size 4"),
+    (lambda c: (c.set_model_transaction_policy({"decoupled": True}),
+                c.set_model_transaction_policy({"decoupled": False})),
+     "trying to change decoupled property"),
+])
+def test_model_config_refuses_conflicts(change, message):
+    with pytest.raises(ValueError, match=message):
+        change(model_config())
+
+
+@pytest.fixture
+def link_pair():
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pair = Link(left), Link(right)
+    yield pair
+    for link in pair:
+        link.close()
+
+
+def test_wire_carries_tensors_inline_and_in_shared_memory(link_pair):
+    sender, receiver = link_pair
+    small = np.arange(10, dtype=np.int16)
+    large = np.random.default_rng(0).random((SHARED_THRESHOLD // 8 + 3,))
+    text = np.array([[b"x", b"yz"]], dtype=np.object_)
+    tensors = [("S", "INT16", small), ("L", "FP64", large), ("B", "BYTES", text),
+               ("E", "FP32", np.zeros((0, 3), np.float32))]
+    outgoing = Outgoing()
+    descriptors = put_tensors(outgoing, tensors)
+    assert {d[3] for d in descriptors} == {0, 1}  # both inline and shared
+    sender.send({"op": "t", "tensors": descriptors}, outgoing)
+    sender.send({"op": "second"})
+    message = receiver.recv()
+    received = get_tensors(message, message.meta["tensors"])
+    for (name, datatype, array), (got_name, got_type, got) in zip(tensors, received):
+        assert (name, datatype) == (got_name, got_type) and got.shape == array.shape
+        np.testing.assert_array_equal(got, array)
+    assert received[0][2].flags.writeable
+    assert receiver.recv().meta == {"op": "second"}
+
+
+def test_wire_stacks_parts_along_the_batch_dimension(link_pair):
+    sender, receiver = link_pair
+    parts = [np.full((2, 4), i, np.float32) for i in range(3)]
+    outgoing = Outgoing()
+    descriptor = outgoing.tensor("X", "FP32", (6, 4), parts)
+    sender.send({"x": descriptor}, outgoing)
+    message = receiver.recv()
+    np.testing.assert_array_equal(message.array(message.meta["x"]), np.concatenate(parts))
+
+
+def test_wire_replies_and_many_messages_in_flight(link_pair):
+    sender, receiver = link_pair
+    count = 300
+    payload = np.arange(50_000, dtype=np.float32)  # some inline, some shared below
+
+    def send_all():
+        for index in range(count):
+            outgoing = Outgoing()
+            array = payload if index % 3 else np.tile(payload, 2)
+            reply = Reply([("OUT", "FP32", array)], None, '{"i": %d}' % index)
+            sender.send({"i": index, "reply": put_reply(outgoing, reply)}, outgoing)
+
+    thread = threading.Thread(target=send_all)
+    thread.start()
+    for index in range(count):
+        message = receiver.recv()
+        assert message.meta["i"] == index
+        reply = get_reply(message, message.meta["reply"])
+        assert reply.parameters == '{"i": %d}' % index
+        assert reply.outputs[0][2].size == (50_000 if index % 3 else 100_000)
+    thread.join()
+
+
+def test_wire_reports_a_closed_peer(link_pair):
+    sender, receiver = link_pair
+    sender.close()
+    with pytest.raises(EOFError):
+        receiver.recv()
