@@ -59,6 +59,8 @@ class Recorder:
 
 
 class RecordingInstance(ModelInstance):
+    responds_in_execute = True  # a request it leaves unanswered is the scheduler's to fail
+
     def __init__(self, index: int, recorder: Recorder):
         self.index = index
         self.recorder = recorder

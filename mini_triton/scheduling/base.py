@@ -104,9 +104,10 @@ def execute_batch(instance, requests: list, stats: ModelStats, nulls: frozenset 
                   queue_start: Callable[[InferenceRequest], int] | None = None) -> None:
     """Run `requests` on `instance` and account for it as Triton does.
 
-    A backend that raises fails the requests it did not answer; a
-    non-decoupled request left without a final response is failed too, so
-    every request ends with exactly one final response. `nulls` holds the
+    A backend that raises fails the requests it did not answer; where the
+    backend answers within `execute`, a non-decoupled request left without a
+    final response is failed too, so every request ends with exactly one
+    final response. `nulls` holds the
     ids of null requests (a sequence batcher's empty slots): they count in
     the executed batch size but are not requests of anyone.
     """
@@ -125,10 +126,12 @@ def execute_batch(instance, requests: list, stats: ModelStats, nulls: frozenset 
         _fail_unanswered(requests, internal(f"model execution failed: {error}"))
     if timing is None:
         timing = ExecutionTiming.around(start)
-    for request, request_tap in zip(requests, taps):
-        if id(request) in nulls or request.decoupled or request_tap.final_seen:
-            continue
-        fail(request, internal(f"model '{request.model_name}' sent no response for the request"))
+    if _answers_within_execute(instance):
+        for request, request_tap in zip(requests, taps):
+            if id(request) in nulls or request.decoupled or request_tap.final_seen:
+                continue
+            fail(request,
+                 internal(f"model '{request.model_name}' sent no response for the request"))
     stats.record_batch(timing, sum(rows(r) for r in requests))
     for request, request_tap in zip(requests, taps):
         request.timing = timing
@@ -167,6 +170,18 @@ class ResponseStatsStage:
         self.last_ns = now
         self.index += 1
         return response
+
+
+def _answers_within_execute(instance) -> bool:
+    """Whether every non-decoupled request has its final response once `execute`
+    returns: true of tensor backends; a backend whose models may answer later
+    (a Python model's response sender) sees to its requests itself."""
+    declared = getattr(instance, "responds_in_execute", None)
+    if declared is not None:
+        return bool(declared)
+    from ..backends.base import TensorBatchInstance
+
+    return isinstance(instance, TensorBatchInstance)
 
 
 def _fail_unanswered(requests: list, error: TritonError) -> None:
