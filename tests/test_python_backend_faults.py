@@ -100,11 +100,16 @@ def infer(client, model: str, value: int, **kwargs):
     return client.infer(model, [tensor], **kwargs)
 
 
-def state_of(client, model: str) -> dict:
-    for entry in client.get_model_repository_index():
-        if entry["name"] == model:
-            return entry
-    raise AssertionError(f"{model} is not in the repository index")
+def state_of(client, model: str, wait_for: str = "UNAVAILABLE") -> dict:
+    """The model's repository-index entry, once it shows `wait_for` (the index follows a
+    failure a moment after the failed requests)."""
+    deadline = time.monotonic() + 10
+    while True:
+        entries = [e for e in client.get_model_repository_index() if e["name"] == model]
+        assert entries, f"{model} is not in the repository index"
+        if entries[0].get("state") == wait_for or time.monotonic() > deadline:
+            return entries[0]
+        time.sleep(0.02)
 
 
 def assert_others_serve(client) -> None:

@@ -95,8 +95,12 @@ def test_bls_request_checks_its_arguments():
 
 def test_bls_outside_a_server_says_so():
     request = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
-    with pytest.raises(pb_utils.TritonModelException, match="needs a model served"):
-        request.exec()
+    token = utils._HOST.set(utils._NoHost())  # as in a process that serves no model
+    try:
+        with pytest.raises(pb_utils.TritonModelException, match="needs a model served"):
+            request.exec()
+    finally:
+        utils._HOST.reset(token)
 
 
 def test_response_sender_closes_after_the_final_flag():

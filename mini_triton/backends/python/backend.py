@@ -147,4 +147,8 @@ class PythonBackend(Backend):
         return all(instance.is_ready() for instance in self.instances)
 
     def unload(self) -> None:
+        for instance in self.instances:
+            abandon = getattr(instance, "abandon", None)
+            if abandon is not None and not instance.stopping:
+                abandon()  # stuck in execute past the unload timeout
         self.bridge.release()

@@ -34,8 +34,11 @@ class Outstanding:
 
     def deliver(self, requests: list, reply: Reply | None, final: bool) -> None:
         """Send a model response (None: only the final flag) to the request(s) it answers."""
-        replies = [reply] * len(requests) if reply is None or len(requests) == 1 \
-            else split_reply(requests, reply)
+        try:
+            replies = [reply] * len(requests) if reply is None or len(requests) == 1 \
+                else split_reply(requests, reply)
+        except TritonError as error:  # outputs that do not split into the requests' rows
+            replies = [Reply([], (error.code.name, error.message))] * len(requests)
         for request, part in zip(requests, replies):
             self._respond(request, core_response(request, part, final))
 

@@ -247,6 +247,13 @@ class ProcessInstance(ModelInstance):
         batch = self.batches.pop(meta["batch"], None)
         if batch is None:
             return
+        try:
+            self._answer_batch(message, batch)
+        finally:
+            batch.done.set()
+
+    def _answer_batch(self, message, batch: _Batch) -> None:
+        meta = message.meta
         error, replies, still_open = meta["error"], meta["replies"], set(meta["open"])
         for index, group in enumerate(batch.groups):
             key = (batch.id, index)
@@ -261,7 +268,6 @@ class ProcessInstance(ModelInstance):
                     f"Python model '{self.name}' returned no response for request "
                     f"'{group[0].id}'"))
             self.targets.pop(key, None)
-        batch.done.set()
 
     def _infer(self, message) -> None:
         meta = message.meta
@@ -356,6 +362,13 @@ class ProcessInstance(ModelInstance):
             return bool(self._call({"op": "is_ready"}, READY_TIMEOUT_S).get("value"))
         except (TritonError, concurrent.futures.TimeoutError):
             return False
+
+    def abandon(self) -> None:
+        """Stop the worker now (its model is unloading and `finalize` never came)."""
+        self.stopping = True
+        if self.process.poll() is None:
+            self.process.kill()
+        self._close()
 
     def finalize(self) -> None:
         self.outstanding.wait_idle(self.settings.drain_s)

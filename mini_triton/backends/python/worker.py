@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -228,6 +229,8 @@ def _exit(code: int) -> None:
 
 def main(argv: list[str]) -> None:
     label = argv[2] if len(argv) > 2 else "model"
+    for number in (signal.SIGINT, signal.SIGTERM):  # the server decides when we stop
+        signal.signal(number, signal.SIG_IGN)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s [{label}] %(message)s")
