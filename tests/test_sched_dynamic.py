@@ -192,3 +192,27 @@ def test_stop_drains_queued_requests_then_finalizes_instances(recorder, start):
     assert sorted(recorder.finalized) == [0, 1]
     with pytest.raises(TritonError, match="stopped accepting"):
         scheduler.submit(make_request("late"))
+
+
+def test_decoupled_responses_are_counted_per_response_index(recorder, start):
+    from mini_triton.core.request import InferenceResponse
+
+    class Streaming(type(recorder.instances(1)[0])):
+        def execute(self, requests):
+            for request in requests:
+                for _ in range(2):
+                    request.respond(InferenceResponse("m", "1", request.id, final=False))
+                request.respond(InferenceResponse("m", "1", request.id, final=True, empty=True))
+            return super().execute([])
+
+    stats = ModelStats("m", "1")
+    scheduler = DynamicScheduler(parse_config(BASE), [Streaming(0, recorder)], stats)
+    request = make_request("a", decoupled=True)
+    scheduler.submit(request)
+    assert request.stream.final().empty
+    scheduler.stop(5)
+    kinds = {key: {kind: d.count for kind, d in per.items()}
+             for key, per in stats.response_stats.items()}
+    assert kinds["0"]["success"] == 1 and kinds["1"]["success"] == 1
+    assert kinds["2"]["empty_response"] == 1 and "success" not in kinds["2"]
+    assert all(per["compute_infer"] == 1 for per in kinds.values())

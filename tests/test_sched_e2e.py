@@ -40,16 +40,42 @@ ensemble_scheduling { step [ { model_name: "batch_of_four" model_version: -1
   input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
 """
 
+# An ensemble over the sequence model: the ensemble request's sequence id and
+# flags must reach the step for the running sum to come out right.
+SEQUENCE_ENSEMBLE = """
+name: "ensemble_sequence"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "VALUE", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "SUM", data_type: TYPE_INT32, dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "sequence_accumulate" model_version: -1
+  input_map { key: "INPUT0" value: "VALUE" } output_map { key: "OUTPUT0" value: "SUM" } } ] }
+"""
+# An ensemble Triton refuses to load, for its message.
+BAD_ENSEMBLE = """
+name: "ensemble_with_instances"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]
+instance_group [ { count: 2 } ]
+ensemble_scheduling { step [ { model_name: "identity_fp32" model_version: -1
+  input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
+"""
+EXTRA_MODELS = {"batch_of_four": GATE_MODEL, "ensemble_of_four": GATE_ENSEMBLE,
+                "ensemble_sequence": SEQUENCE_ENSEMBLE, "ensemble_with_instances": BAD_ENSEMBLE}
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repository = tmp_path_factory.mktemp("sched_repository")
     for name in BUNDLED:
         shutil.copytree(DEFAULT_REPOSITORY / name, repository / name)
-    for name, text in (("batch_of_four", GATE_MODEL), ("ensemble_of_four", GATE_ENSEMBLE)):
+    for name, text in EXTRA_MODELS.items():
         (repository / name / "1").mkdir(parents=True)
         (repository / name / "config.pbtxt").write_text(text)
-    with ServerThread(server_settings(repository)) as running:
+    with ServerThread(server_settings(repository, exit_on_error=False,
+                                      strict_readiness=False)) as running:
         yield running
 
 
@@ -177,6 +203,26 @@ def test_concurrent_ensemble_requests_are_batched_by_the_step_model(server):
     model = stats["model_stats"][0]
     assert model["execution_count"] == 1
     assert [b["batch_size"] for b in model["batch_stats"]] == [4]
+
+
+def test_ensemble_passes_sequence_id_and_flags_to_its_steps(client):
+    sums = []
+    for index, value in enumerate((2, 5, 9)):
+        tensor = client.module.InferInput("VALUE", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+        result = client.client.infer("ensemble_sequence", [tensor], sequence_id=5150,
+                                     sequence_start=index == 0, sequence_end=index == 2)
+        sums.append(int(result.as_numpy("SUM")[0, 0]))
+    assert sums == [2, 7, 16]
+
+
+def test_invalid_ensemble_fails_to_load_with_triton_message(server):
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{server.ports['http']}")
+    entry = next(e for e in client.get_model_repository_index()
+                 if e["name"] == "ensemble_with_instances")
+    assert entry["state"] == "UNAVAILABLE"
+    assert "instance group should not be specified for ensemble 'ensemble_with_instances'" \
+        in entry["reason"]
 
 
 # --- statistics ---
