@@ -166,6 +166,7 @@ class DynamicScheduler:
         self.orderer = ResponseOrderer() if dyn is not None and dyn.preserve_ordering else None
         self.condition = threading.Condition()
         self.executing = 0  # requests handed to an instance and not yet returned
+        self.idle = 0  # instances waiting for work
         self.stopping = False
         self.instances = instances
         self.workers = [
@@ -215,9 +216,11 @@ class DynamicScheduler:
             worker.join(max(0.1, deadline - time.monotonic()))
 
     def _work(self, instance) -> None:
+        returning = False
         try:
             while True:
-                batch = self._next_batch()
+                batch = self._next_batch(returning)
+                returning = True
                 if batch is None:
                     return
                 try:
@@ -229,8 +232,13 @@ class DynamicScheduler:
         finally:
             instance.finalize()
 
-    def _next_batch(self) -> list | None:
+    def _next_batch(self, returning: bool) -> list | None:
+        """The next batch for an instance. An instance back from an execution leaves
+        waiting work to an idle one first, so load spreads over the instances."""
         with self.condition:
+            if returning and self.idle and len(self.former):
+                self.condition.notify()
+                self._wait(None)
             while True:
                 taken = self.former.take(time.monotonic_ns())
                 if taken.dropped:
@@ -242,11 +250,20 @@ class DynamicScheduler:
                     if self.orderer is not None:
                         for request in taken.batch:
                             self.orderer.enroll(request)
+                    if self.idle and len(self.former):
+                        self.condition.notify()  # more waiting: wake another instance
                     return taken.batch
                 if self.stopping and not len(self.former):
                     self.condition.notify_all()
                     return None
-                self.condition.wait(None if taken.wait_ns is None else taken.wait_ns / 1e9)
+                self._wait(None if taken.wait_ns is None else taken.wait_ns / 1e9)
+
+    def _wait(self, timeout: float | None) -> None:
+        self.idle += 1
+        try:
+            self.condition.wait(timeout)
+        finally:
+            self.idle -= 1
 
 
 def fail_dropped(requests: list) -> None:
