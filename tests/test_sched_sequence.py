@@ -312,3 +312,42 @@ def test_oldest_cuts_at_preferred_batch_size(recorder, start):
     # A slot is free again once its END request is issued, so 2 and 4 share slots with
     # 1 and 3 and join only after them; each batch is cut at the preferred size.
     assert recorder.batch_ids() == [["1", "3"], ["2", "4"]]
+
+
+# --- implicit state on the identity backend ---
+
+
+def test_identity_keeps_implicit_state_per_sequence_from_its_initial_state(tmp_path):
+    from mini_triton.backends.base import ModelContext
+    from mini_triton.backends.identity import IdentityBackend
+
+    (tmp_path / "initial_state").mkdir()
+    np.array([100], dtype=np.int32).tofile(tmp_path / "initial_state" / "start.bin")
+    config = parse_config('''
+        name: "acc" max_batch_size: 2
+        input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        sequence_batching {
+          state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_INT32 dims: [ 1 ]
+                    initial_state { name: "s" data_type: TYPE_INT32 dims: [ 1 ]
+                                    data_file: "start.bin" } } ] }
+        parameters { key: "state_update" value: { string_value: "accumulate" } }''')
+    backend = IdentityBackend(ModelContext("acc", 1, config, tmp_path, tmp_path.parent))
+    scheduler = SequenceScheduler(config, [backend.create_instance(0, "CPU", 0)],
+                                  ModelStats("acc", "1"), reaper=False)
+    try:
+        sums = {}
+        for index in range(3):
+            for corr in (1, 2):
+                request = step(f"{corr}-{index}", corr, start=index == 0, end=index == 2)
+                request.inputs[0].datatype = "INT32"
+                request.inputs[0].data = np.array([[corr * (index + 1)]], dtype=np.int32)
+                request.inputs[0].shape = (1, 1)
+                scheduler.submit(request)
+                response = request.stream.final()
+                assert response.error is None
+                sums.setdefault(corr, []).append(int(response.outputs[0].data[0, 0]))
+        assert sums == {1: [101, 103, 106], 2: [102, 106, 112]}
+        assert backend.states.values == {}  # both sequences ended: their state is gone
+    finally:
+        scheduler.stop(5)

@@ -96,7 +96,8 @@ class SequenceStates:
             results = [self._next(values, request, index, inputs, requests)
                        for index, (values, request) in enumerate(zip(current, requests))]
             for request, values in zip(requests, results):
-                if request.flags & SEQUENCE_END:
+                if request.flags & SEQUENCE_END or request.correlation_id in (0, ""):
+                    # The sequence ended, or a null request (an empty batch slot) ran.
                     self.values.pop(request.correlation_id, None)
                 else:
                     self.values[request.correlation_id] = values
