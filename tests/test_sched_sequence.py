@@ -278,6 +278,20 @@ def test_stats_count_null_requests_in_the_batch_only(recorder, start):
     assert sorted(stats.batch_stats) == [1, 2]
 
 
+def test_stop_fails_what_can_no_longer_run_and_refuses_more(recorder, start):
+    scheduler, stats = start(model(max_batch_size=1))
+    first = step("a1", 1, start=True)
+    scheduler.submit(first)
+    error_of(first)
+    waiting = step("b1", 2, start=True)
+    scheduler.submit(waiting)  # backlogged behind sequence 1, which never ends
+    scheduler.stop(0.2)
+    error = error_of(waiting)
+    assert error.code is Code.UNAVAILABLE and "stopped accepting" in error.message
+    with pytest.raises(TritonError, match="stopped accepting"):
+        scheduler.submit(step("a2", 1))
+    assert stats.pending == 0
+
 # --- oldest ---
 
 

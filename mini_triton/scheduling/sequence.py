@@ -87,7 +87,8 @@ class SequenceScheduler:
             slot_count = sequence.oldest.max_candidate_sequences
         self.lock = threading.RLock()
         self.reaper_wake = threading.Condition(self.lock)
-        self.stopping = False
+        self.stopping = False  # no new sequences
+        self.closed = False  # no requests at all; the batchers finish
         self.slot_of: dict = {}  # correlation id -> (batcher index, slot)
         self.backlog: collections.deque[Backlog] = collections.deque()
         self.backlog_of: dict = {}  # correlation id -> Backlog still collecting
@@ -124,7 +125,7 @@ class SequenceScheduler:
         start = bool(request.flags & SEQUENCE_START)
         end = bool(request.flags & SEQUENCE_END)
         with self.lock:
-            if self.stopping and start:
+            if self.closed or (self.stopping and start):
                 raise unavailable(STOPPING_MESSAGE)
             target = self.slot_of.get(corr)
             backlog = self.backlog_of.get(corr)
@@ -189,6 +190,7 @@ class SequenceScheduler:
             while self.inflight() and time.monotonic() < deadline:
                 self.reaper_wake.wait(max(0.0, min(0.05, deadline - time.monotonic())))
             left = self._abandon()
+            self.closed = True
             for batcher in self.batchers:
                 batcher.wake.notify_all()
         for request in left:
@@ -287,7 +289,7 @@ class SequenceScheduler:
         while True:
             wait = self.reap(time.monotonic_ns())
             with self.lock:
-                if self.stopping and not self.inflight():
+                if self.closed:
                     return
                 self.reaper_wake.wait(min(wait / 1e9, 0.05 if self.stopping else wait / 1e9))
 
@@ -377,7 +379,7 @@ class DirectBatcher(_SlotBatcher):
             formed, wait_ns = self.form(time.monotonic_ns())
             if formed is not None:
                 return formed
-            if self.owner.stopping and not self.queued():
+            if self.owner.closed:
                 self.owner.reaper_wake.notify_all()
                 return None
             self.wake.wait(None if wait_ns is None else wait_ns / 1e9)
@@ -521,7 +523,7 @@ class OldestBatcher(_SlotBatcher):
                     for request in taken.batch:
                         self.orderer.enroll(request)
                 return taken.batch, frozenset()
-            if self.owner.stopping and not self.queued() and not len(self.former):
+            if self.owner.closed:
                 self.owner.reaper_wake.notify_all()
                 return None
             self.wake.wait(None if taken.wait_ns is None else taken.wait_ns / 1e9)
