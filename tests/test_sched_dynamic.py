@@ -216,3 +216,17 @@ def test_decoupled_responses_are_counted_per_response_index(recorder, start):
     assert kinds["0"]["success"] == 1 and kinds["1"]["success"] == 1
     assert kinds["2"]["empty_response"] == 1 and "success" not in kinds["2"]
     assert all(per["compute_infer"] == 1 for per in kinds.values())
+
+
+def test_stop_fails_requests_still_queued_when_its_time_is_up(recorder, start):
+    scheduler, stats = start("dynamic_batching { }")
+    gate = recorder.gate("a")
+    scheduler.submit(make_request("a"))
+    recorder.wait_for(lambda: recorder.executing == 1)
+    queued = make_request("b")
+    scheduler.submit(queued)
+    scheduler.stop(0.1)  # "a" is still held: "b" cannot run in time
+    error = error_of(queued)
+    assert error.code is Code.UNAVAILABLE and "stopped accepting" in error.message
+    assert stats.pending == 0
+    gate.set()

@@ -211,7 +211,12 @@ class DynamicScheduler:
             self.condition.notify_all()
             while (len(self.former) or self.executing) and time.monotonic() < deadline:
                 self.condition.wait(max(0.0, min(0.05, deadline - time.monotonic())))
+            left = [entry.request for entry in self.former.queues.entries()]
+            self.former.queues.remove(self.former.queues.entries())
+            self.stats.adjust_pending(-len(left))
             self.condition.notify_all()
+        for request in left:  # the time to drain is over: these will not run
+            fail(request, unavailable(STOPPING_MESSAGE))
         for worker in self.workers:
             worker.join(max(0.1, deadline - time.monotonic()))
 
