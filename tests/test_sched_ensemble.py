@@ -403,3 +403,24 @@ def test_reloaded_step_is_checked_again():
             scheduler.submit(ensemble_request())
 
     run(scenario())
+
+
+def test_cancelled_ensemble_request_ends_cancelled_and_cancels_its_steps():
+    async def scenario():
+        server = StandInServer(DIAMOND_MODELS)
+        cancelled = []
+        for stand_in in server.models.values():
+            stand_in.scheduler.cancel = cancelled.append
+        scheduler = scheduler_for(server, ensemble(DIAMOND))
+        request = ensemble_request()
+        scheduler.submit(request)
+        (a,) = await server.started("a")
+        scheduler.cancel(request)
+        response = await request.stream.final()
+        assert response.error.code is Code.CANCELLED
+        assert cancelled == [a] and a.cancelled
+        server.complete(a)
+        await settle(lambda: scheduler.inflight() == 0)
+        assert not server.pending("b")  # nothing runs after the cancellation
+
+    run(scenario())

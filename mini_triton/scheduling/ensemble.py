@@ -83,8 +83,8 @@ class EnsembleScheduler:
         request.cancelled = True
         with self.lock:
             runs = [run for run in self.runs if run.request is request]
-        for run in runs:
-            run.cancel()
+        for run in runs:  # a run lives on the event loop: cancel it there
+            self.service.loop.call_soon_threadsafe(run.cancel)
 
     def stop(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
