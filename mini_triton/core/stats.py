@@ -164,7 +164,8 @@ class ModelStats:
                 self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
 
     def record_response(self, key: str, kind: str, ns: int) -> None:
-        """Decoupled response accounting: kind is compute_infer/compute_output/success/fail/empty_response."""
+        """One response of a decoupled request, by its index: kind is compute_infer,
+        compute_output, success, fail or empty_response."""
         with self.lock:
             per_key = self.response_stats.setdefault(key, {})
             per_key.setdefault(kind, Duration()).add(ns)
