@@ -56,7 +56,7 @@ class TritonPythonModel:
 
 SEGFAULT = "ctypes.string_at(0)"
 EXIT = "os._exit(3)"
-HANG = {"process": "time.sleep(3600)", "thread": "time.sleep(4)"}
+HANG = {"process": "time.sleep(3600)", "thread": "time.sleep(2)"}
 
 # name → (modes, config body, source)
 FAULT_MODELS = {

@@ -12,10 +12,12 @@ UNAVAILABLE; the rest of the server keeps serving.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import itertools
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -99,6 +101,38 @@ def _exit_description(process: subprocess.Popen) -> str:
     return f"exited with status {code}"
 
 
+def _serving_loop(service) -> asyncio.AbstractEventLoop | None:
+    loop = getattr(service, "loop", None)
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return None
+    return loop
+
+
+def _in_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, function, *args) -> None:
+    """Call `function` on the loop's thread and wait for it (the loop's selector is not
+    thread-safe)."""
+    if _in_loop_thread(loop):
+        function(*args)
+        return
+    done = concurrent.futures.Future()
+
+    def call() -> None:
+        try:
+            done.set_result(function(*args))
+        except BaseException as error:
+            done.set_exception(error)
+
+    loop.call_soon_threadsafe(call)
+    done.result(10)
+
+
 class _Batch:
     __slots__ = ("id", "groups", "done")
 
@@ -128,9 +162,9 @@ class ProcessInstance(ModelInstance):
         self.serving = False  # initialized: a death from now on takes the model down
         self.has_is_ready = False
         self.process, self.link = spawn(instance_name)
-        self.reader = threading.Thread(target=self._read, daemon=True,
-                                       name=f"{instance_name}-reader")
-        self.reader.start()
+        self.loop = _serving_loop(backend.bridge.service)
+        self.reader: threading.Thread | None = None
+        self._start_reading()
         self._initialize(backend, args)
 
     def _initialize(self, backend, args: dict) -> None:
@@ -196,7 +230,17 @@ class ProcessInstance(ModelInstance):
         self._die(reason)
         self.process.kill()
 
-    # --- the reader thread ---
+    # --- reading what the worker sends ---
+    # On the server's event loop (`add_reader`), so responses reach their streams without
+    # a thread hop; in a thread of its own where no loop serves (a backend used alone).
+
+    def _start_reading(self) -> None:
+        if self.loop is None:
+            self.reader = threading.Thread(target=self._read, daemon=True,
+                                           name=f"{self.name}-reader")
+            self.reader.start()
+        else:
+            _on_loop(self.loop, self.loop.add_reader, self.link.sock.fileno(), self._readable)
 
     def _read(self) -> None:
         while True:
@@ -204,11 +248,40 @@ class ProcessInstance(ModelInstance):
                 message = self.link.recv()
             except (EOFError, OSError):
                 break
-            try:
-                self._dispatch(message)
-            except Exception:  # a bad message must not stop the reader
-                log.exception("instance '%s': cannot handle a message from its worker",
-                              self.name)
+            self._handle(message)
+        self._gone()
+
+    def _readable(self) -> None:
+        """The loop's reader callback: handle every message that has arrived."""
+        try:
+            messages = self.link.poll()
+        except (EOFError, OSError):
+            messages = None
+        for message in messages or ():
+            self._handle(message)
+        if messages is None:
+            self._stop_reading()
+            threading.Thread(target=self._gone, daemon=True).start()  # it waits for the exit
+
+    def _stop_reading(self) -> None:
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            if loop.is_running():
+                _on_loop(loop, loop.remove_reader, self.link.sock.fileno())
+            else:
+                loop.remove_reader(self.link.sock.fileno())  # no one else uses the selector
+        except (OSError, ValueError, RuntimeError):
+            pass  # the socket or the loop is already closed
+
+    def _handle(self, message) -> None:
+        try:
+            self._dispatch(message)
+        except Exception:  # a bad message must not stop the reading
+            log.exception("instance '%s': cannot handle a message from its worker", self.name)
+
+    def _gone(self) -> None:
         if not self.stopping:
             self._die(f"model '{self.model}' instance '{self.name}': its worker process (pid "
                       f"{self.process.pid}) {_exit_description(self.process)}; the model is "
@@ -324,11 +397,22 @@ class ProcessInstance(ModelInstance):
             self.calls[call_id] = future
         try:
             self.link.send({**meta, "call": call_id})
+            if self.loop is not None and _in_loop_thread(self.loop):
+                self._read_until(future, timeout)  # the loop cannot read for us: it is us
             return future.result(timeout)
         except OSError:
             raise unavailable(self.dead or f"the worker of '{self.name}' is gone") from None
         finally:
             self.calls.pop(call_id, None)
+
+    def _read_until(self, future: concurrent.futures.Future, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not future.done():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            if select.select([self.link.sock], [], [], left)[0]:
+                self._readable()
 
     # --- failure and shutdown ---
 
@@ -356,8 +440,8 @@ class ProcessInstance(ModelInstance):
     def is_ready(self) -> bool:
         if self.dead:
             return False
-        if not self.has_is_ready:
-            return True
+        if not self.has_is_ready or self.batches:
+            return True  # a worker busy executing is alive; it answers when idle
         try:
             return bool(self._call({"op": "is_ready"}, READY_TIMEOUT_S).get("value"))
         except (TritonError, concurrent.futures.TimeoutError):
@@ -385,5 +469,7 @@ class ProcessInstance(ModelInstance):
 
     def _close(self) -> None:
         self.stopping = True
+        self._stop_reading()
         stop_process(self.process, self.link)
-        self.reader.join(5)
+        if self.reader is not None:
+            self.reader.join(5)

@@ -160,14 +160,43 @@ class Link:
     # --- receiving ---
 
     def recv(self) -> Incoming:
-        """The next message; EOFError when the other end is gone."""
-        meta_size, fd_count, size = _HEADER.unpack(self._take(_HEADER.size))
-        meta = pickle.loads(self._take(meta_size))
-        inline = self._take_into(size) if size else b""
+        """The next message, waiting for it; EOFError when the other end is gone."""
+        while True:
+            message = self._parse()
+            if message is not None:
+                return message
+            self._fill(blocking=True)
+
+    def poll(self) -> list[Incoming]:
+        """The messages that arrived, without waiting (for an event loop's reader callback);
+        EOFError when the other end is gone."""
+        messages = []
+        while True:
+            message = self._parse()
+            if message is not None:
+                messages.append(message)
+            elif not self._fill(blocking=False):
+                return messages
+
+    def _parse(self) -> Incoming | None:
+        """The first complete message in the buffer, if there is one."""
+        available = len(self._buffer) - self._position
+        if available < _HEADER.size:
+            return None
+        meta_size, fd_count, size = _HEADER.unpack_from(self._buffer, self._position)
+        start = self._position + _HEADER.size
+        end = start + meta_size + size
+        if end > len(self._buffer) or len(self._fds) < fd_count:
+            return None
+        view = memoryview(self._buffer)
+        try:
+            meta = pickle.loads(view[start:start + meta_size])
+            inline = bytearray(view[start + meta_size:end]) if size else b""
+        finally:
+            view.release()
+        self._position = end
         shared = None
         for _ in range(fd_count):
-            while not self._fds:
-                self._fill()
             fd = self._fds.popleft()
             try:
                 shared = mmap.mmap(fd, 0)
@@ -175,40 +204,24 @@ class Link:
                 os.close(fd)
         return Incoming(meta, inline, shared)
 
-    def _available(self) -> int:
-        return len(self._buffer) - self._position
-
-    def _take(self, size: int) -> bytes:
-        while self._available() < size:
-            self._fill()
-        start = self._position
-        self._position += size
-        return bytes(self._buffer[start:self._position])
-
-    def _take_into(self, size: int) -> bytearray:
-        """`size` bytes in a buffer of their own (tensors view it after we return)."""
-        target = bytearray(size)
-        view = memoryview(target)
-        have = min(self._available(), size)
-        view[:have] = self._buffer[self._position:self._position + have]
-        self._position += have
-        while have < size:
-            have += self._receive(view[have:])
-        return target
-
-    def _fill(self) -> None:
-        if self._position and self._position == len(self._buffer):
+    def _fill(self, blocking: bool) -> bool:
+        """Read what the socket has (waiting for it when `blocking`); False if nothing."""
+        if self._position == len(self._buffer):
             self._buffer.clear()
             self._position = 0
         elif self._position > _SCRATCH:
             del self._buffer[:self._position]
             self._position = 0
         view = memoryview(self._scratch)
-        count = self._receive(view)
+        try:
+            count = self._receive(view, 0 if blocking else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
         self._buffer += view[:count]
+        return True
 
-    def _receive(self, view: memoryview) -> int:
-        count, ancillary, flags, _ = self.sock.recvmsg_into([view], _ANCILLARY)
+    def _receive(self, view: memoryview, flags: int) -> int:
+        count, ancillary, flags, _ = self.sock.recvmsg_into([view], _ANCILLARY, flags)
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds = array.array("i")

@@ -1,18 +1,20 @@
 """A model's worker process: `python -m mini_triton.backends.python.worker FD LABEL`.
 
 FD is this end of the socket pair to the server. The main thread runs the
-model (init, execute, finalize, one at a time, as Triton's stub does); a
-reader thread takes what the server sends, so BLS answers and replies reach
-model code that waits for them. When the server goes away, so does the worker.
+model (init, execute, finalize, one at a time, as Triton's stub does). There
+is no reader thread: whichever thread waits for something from the server
+(the idle main thread for its next command, model code for a BLS answer)
+reads the socket while no other thread does, and hands on what is not its own
+(leader/followers). So a command reaches the model without a thread hop. When
+the server goes away, so does the worker.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import collections
 import itertools
 import logging
 import os
-import queue
 import signal
 import socket
 import sys
@@ -49,25 +51,92 @@ class RemoteHandle:
         return bool(self.worker.request("is_cancelled", self.batch, self.index))
 
 
+class Responses(pb._ResponseQueue):
+    """A BLS call's responses, read by the waiting thread itself when no one else reads."""
+
+    def __init__(self, worker: "Worker"):
+        self.worker = worker
+        self.items: collections.deque = collections.deque()
+
+    def put(self, response, final: bool) -> None:
+        self.items.append((response, final))
+
+    def next(self):
+        return self.worker.wait_for(lambda: self.items.popleft() if self.items else None)
+
+
 class Worker:
     """The host of the model API inside the worker process."""
 
     def __init__(self, link: Link):
         self.link = link
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.calls: dict = {}  # call id → Future (a reply) or _ResponseQueue (a BLS call)
+        self.condition = threading.Condition()
+        self.reading = False  # a thread is reading the socket
+        self.commands: collections.deque = collections.deque()  # for the main thread
+        self.calls: dict = {}  # call id → Responses (a BLS call) or None (awaiting a reply)
+        self.replies: dict = {}  # call id → the server's reply
         self.ids = itertools.count(1)
         self.runner: ModelRunner | None = None
         self._model_dir = ""
+
+    # --- waiting, and reading while waiting ---
+
+    def wait_for(self, ready):
+        """Wait until `ready()` returns something other than None; read the socket
+        meanwhile if no other thread does."""
+        with self.condition:
+            while True:
+                value = ready()
+                if value is not None:
+                    return value
+                if not self.reading:
+                    self.reading = True
+                    break
+                self.condition.wait()
+        try:
+            while True:
+                try:
+                    message = self.link.recv()
+                except (EOFError, OSError):
+                    _exit(0)  # the server closed the link or is gone
+                with self.condition:
+                    self._route(message)
+                    value = ready()
+                    if value is not None:
+                        return value
+        finally:
+            with self.condition:
+                self.reading = False
+                self.condition.notify_all()
+
+    def _route(self, message) -> None:
+        """Give a message to whoever waits for it (called holding the condition)."""
+        meta = message.meta
+        op = meta["op"]
+        if op == "bls_response":
+            responses = self.calls.get(meta["call"])
+            if responses is not None:
+                if meta["final"]:
+                    self.calls.pop(meta["call"], None)
+                responses.put(convert.model_response(get_reply(message, meta["reply"])),
+                              meta["final"])
+        elif op == "reply":
+            if meta["call"] in self.calls:
+                self.calls.pop(meta["call"])
+                self.replies[meta["call"]] = meta
+        elif op == "is_ready":
+            threading.Thread(target=self._is_ready, args=(meta["call"],), daemon=True).start()
+        else:
+            self.commands.append(message)
+        self.condition.notify_all()
 
     # --- the main thread ---
 
     def run(self) -> None:
         install_module_alias()
         pb._use_host(self, default=True)
-        threading.Thread(target=self._read, daemon=True, name="server-reader").start()
         while True:
-            message = self.inbox.get()
+            message = self.wait_for(lambda: self.commands.popleft() if self.commands else None)
             op = message.meta["op"]
             if op == "execute":
                 self._execute(message)
@@ -133,36 +202,6 @@ class Worker:
             self.runner.finalize()
         self.link.send({"op": "reply", "call": meta["call"], "error": None})
 
-    # --- the reader thread ---
-
-    def _read(self) -> None:
-        while True:
-            try:
-                message = self.link.recv()
-            except (EOFError, OSError):
-                _exit(0)  # the server closed the link or is gone
-            op = message.meta["op"]
-            if op == "bls_response":
-                self._bls_response(message)
-            elif op == "reply":
-                future = self.calls.pop(message.meta["call"], None)
-                if future is not None:
-                    future.set_result(message.meta)
-            elif op == "is_ready":
-                threading.Thread(target=self._is_ready, args=(message.meta["call"],),
-                                 daemon=True).start()
-            else:
-                self.inbox.put(message)
-
-    def _bls_response(self, message) -> None:
-        meta = message.meta
-        responses = self.calls.get(meta["call"])
-        if responses is None:
-            return
-        if meta["final"]:
-            self.calls.pop(meta["call"], None)
-        responses.put(convert.model_response(get_reply(message, meta["reply"])), meta["final"])
-
     def _is_ready(self, call_id: int) -> None:
         ready = self.runner.is_ready() if self.runner is not None else False
         self.link.send({"op": "reply", "call": call_id, "value": ready is not False,
@@ -171,10 +210,11 @@ class Worker:
     # --- the host interface of the model API ---
 
     def infer(self, request: pb.InferenceRequest, decoupled: bool) -> pb._ResponseQueue:
-        responses = pb._ResponseQueue()
+        responses = Responses(self)
         call = convert.bls_call(request)
         call_id = next(self.ids)
-        self.calls[call_id] = responses
+        with self.condition:
+            self.calls[call_id] = responses
         outgoing = Outgoing()
         encoded = tuple(call._replace(inputs=put_tensors(outgoing, call.inputs)))
         self.link.send({"op": "infer", "call": call_id, "request": encoded,
@@ -183,11 +223,11 @@ class Worker:
 
     def request(self, method: str, *args):
         """Ask the server and wait for its answer."""
-        future: concurrent.futures.Future = concurrent.futures.Future()
         call_id = next(self.ids)
-        self.calls[call_id] = future
+        with self.condition:
+            self.calls[call_id] = None
         self.link.send({"op": "call", "call": call_id, "method": method, "args": list(args)})
-        reply = future.result()
+        reply = self.wait_for(lambda: self.replies.pop(call_id, None))
         if reply.get("error"):
             raise pb.TritonModelException(reply["error"])
         return reply.get("value")
