@@ -802,3 +802,76 @@ def test_model_is_ready_asks_the_model(client, served):
     finally:
         flag.unlink()
     assert client.client.is_model_ready("readiness")
+
+
+CONTROLLER = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            action = pb_utils.get_input_tensor_by_name(request, "ACTION").as_numpy()[0].decode()
+            error = None
+            try:
+                if action == "unload":
+                    pb_utils.unload_model("target")
+                elif action == "load":
+                    pb_utils.load_model("target")
+                elif action == "load_missing":
+                    pb_utils.load_model("no_such_model")
+            except pb_utils.TritonModelException as failure:
+                error = pb_utils.TritonError(str(failure))
+            ready = pb_utils.is_model_ready("target")
+            responses.append(pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("READY", np.array([ready], np.bool_))],
+                error=error))
+        return responses
+'''
+
+TARGET = '''
+import os
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.marker = os.path.join(args["model_repository"], "finalized")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.get_input_tensor_by_name(r, "IN")]) for r in requests]
+
+    def finalize(self):
+        with open(self.marker, "w") as marker:
+            marker.write("yes")
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_model_control_from_a_model_and_finalize(tmp_path, mode):
+    write_model(tmp_path, "controller", _io([("ACTION", "TYPE_STRING", [1])],
+                                            [("READY", "TYPE_BOOL", [1])]), CONTROLLER, mode)
+    write_model(tmp_path, "target", _io(INT_IN, INT_IN), TARGET, mode)
+    settings = server_settings(tmp_path, model_control_mode="explicit",
+                               load_models=["controller", "target"])
+    with ServerThread(settings) as server:
+        server.mode = mode
+        client = Client("http", server)
+
+        def act(action: str) -> bool:
+            result = client.infer("controller", {"ACTION": (np.array([action.encode()],
+                                                                      np.object_), "BYTES")})
+            return bool(result.as_numpy("READY")[0])
+
+        assert act("check") is True
+        assert act("unload") is False
+        assert (tmp_path / "target" / "finalized").read_text() == "yes"
+        assert act("load") is True
+        assert client.infer("target", {"IN": (np.array([3], np.int32), "INT32")}) \
+            .as_numpy("IN")[0] == 3
+        with pytest.raises(InferenceServerException, match="no_such_model"):
+            act("load_missing")
+        client.client.close()
