@@ -110,7 +110,7 @@ class PythonBackend(Backend):
         self.model_file = model_file_of(self.config, context.version_dir)
         if not self.model_file.exists():
             raise unavailable(f"Python model file not found in '{self.model_file}'")
-        self.bridge = ServerBridge(context)
+        self.bridge = ServerBridge(context, self)
         self.instances: list[ModelInstance] = []
         self._config_json = json.dumps(config_to_json(self.config, including_defaults=True))
 

@@ -21,8 +21,9 @@ Deliver = Callable[[Reply, bool], None]  # (response, final), called on the even
 
 
 class ServerBridge:
-    def __init__(self, context):
+    def __init__(self, context, backend=None):
         self.context = context
+        self.backend = backend
         self.service = context.server
         self.metrics = registry_for(self.service) if self.service is not None else None
         self._unavailable = False
@@ -110,9 +111,16 @@ class ServerBridge:
         if manager is None or not hasattr(manager, "mark_unavailable"):
             log.error("%s", reason)
             return
-        threading.Thread(target=manager.mark_unavailable,
-                         args=(self.context.name, self.context.version, reason),
-                         daemon=True, name=f"{self.context.name}-unavailable").start()
+        threading.Thread(target=self._take_down, args=(manager, reason), daemon=True,
+                         name=f"{self.context.name}-unavailable").start()
+
+    def _take_down(self, manager, reason: str) -> None:
+        name, version = self.context.name, self.context.version
+        record = manager.records.get(name)
+        loaded = record.versions.get(version) if record is not None else None
+        if loaded is None or (self.backend is not None and loaded.backend is not self.backend):
+            return  # this version no longer serves (it was reloaded or unloaded meanwhile)
+        manager.mark_unavailable(name, version, reason)
 
     def release(self) -> None:
         if self.metrics is not None:
