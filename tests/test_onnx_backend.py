@@ -131,7 +131,7 @@ def good_repository(tmp_path_factory) -> Path:
     write_model(repository, "batched", add_sub(), config="""
         platform: "onnxruntime_onnx"
         max_batch_size: 8
-        dynamic_batching { max_queue_delay_microseconds: 2000000 preferred_batch_size: [ 4 ] }
+        dynamic_batching { max_queue_delay_microseconds: 10000000 preferred_batch_size: [ 4 ] }
         parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
         parameters { key: "inter_op_thread_count" value: { string_value: "1" } }
         parameters { key: "execution_mode" value: { string_value: "1" } }

@@ -63,7 +63,8 @@ def test_trace_file_records_sampled_requests(protocol, tmp_path):
     stamps = [t for t in traces if "timestamps" in t][0]["timestamps"]
     names = [s["name"] for s in stamps]
     assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END"
-    assert "QUEUE_START" in names
+    assert names == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+                     "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
     assert [s["ns"] for s in stamps] == sorted(s["ns"] for s in stamps)
     # clearing the override returns the model to the global setting (OFF)
     protocol.client.update_trace_settings(model_name="identity_int32_bytes",

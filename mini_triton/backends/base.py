@@ -105,17 +105,24 @@ class TensorBatchInstance(ModelInstance):
             return self._fail_all(requests, internal(str(error) or type(error).__name__),
                                   start, input_end)
         infer_end = time.monotonic_ns()
-        self._respond_split(requests, outputs)
-        return ExecutionTiming(start, input_end, infer_end, time.monotonic_ns())
+        responses = self._split_responses(requests, outputs)
+        timing = ExecutionTiming(start, input_end, infer_end, time.monotonic_ns())
+        for request, response in zip(requests, responses):
+            request.timing = timing  # before responding: a trace reads it at completion
+            request.respond(response)
+        return timing
 
-    def _respond_split(self, requests: list[InferenceRequest], outputs: dict) -> None:
+    def _split_responses(self, requests: list[InferenceRequest],
+                         outputs: dict) -> list[InferenceResponse]:
         batched = self.config.max_batch_size > 0
         pieces = batching.split_outputs(requests, outputs, batched)
+        responses = []
         for request, arrays in zip(requests, pieces):
             wanted = [o.name for o in request.outputs] or list(arrays)
             tensors = [Tensor.from_array(n, arrays[n], self.output_types.get(n)) for n in wanted]
-            request.respond(InferenceResponse(request.model_name, request.model_version,
-                                              request.id, tensors))
+            responses.append(InferenceResponse(request.model_name, request.model_version,
+                                               request.id, tensors))
+        return responses
 
     @staticmethod
     def _fail_all(requests, error: TritonError, start: int, input_end: int) -> ExecutionTiming:
