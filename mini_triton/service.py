@@ -185,11 +185,29 @@ class InferenceService:
         return None if current is loaded else current
 
     async def infer_unary(self, request: InferenceRequest, endpoint: str) -> InferenceResponse:
-        """One request, its final response; an error response is raised."""
-        response = await self.infer(request, endpoint).final()
+        """One request, its final response; an error response is raised. When the caller
+        goes away (the coroutine is cancelled) the request is cancelled too."""
+        stream = self.infer(request, endpoint)
+        try:
+            response = await stream.final()
+        except asyncio.CancelledError:
+            self.cancel(request)
+            raise
         if response.error is not None:
             raise response.error
         return response
+
+    def cancel(self, request: InferenceRequest) -> None:
+        """The client is gone: a queued request leaves its queue, a running one is
+        marked so that models checking `is_cancelled()` can stop."""
+        request.cancelled = True
+        try:
+            loaded = self.manager.get(request.model_name, request.model_version)
+        except TritonError:
+            return
+        cancel = getattr(loaded.scheduler, "cancel", None)
+        if cancel is not None:
+            cancel(request)
 
     # --- model repository extension ---
 

@@ -229,7 +229,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
 
     async def _read_stream(self, request_iterator, outbox: asyncio.Queue) -> None:
-        forwarders = set()
+        forwarders: set[asyncio.Task] = set()
         try:
             async for message in request_iterator:
                 try:
@@ -238,21 +238,28 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
                 except TritonError as error:
                     outbox.put_nowait(_stream_error(message, error))
                     continue
-                task = asyncio.create_task(_forward(infer_request, stream, outbox))
+                task = asyncio.create_task(
+                    _forward(self.service, infer_request, stream, outbox))
                 forwarders.add(task)
                 task.add_done_callback(forwarders.discard)
             if forwarders:
                 await asyncio.gather(*forwarders)
         finally:
+            for task in forwarders:  # the stream ended early: cancel what is in flight
+                task.cancel()
             outbox.put_nowait(None)
 
 
-async def _forward(request, stream, outbox: asyncio.Queue) -> None:
+async def _forward(service, request, stream, outbox: asyncio.Queue) -> None:
     empty_final_wanted = bool(request.parameters.get("triton_enable_empty_final_response"))
-    async for response in stream:
-        if response.empty and not empty_final_wanted:
-            continue
-        outbox.put_nowait(grpc_codec.encode_stream_response(response, request.decoupled))
+    try:
+        async for response in stream:
+            if response.empty and not empty_final_wanted:
+                continue
+            outbox.put_nowait(grpc_codec.encode_stream_response(response, request.decoupled))
+    except asyncio.CancelledError:
+        service.cancel(request)
+        raise
 
 
 def _stream_error(message, error: TritonError) -> pb.ModelStreamInferResponse:

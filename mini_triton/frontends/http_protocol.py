@@ -127,6 +127,7 @@ class HttpProtocol(asyncio.Protocol):
         self._size = 0
         self._too_large = False
         self._previous: asyncio.Future | None = None  # the reply written before ours
+        self._tasks: set[asyncio.Task] = set()
 
     # --- asyncio.Protocol ---
 
@@ -145,6 +146,8 @@ class HttpProtocol(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.transport = None
         self.connections.discard(self)
+        for task in list(self._tasks):  # the client is gone: cancel what it asked for
+            task.cancel()
 
     # --- httptools callbacks ---
 
@@ -178,8 +181,10 @@ class HttpProtocol(asyncio.Protocol):
                               b"".join(self._body) if len(self._body) != 1 else self._body[0])
         done = asyncio.get_running_loop().create_future()
         previous, self._previous = self._previous, done
-        asyncio.ensure_future(self._respond(request, keep_alive, previous, done,
-                                            self._too_large))
+        task = asyncio.ensure_future(self._respond(request, keep_alive, previous, done,
+                                                   self._too_large))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # --- replies ---
 
@@ -192,7 +197,8 @@ class HttpProtocol(asyncio.Protocol):
                 await previous
             self._write(reply, keep_alive, request.headers.get("accept-encoding", ""))
         finally:
-            done.set_result(None)
+            if not done.done():
+                done.set_result(None)
 
     async def _handle(self, request: HttpRequest, too_large: bool) -> HttpReply:
         if too_large:
