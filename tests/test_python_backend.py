@@ -368,7 +368,7 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def execute(self, requests):
         if len(requests) != 1:
-            raise pb_utils.TritonModelException(f"expected one stacked request, got {len(requests)}")
+            raise pb_utils.TritonModelException(f"one stacked request, not {len(requests)}")
         values = pb_utils.get_input_tensor_by_name(requests[0], "INPUT0").as_numpy()
         time.sleep(0.05)
         rows = np.full((values.shape[0], 1), values.shape[0], np.int32)
@@ -448,7 +448,8 @@ def write_model(repository: Path, name: str, config: str | None, source: str, mo
     version.mkdir(parents=True)
     (version / "model.py").write_text(source)
     if config is not None:
-        mode_parameter = f'parameters {{ key: "execution_mode" value: {{ string_value: "{mode}" }} }}\n'
+        mode_parameter = ('parameters { key: "execution_mode" '
+                          f'value: {{ string_value: "{mode}" }} }}\n')
         (repository / name / "config.pbtxt").write_text(
             f'name: "{name}"\nbackend: "python"\n{mode_parameter}{config}')
 
