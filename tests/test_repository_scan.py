@@ -105,3 +105,19 @@ def test_fingerprint_changes_with_files(tmp_path):
     before = scan.fingerprint(tmp_path)
     (tmp_path / "1" / "model.py").write_text("x = 1\n")
     assert scan.fingerprint(tmp_path) != before
+
+
+def test_fill_defaults_normalises_schedulers_as_triton_does():
+    config = parse_config_text('name: "m" backend: "identity" max_batch_size: 8 '
+                               "dynamic_batching { }")
+    fill_defaults(config)
+    assert list(config.dynamic_batching.preferred_batch_size) == [8]
+    config = parse_config_text('name: "s" backend: "identity" max_batch_size: 4 '
+                               "sequence_batching { oldest { } }")
+    fill_defaults(config)
+    assert config.sequence_batching.max_sequence_idle_microseconds == 1_000_000
+    assert list(config.sequence_batching.oldest.preferred_batch_size) == [4]
+    explicit = parse_config_text('name: "m" backend: "identity" max_batch_size: 8 '
+                                 "dynamic_batching { preferred_batch_size: [ 2 ] }")
+    fill_defaults(explicit)
+    assert list(explicit.dynamic_batching.preferred_batch_size) == [2]

@@ -109,8 +109,27 @@ def fill_defaults(config: mc.ModelConfig, gpu_available: bool = False) -> None:
                           else mc.ModelInstanceGroup.KIND_CPU)
     if not config.default_model_filename:
         config.default_model_filename = default_model_filename(config)
+    _fill_scheduler_defaults(config)
     config.optimization.input_pinned_memory.enable = True
     config.optimization.output_pinned_memory.enable = True
+
+
+DEFAULT_SEQUENCE_IDLE_US = 1_000_000
+
+
+def _fill_scheduler_defaults(config: mc.ModelConfig) -> None:
+    """Triton's normalisation: an empty preferred_batch_size means max_batch_size, and
+    a sequence idles for a second before it is released."""
+    if config.HasField("dynamic_batching") and config.max_batch_size > 0 \
+            and not config.dynamic_batching.preferred_batch_size:
+        config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)
+    if config.HasField("sequence_batching"):
+        sequence = config.sequence_batching
+        if not sequence.max_sequence_idle_microseconds:
+            sequence.max_sequence_idle_microseconds = DEFAULT_SEQUENCE_IDLE_US
+        if sequence.HasField("oldest") and config.max_batch_size > 0 \
+                and not sequence.oldest.preferred_batch_size:
+            sequence.oldest.preferred_batch_size.append(config.max_batch_size)
 
 
 def check_config(config: mc.ModelConfig) -> None:
