@@ -326,3 +326,61 @@ def test_every_load_failure_is_unavailable_with_a_reason(tmp_path):
             assert fragment in entry["reason"], entry
             assert not http.client.is_model_ready(name)
         assert echo(http, "healthy") == "1"
+
+
+# --- ensembles follow the models they use ---
+
+ENSEMBLE = """
+name: "chain"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "m", model_version: -1,
+  input_map { key: "INPUT0", value: "IN" }, output_map { key: "OUTPUT0", value: "OUT" } } ] }
+"""
+
+
+def write_ensemble(repository: Path) -> None:
+    (repository / "chain" / "1").mkdir(parents=True, exist_ok=True)
+    (repository / "chain" / "config.pbtxt").write_text(ENSEMBLE)
+
+
+def chain(protocol):
+    data = np.arange(4, dtype=np.float32).reshape(1, 4)
+    tensor = protocol.module.InferInput("IN", [1, 4], "FP32")
+    tensor.set_data_from_numpy(data)
+    result = protocol.client.infer("chain", [tensor])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), data)
+
+
+def test_explicit_load_of_an_ensemble_loads_its_steps_and_unload_dependents(tmp_path):
+    write_model(tmp_path, "m")
+    write_ensemble(tmp_path)
+    settings = server_settings(tmp_path, model_control_mode="explicit")
+    with ServerThread(settings) as server:
+        for name in ("http", "grpc"):
+            protocol = connect(name, server)
+            protocol.client.load_model("chain")
+            assert protocol.client.is_model_ready("m")  # the step came with it
+            chain(protocol)
+            protocol.client.unload_model("m")  # without dependents: the ensemble stays
+            assert protocol.client.is_model_ready("chain")
+            protocol.client.load_model("m")
+            protocol.client.unload_model("m", unload_dependents=True)
+            assert not protocol.client.is_model_ready("chain")
+            assert not protocol.client.is_model_ready("m")
+
+
+def test_ensemble_is_reloaded_when_a_step_model_changes(poll_server):
+    server, repository = poll_server
+    write_ensemble(repository)
+    http = connect("http", server)
+    wait_until(lambda: http.client.is_model_ready("chain"), what="the ensemble to load")
+    before = server.server.manager.records["chain"]
+    write_model(repository, "m", extra="")  # the step model changes (no more delay)
+    wait_until(lambda: server.server.manager.records["chain"] is not before,
+               what="the ensemble to reload")
+    assert http.client.is_model_ready("chain")
+    chain(http)
