@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
 from mini_triton.config import parse_config_file  # noqa: E402
-from mini_triton.core.request import InferenceRequest, InferenceResponse  # noqa: E402
+from mini_triton.core.request import InferenceResponse  # noqa: E402
 from mini_triton.core.tensor import Tensor  # noqa: E402
 from mini_triton.core.validate import normalize  # noqa: E402
 from mini_triton.frontends import grpc_codec, http_codec  # noqa: E402

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tritonclient.utils import InferenceServerException
 
-from conftest import STATUS
 
 
 def fp32_input(proto, array, name="INPUT0"):

@@ -3,7 +3,6 @@ requests, failures that keep the old version serving."""
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 import threading
@@ -12,8 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import connect, server_settings

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ...core.errors import TritonError, invalid_arg
+from ..model_checks import (check_datatype, compare_dims, configured_dims, find_tensor,
+                            format_dims, type_name)
 
 # onnxruntime's type strings → ModelConfig datatypes. BF16 is left out: the
 # Python API cannot hand a bfloat16 output back as a numpy array.
@@ -77,14 +79,6 @@ def signature_of(session) -> Signature:
         return tuple(TensorInfo(a.name, a.type, model_dims(a.shape)) for a in args)
 
     return Signature(infos(session.get_inputs()), infos(session.get_outputs()))
-
-
-def format_dims(dims) -> str:
-    return "[" + ",".join(str(int(d)) for d in dims) + "]"
-
-
-def type_name(data_type: int) -> str:
-    return mc.DataType.Name(data_type)
 
 
 # --- names the config gives to tensors that are not request inputs/outputs ---
@@ -168,14 +162,14 @@ def check_against_model(config: mc.ModelConfig, signature: Signature) -> None:
     """Raise INVALID_ARG, naming the tensor, where the config and the model disagree."""
     _check_input_count(config, signature)
     for tensor in config.input:
-        info = _find(signature.inputs, tensor.name, "input", config.name)
+        info = find_tensor(signature.inputs, tensor.name, "input", config.name)
         if tensor.optional and config.max_batch_size != 0:
             raise invalid_arg(
                 f"unable to load model '{config.name}', optional input '{tensor.name}' is not "
                 "supported for models that support batching")
         _check_tensor(config, tensor, info, "input")
     for tensor in config.output:
-        info = _find(signature.outputs, tensor.name, "output", config.name)
+        info = find_tensor(signature.outputs, tensor.name, "output", config.name)
         _check_tensor(config, tensor, info, "output")
     _check_states(config, signature)
 
@@ -191,25 +185,11 @@ def _check_input_count(config: mc.ModelConfig, signature: Signature) -> None:
             f"model provides {provided}")
 
 
-def _find(infos, name: str, kind: str, model: str) -> TensorInfo:
-    for info in infos:
-        if info.name == name:
-            return info
-    allowed = ",".join(f"'{i.name}'" for i in infos)
-    raise invalid_arg(
-        f"unable to load model '{model}', unexpected inference {kind} '{name}', allowed "
-        f"{kind}s are: {allowed}")
-
-
 def _check_tensor(config: mc.ModelConfig, tensor, info: TensorInfo, kind: str) -> None:
     if info.data_type == mc.TYPE_INVALID:
         raise _unsupported(config.name, info)
-    if tensor.data_type != info.data_type:
-        raise invalid_arg(
-            f"unable to load model '{config.name}', configuration expects datatype "
-            f"{type_name(tensor.data_type)} for {kind} '{tensor.name}', model provides "
-            f"{type_name(info.data_type)}")
-    dims = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else tuple(tensor.dims)
+    check_datatype(config.name, kind, tensor, info.data_type)
+    dims = configured_dims(tensor)
     if getattr(tensor, "allow_ragged_batch", False):
         if info.dims != (-1,):
             raise invalid_arg(
@@ -225,35 +205,6 @@ def _check_tensor(config: mc.ModelConfig, tensor, info: TensorInfo, kind: str) -
                 f"batching. Model configuration provided: {format_dims(dims)}.")
         return
     compare_dims(config.name, tensor.name, info.dims, dims, config.max_batch_size)
-
-
-def compare_dims(model: str, tensor: str, model_shape, dims, max_batch_size: int) -> None:
-    """Triton's CompareDimsSupported: a free model dim accepts any config dim."""
-    model_shape, dims = tuple(model_shape), tuple(dims)
-    if max_batch_size > 0:
-        if not model_shape or model_shape[0] != -1:
-            raise invalid_arg(
-                f"model '{model}', tensor '{tensor}': for the model to support batching the "
-                "shape should have at least 1 dimension and the first dimension must be -1; "
-                f"but shape expected by the model is {format_dims(model_shape)}")
-        full = (-1,) + dims
-        if not _dims_match(model_shape, full):
-            raise invalid_arg(
-                f"model '{model}', tensor '{tensor}': the model expects {len(model_shape)} "
-                f"dimensions (shape {format_dims(model_shape)}) but the model configuration "
-                f"specifies {len(full)} dimensions (an initial batch dimension because "
-                "max_batch_size > 0 followed by the explicit tensor shape, making complete "
-                f"shape {format_dims(full)})")
-    elif not _dims_match(model_shape, dims):
-        raise invalid_arg(
-            f"model '{model}', tensor '{tensor}': the model expects {len(model_shape)} "
-            f"dimensions (shape {format_dims(model_shape)}) but the model configuration "
-            f"specifies {len(dims)} dimensions (shape {format_dims(dims)})")
-
-
-def _dims_match(model_shape: tuple, dims: tuple) -> bool:
-    return len(model_shape) == len(dims) and all(
-        m == -1 or m == d for m, d in zip(model_shape, dims))
 
 
 def _check_states(config: mc.ModelConfig, signature: Signature) -> None:

@@ -18,7 +18,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ...core import datatypes
 from ...core.errors import TritonError, invalid_arg, unsupported
-from ..onnxruntime.signature import compare_dims, format_dims, type_name
+from ..model_checks import (check_datatype, compare_dims, configured_dims, find_tensor,
+                            format_dims, type_name)
 
 # TensorRT DataType names → ModelConfig datatypes. FP8, INT4 and FP4 have no
 # wire datatype, so engines using them at their I/O cannot be served.
@@ -247,19 +248,10 @@ def check_against_engine(config: mc.ModelConfig, engine: EngineDescription) -> N
     for kind, tensors, engine_tensors in (("input", config.input, engine.inputs),
                                           ("output", config.output, engine.outputs)):
         for tensor in tensors:
-            found = next((t for t in engine_tensors if t.name == tensor.name), None)
-            if found is None:
-                allowed = ",".join(f"'{t.name}'" for t in engine_tensors)
-                raise invalid_arg(
-                    f"unable to load model '{config.name}', unexpected inference {kind} "
-                    f"'{tensor.name}', allowed {kind}s are: {allowed}")
-            if tensor.data_type != found.data_type:
-                raise invalid_arg(
-                    f"unable to load model '{config.name}', configuration expects datatype "
-                    f"{type_name(tensor.data_type)} for {kind} '{tensor.name}', model provides "
-                    f"{type_name(found.data_type)}")
-            dims = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else tuple(tensor.dims)
-            compare_dims(config.name, tensor.name, found.shape, dims, config.max_batch_size)
+            found = find_tensor(engine_tensors, tensor.name, kind, config.name)
+            check_datatype(config.name, kind, tensor, found.data_type)
+            compare_dims(config.name, tensor.name, found.shape, configured_dims(tensor),
+                         config.max_batch_size)
     configured = {t.name for t in config.input}
     missing = [t.name for t in engine.inputs if t.name not in configured]
     if missing:
