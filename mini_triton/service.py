@@ -12,6 +12,7 @@ from . import SERVER_NAME, __version__
 from .core.classification import classify, read_labels
 from .core.errors import Code, TritonError, invalid_arg, unsupported
 from .core.request import InferenceRequest, InferenceResponse, ResponseStream
+from .core.cuda_shared_memory import CudaSharedMemoryRegistry
 from .core.shared_memory import SharedMemoryRegistry
 from .core.tensor import Tensor
 from .core.validate import config_datatype, normalize
@@ -21,8 +22,6 @@ from .tracing import Tracer
 
 log = logging.getLogger("mini_triton.service")
 
-CUDA_SHM_UNAVAILABLE = ("CUDA shared memory is not available: this server has no CUDA device "
-                        "(use system shared memory instead)")
 SHM_REGION = "shared_memory_region"
 SHM_SIZE = "shared_memory_byte_size"
 SHM_OFFSET = "shared_memory_offset"
@@ -35,6 +34,7 @@ EXTENSIONS = (
     "schedule_policy",
     "model_configuration",
     "system_shared_memory",
+    "cuda_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
@@ -54,6 +54,7 @@ class InferenceService:
         self.metrics = None  # the server's Metrics, where backends may add families
         self.accepting = True
         self.system_shm = SharedMemoryRegistry()
+        self.cuda_shm = CudaSharedMemoryRegistry()
         self.tracer = Tracer()
         self.log_settings = LogSettings()
 
@@ -129,19 +130,25 @@ class InferenceService:
             if SHM_REGION in tensor.parameters:
                 region, offset, size = self._shm_reference(tensor.parameters,
                                                            f"input '{tensor.name}'")
-                tensor.raw = region.view(offset, size, f"input '{tensor.name}'")
+                tensor.raw = region.read(offset, size, f"input '{tensor.name}'")
                 tensor.data = None
 
     def _shm_reference(self, parameters: dict, what: str):
-        region = self.system_shm.get(str(parameters.pop(SHM_REGION)))
+        region = self._region(str(parameters.pop(SHM_REGION)))
         size = parameters.pop(SHM_SIZE, None)
         offset = parameters.pop(SHM_OFFSET, 0)
         if not isinstance(size, int) or isinstance(size, bool):
             raise invalid_arg(f"{what}: '{SHM_SIZE}' must be given with '{SHM_REGION}'")
         if not isinstance(offset, int) or isinstance(offset, bool):
             raise invalid_arg(f"{what}: '{SHM_OFFSET}' must be an integer")
-        region.view(offset, size, what)  # bounds check now, before any work is done
+        region.check(offset, size, what)  # now, before any work is done
         return region, offset, size
+
+    def _region(self, name: str):
+        region = self.system_shm.regions.get(name) or self.cuda_shm.get(name)
+        if region is None:
+            raise invalid_arg(f"Unable to find shared memory region: '{name}'")
+        return region
 
     def _output_transform(self, request: InferenceRequest, loaded: LoadedVersion):
         """A per-response step writing shared-memory outputs and classifying, or None."""
@@ -269,7 +276,7 @@ def _apply_plan(tensor: Tensor, plan, loaded: LoadedVersion, batched: bool) -> T
             raise invalid_arg(
                 f"shared memory size specified with the request for output '{tensor.name}' "
                 f"({size} bytes) should be at least {len(raw)} bytes to hold the results")
-        region.view(offset, len(raw), f"output '{tensor.name}'")[:] = raw
+        region.write(offset, raw, f"output '{tensor.name}'")
         tensor = Tensor(tensor.name, tensor.datatype, tensor.shape, raw=b"",
                         parameters={SHM_REGION: region.name, SHM_SIZE: len(raw)})
     return tensor

@@ -3,6 +3,7 @@ the server reads and writes the right bytes and refuses anything out of bounds."
 
 from __future__ import annotations
 
+import base64
 import os
 
 import numpy as np
@@ -124,14 +125,54 @@ def test_unknown_region_in_request(proto):
     assert "Unable to find shared memory region: 'never_registered'" in caught.value.message()
 
 
-def test_cuda_shared_memory_endpoints(proto):
+def test_cuda_shared_memory_endpoints_without_a_device(proto):
     status = proto.client.get_cuda_shared_memory_status()
     assert not (status.get("regions") if isinstance(status, dict) else status) \
         if proto.name == "http" else len(status.regions) == 0
     proto.client.unregister_cuda_shared_memory()
     with pytest.raises(InferenceServerException) as caught:
-        proto.client.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 64)
-    assert "no CUDA device" in caught.value.message()
+        proto.client.register_cuda_shared_memory("gpu", base64.b64encode(b"\0" * 64), 0, 64)
+    assert "CUDA shared memory is not available" in caught.value.message()
+    with pytest.raises(InferenceServerException) as caught:
+        proto.client.register_cuda_shared_memory("gpu", base64.b64encode(b"short"), 0, 64)
+    assert "a CUDA IPC handle has 64 bytes" in caught.value.message()
+
+
+def _cuda_available() -> str:
+    try:
+        import tritonclient.utils.cuda_shared_memory as cudashm  # noqa: F401
+        from cuda.bindings import runtime as cudart
+    except (ImportError, RuntimeError) as error:
+        return f"CUDA shared memory needs cuda-python and a GPU ({error})"
+    error, count = cudart.cudaGetDeviceCount()
+    return "" if int(error) == 0 and count else "no CUDA device"
+
+
+@pytest.mark.gpu
+def test_cuda_shared_memory_round_trip(proto):
+    reason = _cuda_available()
+    if reason:
+        pytest.skip(reason)
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    handles = {role: cudashm.create_shared_memory_region(f"cuda_{role}_{proto.name}", SIZE, 0)
+               for role in ("in", "out")}
+    try:
+        cudashm.set_shared_memory_region(handles["in"], [data])
+        for role, handle in handles.items():
+            proto.client.register_cuda_shared_memory(
+                f"cuda_{role}_{proto.name}", cudashm.get_raw_handle(handle), 0, SIZE)
+        result = proto.client.infer(
+            "identity_fp32", [shm_input(proto, f"cuda_in_{proto.name}", SIZE)],
+            outputs=[shm_output(proto, f"cuda_out_{proto.name}", SIZE)])
+        assert result.get_output("OUTPUT0") is not None
+        got = cudashm.get_contents_as_numpy(handles["out"], np.float32, [1, 16])
+        np.testing.assert_array_equal(got, data)
+    finally:
+        proto.client.unregister_cuda_shared_memory()
+        for handle in handles.values():
+            cudashm.destroy_shared_memory_region(handle)
 
 
 def test_classification_extension(proto):

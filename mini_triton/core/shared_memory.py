@@ -28,14 +28,26 @@ class Region:
         return {"name": self.name, "key": self.key, "offset": self.offset,
                 "byte_size": self.byte_size}
 
-    def view(self, offset: int, byte_size: int, what: str) -> memoryview:
-        """A view of [offset, offset+byte_size) within the region, or INVALID_ARG."""
-        if offset < 0 or byte_size < 0 or offset + byte_size > self.byte_size:
-            raise invalid_arg(
-                f"{what}: offset {offset} + byte size {byte_size} exceeds the size "
-                f"{self.byte_size} of shared memory region '{self.name}'")
+    def check(self, offset: int, byte_size: int, what: str) -> None:
+        check_bounds(self.name, self.byte_size, offset, byte_size, what)
+
+    def read(self, offset: int, byte_size: int, what: str) -> memoryview:
+        """A view of [offset, offset+byte_size) within the region (no copy)."""
+        self.check(offset, byte_size, what)
         start = self.offset + offset
         return memoryview(self.mapping)[start:start + byte_size]
+
+    def write(self, offset: int, data, what: str) -> None:
+        size = len(memoryview(data).cast("B"))
+        self.read(offset, size, what)[:] = memoryview(data).cast("B")
+
+
+def check_bounds(name: str, region_size: int, offset: int, byte_size: int, what: str) -> None:
+    """INVALID_ARG unless [offset, offset+byte_size) lies inside the region."""
+    if offset < 0 or byte_size < 0 or offset + byte_size > region_size:
+        raise invalid_arg(
+            f"{what}: offset {offset} + byte size {byte_size} exceeds the size "
+            f"{region_size} of shared memory region '{name}'")
 
 
 def _shm_path(key: str) -> str:

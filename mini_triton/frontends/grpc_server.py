@@ -9,8 +9,8 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from ..core.errors import Code, TritonError, invalid_arg, unsupported
-from ..service import CUDA_SHM_UNAVAILABLE, InferenceService
+from ..core.errors import TritonError, invalid_arg
+from ..service import InferenceService
 from . import grpc_codec
 from .errors import grpc_status
 from .restrictions import GRPC_PREFIX, Restriction, grpc_refusal
@@ -166,16 +166,21 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @aborts_on_error
     async def CudaSharedMemoryStatus(self, request, context):
-        if request.name:
-            raise TritonError(Code.NOT_FOUND,
-                              f"Unable to find cuda shared memory region: '{request.name}'")
-        return pb.CudaSharedMemoryStatusResponse()
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in self.service.cuda_shm.status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
 
     @aborts_on_error
     async def CudaSharedMemoryRegister(self, request, context):
-        raise unsupported(CUDA_SHM_UNAVAILABLE)
+        self.service.cuda_shm.register(request.name, request.raw_handle, request.device_id,
+                                       request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
 
+    @aborts_on_error
     async def CudaSharedMemoryUnregister(self, request, context):
+        self.service.cuda_shm.unregister(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # --- trace and logging extensions ---

@@ -11,9 +11,9 @@ import functools
 
 from ..config.json_format import config_to_json
 from ..core.datatypes import from_name
-from ..core.errors import Code, TritonError, invalid_arg, unsupported
+from ..core.errors import TritonError, invalid_arg
 from ..core.validate import config_datatype
-from ..service import CUDA_SHM_UNAVAILABLE, InferenceService
+from ..service import InferenceService
 from . import http_codec
 from .errors import http_status
 from .http_protocol import HttpReply, HttpRequest, Router
@@ -108,8 +108,9 @@ class HttpFrontend:
             ("shared-memory", get, cuda + "/status", self.cuda_shm_status),
             ("shared-memory", get, cuda + "/region/{region}/status", self.cuda_shm_status),
             ("shared-memory", post, cuda + "/region/{region}/register", self.cuda_shm_register),
-            ("shared-memory", post, cuda + "/region/{region}/unregister", self.empty_ok),
-            ("shared-memory", post, cuda + "/unregister", self.empty_ok),
+            ("shared-memory", post, cuda + "/region/{region}/unregister",
+             self.cuda_shm_unregister),
+            ("shared-memory", post, cuda + "/unregister", self.cuda_shm_unregister),
         ]
         return routes
 
@@ -221,17 +222,23 @@ class HttpFrontend:
 
     @handles_errors
     async def cuda_shm_status(self, request: HttpRequest) -> HttpReply:
-        region = request.params.get("region", "")
-        if region:
-            raise TritonError(Code.NOT_FOUND,
-                              f"Unable to find cuda shared memory region: '{region}'")
-        return json_reply([])
+        return json_reply(self.service.cuda_shm.status(request.params.get("region", "")))
 
     @handles_errors
     async def cuda_shm_register(self, request: HttpRequest) -> HttpReply:
-        raise unsupported(CUDA_SHM_UNAVAILABLE)
+        body = _json_body(request)
+        handle, device, size = body.get("raw_handle"), body.get("device_id", 0), \
+            body.get("byte_size")
+        if not isinstance(handle, dict) or not isinstance(handle.get("b64"), str) \
+                or not isinstance(device, int) or not isinstance(size, int):
+            raise invalid_arg("register needs 'raw_handle' ({\"b64\": ...}), 'device_id' and "
+                              "'byte_size'")
+        self.service.cuda_shm.register(request.params["region"], handle["b64"], device, size)
+        return _OK
 
-    async def empty_ok(self, request: HttpRequest) -> HttpReply:
+    @handles_errors
+    async def cuda_shm_unregister(self, request: HttpRequest) -> HttpReply:
+        self.service.cuda_shm.unregister(request.params.get("region", ""))
         return _OK
 
     # --- inference ---

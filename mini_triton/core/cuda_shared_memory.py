@@ -1,0 +1,137 @@
+"""CUDA shared-memory regions (cudaIpc handles from `tritonclient.utils.cuda_shared_memory`).
+
+The CUDA runtime is imported only when a client registers a region; without it, or
+without a device, registration fails with a clear reason and nothing else changes.
+Inputs are copied device→host once (the backends compute on the CPU), outputs
+host→device once, each after the same bounds check as system shared memory.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ctypes
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import Code, TritonError, invalid_arg, not_found, unsupported
+from .shared_memory import check_bounds
+
+IPC_HANDLE_SIZE = 64  # CUDA_IPC_HANDLE_SIZE
+UNAVAILABLE = "CUDA shared memory is not available: {reason} (use system shared memory instead)"
+
+
+def _runtime():
+    """cuda-python's runtime module, or UNSUPPORTED naming what is missing."""
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        try:
+            from cuda import cudart
+        except ImportError:
+            raise unsupported(UNAVAILABLE.format(
+                reason="the CUDA runtime bindings are not installed (pip install cuda-python)")
+            ) from None
+    error, count = cudart.cudaGetDeviceCount()
+    if int(error) != 0 or count == 0:
+        raise unsupported(UNAVAILABLE.format(reason="this server has no CUDA device"))
+    return cudart
+
+
+def _call(result, what: str):
+    """Unwrap a cuda-python (error, value...) tuple, raising on a CUDA error."""
+    error, *values = result if isinstance(result, tuple) else (result,)
+    if int(error) != 0:
+        raise invalid_arg(f"{what} failed: CUDA error {int(error)}")
+    return values[0] if len(values) == 1 else values
+
+
+def decode_handle(raw: bytes | str) -> bytes:
+    """The 64-byte cudaIpcMemHandle_t, sent raw or base64-encoded."""
+    data = raw.encode() if isinstance(raw, str) else bytes(raw)
+    if len(data) == IPC_HANDLE_SIZE:
+        return data
+    try:
+        decoded = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        decoded = b""
+    if len(decoded) != IPC_HANDLE_SIZE:
+        raise invalid_arg(f"a CUDA IPC handle has {IPC_HANDLE_SIZE} bytes (raw or base64)")
+    return decoded
+
+
+@dataclass
+class CudaRegion:
+    name: str
+    device_id: int
+    byte_size: int
+    device_pointer: int
+    runtime: object
+
+    def status(self) -> dict:
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
+    def check(self, offset: int, byte_size: int, what: str) -> None:
+        check_bounds(self.name, self.byte_size, offset, byte_size, what)
+
+    def read(self, offset: int, byte_size: int, what: str) -> memoryview:
+        self.check(offset, byte_size, what)
+        host = np.empty(byte_size, dtype=np.uint8)
+        _call(self.runtime.cudaMemcpy(host.ctypes.data, self.device_pointer + offset, byte_size,
+                                      self.runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost),
+              f"reading {what} from CUDA shared memory region '{self.name}'")
+        return memoryview(host)
+
+    def write(self, offset: int, data, what: str) -> None:
+        host = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        self.check(offset, host.size, what)
+        _call(self.runtime.cudaMemcpy(self.device_pointer + offset, host.ctypes.data, host.size,
+                                      self.runtime.cudaMemcpyKind.cudaMemcpyHostToDevice),
+              f"writing {what} to CUDA shared memory region '{self.name}'")
+
+    def close(self) -> None:
+        self.runtime.cudaIpcCloseMemHandle(self.device_pointer)
+
+
+class CudaSharedMemoryRegistry:
+    def __init__(self):
+        self.regions: dict[str, CudaRegion] = {}
+        self.lock = threading.Lock()
+
+    def register(self, name: str, raw_handle, device_id: int, byte_size: int) -> None:
+        if not name or byte_size <= 0 or device_id < 0:
+            raise invalid_arg("a CUDA shared memory region needs a name, a device id >= 0 "
+                              "and a positive byte size")
+        handle_bytes = decode_handle(raw_handle)
+        cudart = _runtime()
+        with self.lock:
+            if name in self.regions:
+                raise TritonError(Code.ALREADY_EXISTS,
+                                  f"shared memory region '{name}' already in manager")
+            _call(cudart.cudaSetDevice(device_id), f"selecting CUDA device {device_id}")
+            handle = cudart.cudaIpcMemHandle_t()
+            ctypes.memmove(handle.getPtr(), handle_bytes, IPC_HANDLE_SIZE)
+            pointer = _call(cudart.cudaIpcOpenMemHandle(
+                handle, cudart.cudaIpcMemLazyEnablePeerAccess),
+                f"opening the CUDA IPC handle of region '{name}'")
+            self.regions[name] = CudaRegion(name, device_id, byte_size, int(pointer), cudart)
+
+    def unregister(self, name: str = "") -> None:
+        with self.lock:
+            for region_name in [name] if name else list(self.regions):
+                region = self.regions.pop(region_name, None)
+                if region is not None:
+                    region.close()
+
+    def status(self, name: str = "") -> list[dict]:
+        with self.lock:
+            if name:
+                if name not in self.regions:
+                    raise not_found(f"Unable to find cuda shared memory region: '{name}'")
+                return [self.regions[name].status()]
+            return [r.status() for r in self.regions.values()]
+
+    def get(self, name: str) -> CudaRegion | None:
+        return self.regions.get(name)
