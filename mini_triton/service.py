@@ -10,9 +10,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from . import SERVER_NAME, __version__
 from .core.classification import classify, read_labels
+from .core.cuda_shared_memory import CudaSharedMemoryRegistry
 from .core.errors import Code, TritonError, invalid_arg, unsupported
 from .core.request import InferenceRequest, InferenceResponse, ResponseStream
-from .core.cuda_shared_memory import CudaSharedMemoryRegistry
 from .core.shared_memory import SharedMemoryRegistry
 from .core.tensor import Tensor
 from .core.validate import config_datatype, normalize
