@@ -9,7 +9,7 @@ import pytest
 from mini_triton.core.errors import Code, TritonError
 from mini_triton.core.stats import ModelStats
 from mini_triton.scheduling.dynamic import DynamicScheduler
-from test_sched_recording import Recorder, error_of, make_request, parse_config
+from recording_backend import Recorder, error_of, make_request, parse_config
 
 BASE = ('name: "m" max_batch_size: 8 '
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ] '

@@ -17,7 +17,7 @@ from mini_triton.core.stats import ModelStats
 from mini_triton.core.tensor import Tensor
 from mini_triton.scheduling.ensemble import EnsembleScheduler
 from mini_triton.scheduling.ensemble_graph import check_ensemble_config, check_ensemble_steps
-from test_sched_recording import parse_config
+from recording_backend import parse_config
 
 
 def tensor_config(name: str, dims: str = "[ -1 ]", data_type: str = "TYPE_FP32") -> str:

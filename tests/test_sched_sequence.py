@@ -11,7 +11,7 @@ from mini_triton.core.errors import Code, TritonError
 from mini_triton.core.stats import ModelStats
 from mini_triton.core.validate import SEQUENCE_END, SEQUENCE_START
 from mini_triton.scheduling.sequence import SequenceScheduler
-from test_sched_recording import Recorder, error_of, make_request, parse_config
+from recording_backend import Recorder, error_of, make_request, parse_config
 
 CONTROLS = '''
   control_input [
