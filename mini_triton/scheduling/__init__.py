@@ -4,7 +4,7 @@
 `create_scheduler` picks the scheduler a model's config asks for: the
 ensemble scheduler for `platform: "ensemble"`, the sequence batcher for
 `sequence_batching`, else the dynamic batcher (batching off without
-`dynamic_batching`).
+`dynamic_batching`; driven from the event loop where every instance can be).
 """
 
 from __future__ import annotations
@@ -28,4 +28,9 @@ def create_scheduler(context, backend, instances, stats):
         from .sequence import SequenceScheduler
 
         return SequenceScheduler(config, instances, stats)
+    from .loop_driven import LoopScheduler, loop_driven
+
+    loop = loop_driven(instances)
+    if loop is not None:
+        return LoopScheduler(config, instances, stats, loop, backend.supports_batching)
     return DynamicScheduler(config, instances, stats, backend.supports_batching)

@@ -111,11 +111,7 @@ def execute_batch(instance, requests: list, stats: ModelStats, nulls: frozenset 
     ids of null requests (a sequence batcher's empty slots): they count in
     the executed batch size but are not requests of anyone.
     """
-    taps = [tap(request) for request in requests]
-    start = time.monotonic_ns()
-    for request, request_tap in zip(requests, taps):
-        if request.decoupled and id(request) not in nulls:
-            request_tap.stages.insert(0, ResponseStatsStage(stats, start))
+    taps, start = begin_batch(requests, stats, nulls)
     try:
         timing = instance.execute(requests)
     except TritonError as error:
@@ -124,6 +120,25 @@ def execute_batch(instance, requests: list, stats: ModelStats, nulls: frozenset 
     except Exception as error:  # a backend bug must not kill the instance thread
         timing = None
         _fail_unanswered(requests, internal(f"model execution failed: {error}"))
+    end_batch(instance, requests, taps, start, timing, stats, nulls, queue_start)
+
+
+def begin_batch(requests: list, stats: ModelStats,
+                nulls: frozenset = frozenset()) -> tuple[list, int]:
+    """The first half of `execute_batch`, before the instance runs: (taps, start ns)."""
+    taps = [tap(request) for request in requests]
+    start = time.monotonic_ns()
+    for request, request_tap in zip(requests, taps):
+        if request.decoupled and id(request) not in nulls:
+            request_tap.stages.insert(0, ResponseStatsStage(stats, start))
+    return taps, start
+
+
+def end_batch(instance, requests: list, taps: list, start: int, timing: ExecutionTiming | None,
+              stats: ModelStats, nulls: frozenset = frozenset(),
+              queue_start: Callable[[InferenceRequest], int] | None = None) -> None:
+    """The second half of `execute_batch`, once the instance is done (timing None: it
+    failed): answer what is left unanswered and record the statistics."""
     if timing is None:
         timing = ExecutionTiming.around(start)
     if _answers_within_execute(instance):

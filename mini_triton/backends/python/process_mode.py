@@ -134,12 +134,29 @@ def _on_loop(loop: asyncio.AbstractEventLoop, function, *args) -> None:
 
 
 class _Batch:
-    __slots__ = ("id", "groups", "done")
+    """A batch sent to the worker. Its end is signalled once: `done` is set and
+    `on_end` (if any) gets the execution timing."""
 
-    def __init__(self, batch_id: int, groups: list):
+    __slots__ = ("id", "groups", "done", "on_end", "start", "input_end", "timer")
+
+    def __init__(self, batch_id: int, groups: list, start: int, on_end=None):
         self.id = batch_id
         self.groups = groups
         self.done = threading.Event()
+        self.on_end = on_end
+        self.start = start
+        self.input_end = start
+        self.timer: asyncio.TimerHandle | None = None
+
+    def end(self) -> None:
+        if self.done.is_set():
+            return
+        self.done.set()
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.on_end is not None:
+            end = time.monotonic_ns()
+            self.on_end(ExecutionTiming(self.start, self.input_end, end, end))
 
 
 class ProcessInstance(ModelInstance):
@@ -183,13 +200,49 @@ class ProcessInstance(ModelInstance):
 
     # --- execution ---
 
+    @property
+    def loop_driven(self) -> bool:
+        """Whether a scheduler may drive this instance from the event loop with `begin`
+        (the worker's messages are read there), instead of a thread blocked in `execute`."""
+        return self.loop is not None
+
     def execute(self, requests: list) -> ExecutionTiming:
+        start = time.monotonic_ns()
+        batch = self._send(requests, None)
+        if batch is None:
+            return ExecutionTiming.around(start)
+        timeout = self.settings.deadline_s(requests)
+        if not batch.done.wait(timeout):
+            self._hung(timeout)
+        infer_end = time.monotonic_ns()
+        return ExecutionTiming(batch.start, batch.input_end, infer_end, infer_end)
+
+    def begin(self, requests: list, on_end) -> None:
+        """Send a batch without waiting (on the event loop); `on_end(timing)` is called
+        once the worker is done with it, or it failed (on the loop, or on the thread
+        that saw the worker die)."""
+        batch = self._send(requests, on_end)
+        if batch is None:
+            start = time.monotonic_ns()
+            on_end(ExecutionTiming(start, start, start, start))
+            return
+        timeout = self.settings.deadline_s(requests)
+        if timeout is not None and not batch.done.is_set():
+            batch.timer = self.loop.call_later(timeout, self._overdue, batch, timeout)
+
+    def _overdue(self, batch: _Batch, timeout: float) -> None:
+        if not batch.done.is_set():
+            self._hung(timeout)
+
+    def _send(self, requests: list, on_end) -> _Batch | None:
+        """Encode and send a batch; None when the worker is already gone (the requests
+        have failed)."""
         start = time.monotonic_ns()
         self.outstanding.add(requests)
         groups = [requests] if self.settings.auto_stack else [[r] for r in requests]
         outgoing = Outgoing()
         encoded = [self._encode(group, outgoing) for group in groups]
-        batch = _Batch(next(self.ids), groups)
+        batch = _Batch(next(self.ids), groups, start, on_end)
         with self.lock:
             dead = self.dead
             if not dead:
@@ -198,17 +251,13 @@ class ProcessInstance(ModelInstance):
                     self.targets[(batch.id, index)] = group
         if dead:
             self.outstanding.fail(requests, unavailable(dead))
-            return ExecutionTiming.around(start)
+            return None
         try:
             self.link.send({"op": "execute", "batch": batch.id, "requests": encoded}, outgoing)
         except OSError:
             pass  # the reader sees the worker gone and fails the batch
-        input_end = time.monotonic_ns()
-        timeout = self.settings.deadline_s(requests)
-        if not batch.done.wait(timeout):
-            self._hung(timeout)
-        infer_end = time.monotonic_ns()
-        return ExecutionTiming(start, input_end, infer_end, infer_end)
+        batch.input_end = time.monotonic_ns()
+        return batch
 
     def _encode(self, group: list, outgoing: Outgoing) -> tuple:
         info = convert.request_info(group[0], self.output_names)
@@ -323,7 +372,7 @@ class ProcessInstance(ModelInstance):
         try:
             self._answer_batch(message, batch)
         finally:
-            batch.done.set()
+            batch.end()
 
     def _answer_batch(self, message, batch: _Batch) -> None:
         meta = message.meta
@@ -433,7 +482,7 @@ class ProcessInstance(ModelInstance):
         self.outstanding.fail_open(error)
         self.targets.clear()
         for batch in batches:
-            batch.done.set()
+            batch.end()
         if self.serving and not self.stopping:
             self.bridge.mark_unavailable(reason)
 

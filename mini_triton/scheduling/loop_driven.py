@@ -1,0 +1,185 @@
+"""The dynamic batcher for instances driven from the event loop.
+
+A Python model in process mode runs in a worker process whose messages the
+server reads on its event loop. A thread per instance that sends a batch and
+then sleeps until the worker is done only adds thread hops (loop → instance
+thread → worker → loop → instance thread) and GIL hand-overs to every
+request. Here the loop itself forms the batch as a request arrives, sends it
+(`instance.begin`) and takes the next one when the worker reports back; the
+batching rules are the same `BatchFormer` the threaded scheduler uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..core.errors import internal, unavailable
+from ..core.request import InferenceRequest
+from ..core.stats import ExecutionTiming, ModelStats
+from .base import begin_batch, cancelled_error, end_batch, fail, tap
+from .dynamic import STOPPING_MESSAGE, BatchFormer, BatchingRules, fail_dropped
+from .ordering import ResponseOrderer
+from .queue import PriorityQueues
+
+
+def loop_driven(instances: list) -> asyncio.AbstractEventLoop | None:
+    """The loop that can drive every one of `instances`, or None."""
+    loops = {getattr(i, "loop", None) for i in instances
+             if getattr(i, "loop_driven", False)}
+    if len(loops) != 1 or not instances or \
+            not all(getattr(i, "loop_driven", False) for i in instances):
+        return None
+    return loops.pop()
+
+
+class LoopScheduler:
+    """`submit`, `inflight`, `cancel`, `stop`, with batches dispatched on `loop`.
+
+    `submit` and `cancel` may come from any thread; batches are formed and
+    sent only on the loop. `stop` is called off the loop (model unloading).
+    """
+
+    def __init__(self, config: mc.ModelConfig, instances: list, stats: ModelStats,
+                 loop: asyncio.AbstractEventLoop, backend_batches: bool = True):
+        self.config = config
+        self.stats = stats
+        self.loop = loop
+        dyn = config.dynamic_batching if config.HasField("dynamic_batching") else None
+        self.former = BatchFormer(BatchingRules.from_config(config, backend_batches),
+                                  PriorityQueues(dyn))
+        self.orderer = ResponseOrderer() if dyn is not None and dyn.preserve_ordering else None
+        self.instances = instances
+        self.idle = list(reversed(instances))  # popped from the end: the first goes first
+        self.condition = threading.Condition()
+        self.executing = 0
+        self.stopping = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.dispatching = False
+        self.finalized = False
+
+    def submit(self, request: InferenceRequest) -> None:
+        now = time.monotonic_ns()
+        if not request.queue_start_ns:
+            request.queue_start_ns = now
+        tap(request)
+        with self.condition:
+            if self.stopping:
+                raise unavailable(STOPPING_MESSAGE)
+            self.former.add(request, now)
+            self.stats.adjust_pending(1)
+        self._wake()
+
+    def inflight(self) -> int:
+        with self.condition:
+            return len(self.former) + self.executing
+
+    def cancel(self, request: InferenceRequest) -> None:
+        with self.condition:
+            request.cancelled = True
+            removed = self.former.discard(request)
+            if removed:
+                self.stats.adjust_pending(-1)
+        if removed:
+            fail(request, cancelled_error())
+
+    def stop(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.condition:
+            self.stopping = True
+            while (len(self.former) or self.executing) and time.monotonic() < deadline \
+                    and not self._on_loop():
+                self.condition.wait(max(0.0, min(0.05, deadline - time.monotonic())))
+            left = [entry.request for entry in self.former.queues.entries()]
+            self.former.queues.remove(self.former.queues.entries())
+            self.stats.adjust_pending(-len(left))
+        for request in left:  # the time to drain is over: these will not run
+            fail(request, unavailable(STOPPING_MESSAGE))
+        self._finalize()
+
+    def _finalize(self) -> None:
+        if self.finalized:
+            return
+        self.finalized = True
+        for instance in self.instances:
+            instance.finalize()
+
+    # --- on the loop ---
+
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            return False
+
+    def _wake(self) -> None:
+        if self._on_loop():
+            self._dispatch()
+        elif not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._dispatch)
+
+    def _dispatch(self) -> None:
+        """Hand batches to idle instances while there are both."""
+        if self.dispatching:
+            return  # an instance that ended at once while we were sending: the loop below sees it
+        self.dispatching = True
+        try:
+            while self._dispatch_one():
+                pass
+        finally:
+            self.dispatching = False
+
+    def _dispatch_one(self) -> bool:
+        with self.condition:
+            if not self.idle or not len(self.former):
+                return False
+            taken = self.former.take(time.monotonic_ns())
+            if taken.dropped:
+                self.stats.adjust_pending(-len(taken.dropped))
+            batch = taken.batch
+            if batch:
+                instance = self.idle.pop()
+                self.executing += len(batch)
+                self.stats.adjust_pending(-len(batch))
+                if self.orderer is not None:
+                    for request in batch:
+                        self.orderer.enroll(request)
+        if taken.dropped:
+            fail_dropped(taken.dropped)
+        if not batch:
+            if taken.wait_ns is not None:
+                self._retry_in(taken.wait_ns / 1e9)
+            return bool(taken.dropped)
+        taps, start = begin_batch(batch, self.stats)
+
+        def on_end(timing: ExecutionTiming) -> None:
+            self._ended(instance, batch, taps, start, timing)
+
+        try:
+            instance.begin(batch, on_end)
+        except Exception as error:  # a backend bug fails the batch, not the loop
+            for request in batch:
+                fail(request, internal(f"model execution failed: {error}"))
+            on_end(None)
+        return True
+
+    def _retry_in(self, seconds: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(seconds, self._dispatch)
+
+    def _ended(self, instance, batch: list, taps: list, start: int,
+               timing: ExecutionTiming | None) -> None:
+        if not self._on_loop() and not self.loop.is_closed():
+            # The worker died and a thread noticed: account on the loop like the others.
+            self.loop.call_soon_threadsafe(self._ended, instance, batch, taps, start, timing)
+            return
+        end_batch(instance, batch, taps, start, timing, self.stats)
+        with self.condition:
+            self.executing -= len(batch)
+            self.idle.append(instance)
+            self.condition.notify_all()
+        self._dispatch()
