@@ -134,32 +134,38 @@ def _on_loop(loop: asyncio.AbstractEventLoop, function, *args) -> None:
 
 
 class _Batch:
-    """A batch sent to the worker. Its end is signalled once: `done` is set and
-    `on_end` (if any) gets the execution timing."""
+    """A batch sent to the worker. Its end is signalled once: through `on_end` (with
+    the execution timing) when the loop drives the instance, else by setting `done`,
+    which a thread blocked in `execute` waits on."""
 
-    __slots__ = ("id", "groups", "done", "on_end", "start", "input_end", "timer")
+    __slots__ = ("id", "groups", "done", "ended", "on_end", "start", "input_end", "timer")
 
     def __init__(self, batch_id: int, groups: list, start: int, on_end=None):
         self.id = batch_id
         self.groups = groups
-        self.done = threading.Event()
+        self.done = threading.Event() if on_end is None else None
+        self.ended = False
         self.on_end = on_end
         self.start = start
         self.input_end = start
         self.timer: asyncio.TimerHandle | None = None
 
     def end(self) -> None:
-        if self.done.is_set():
+        if self.ended:
             return
-        self.done.set()
+        self.ended = True
         if self.timer is not None:
             self.timer.cancel()
-        if self.on_end is not None:
+        if self.on_end is None:
+            self.done.set()
+        else:
             end = time.monotonic_ns()
             self.on_end(ExecutionTiming(self.start, self.input_end, end, end))
 
 
 class ProcessInstance(ModelInstance):
+    responds_in_execute = False  # a response sender may answer after execute returns
+
     def __init__(self, backend, instance_name: str, args: dict):
         self.backend = backend
         self.bridge = backend.bridge
@@ -227,11 +233,11 @@ class ProcessInstance(ModelInstance):
             on_end(ExecutionTiming(start, start, start, start))
             return
         timeout = self.settings.deadline_s(requests)
-        if timeout is not None and not batch.done.is_set():
+        if timeout is not None and not batch.ended:
             batch.timer = self.loop.call_later(timeout, self._overdue, batch, timeout)
 
     def _overdue(self, batch: _Batch, timeout: float) -> None:
-        if not batch.done.is_set():
+        if not batch.ended:
             self._hung(timeout)
 
     def _send(self, requests: list, on_end) -> _Batch | None:

@@ -69,6 +69,8 @@ class LocalHandle:
 
 
 class ThreadInstance(ModelInstance):
+    responds_in_execute = False  # a response sender may answer after execute returns
+
     def __init__(self, backend, instance_name: str, args: dict):
         self.backend = backend
         self.settings = backend.settings

@@ -171,12 +171,18 @@ class Link:
         """The messages that arrived, without waiting (for an event loop's reader callback);
         EOFError when the other end is gone."""
         messages = []
+        drained = False  # a short read took all the socket had: do not ask it again
         while True:
             message = self._parse()
             if message is not None:
                 messages.append(message)
-            elif not self._fill(blocking=False):
-                return messages
+            elif drained:
+                return messages  # the rest of a partial message wakes the reader again
+            else:
+                count = self._fill(blocking=False)
+                if not count:
+                    return messages
+                drained = count < _SCRATCH
 
     def _parse(self) -> Incoming | None:
         """The first complete message in the buffer, if there is one."""
@@ -204,8 +210,9 @@ class Link:
                 os.close(fd)
         return Incoming(meta, inline, shared)
 
-    def _fill(self, blocking: bool) -> bool:
-        """Read what the socket has (waiting for it when `blocking`); False if nothing."""
+    def _fill(self, blocking: bool) -> int:
+        """Read what the socket has (waiting for it when `blocking`); the bytes read
+        (0: nothing there)."""
         if self._position == len(self._buffer):
             self._buffer.clear()
             self._position = 0
@@ -216,9 +223,9 @@ class Link:
         try:
             count = self._receive(view, 0 if blocking else socket.MSG_DONTWAIT)
         except BlockingIOError:
-            return False
+            return 0
         self._buffer += view[:count]
-        return True
+        return count
 
     def _receive(self, view: memoryview, flags: int) -> int:
         count, ancillary, flags, _ = self.sock.recvmsg_into([view], _ANCILLARY, flags)
