@@ -9,24 +9,23 @@ from __future__ import annotations
 
 import enum
 import logging
-import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import Backend, ModelContext
 from ..backends.registry import backend_class
 from ..config import ConfigError, parse_config_file
-from ..config.json_format import config_from_json
 from ..config.autofill import AutofillError, check_config, complete_platform, fill_defaults
+from ..config.json_format import config_from_json
 from ..core.errors import TritonError, invalid_arg, not_found, unavailable
 from ..core.stats import ModelStats
 from ..scheduling import create_scheduler
 from . import scan
+from .overrides import remove_private_model, write_private_model
 
 log = logging.getLogger("mini_triton.repository")
 
@@ -268,7 +267,7 @@ class ModelRepositoryManager:
             records = list(self.records.values())
         for record in records:
             _stop_versions(record, timeout)
-            _remove_private_dir(record)
+            remove_private_model(record)
 
     # --- internals ---
 
@@ -287,13 +286,13 @@ class ModelRepositoryManager:
                 previous.reason = f"failed to reload '{name}': {record.reason}"
                 previous.fingerprint = record.fingerprint
                 log.error("%s; the previous version keeps serving", previous.reason)
-                _remove_private_dir(record)
+                remove_private_model(record)
                 return record
             self.records[name] = record
             if previous is not None:
                 _stop_versions(previous, self.options.exit_timeout_secs)
                 if previous.private_dir != record.private_dir:
-                    _remove_private_dir(previous)
+                    remove_private_model(previous)
             self._report(record)
             if record.state == State.READY:
                 self._reload_dependents(name)
@@ -315,7 +314,7 @@ class ModelRepositoryManager:
                                          statuses=statuses, reason=reason, unloaded=True)
         if previous is not None:
             _stop_versions(previous, self.options.exit_timeout_secs)
-            _remove_private_dir(previous)
+            remove_private_model(previous)
             log.info("successfully unloaded '%s'", name)
 
     def _dependents(self, name: str) -> list[str]:
@@ -386,55 +385,6 @@ def _config_override(name: str, config_json: str) -> mc.ModelConfig:
     except (ConfigError, ValueError) as error:
         raise invalid_arg(f"failed to load '{name}': invalid 'config' parameter: {error}") \
             from None
-
-
-def write_private_model(name: str, files: dict[str, bytes]) -> Path:
-    """Write load-API file overrides into a fresh private model directory.
-
-    Keys are `file:<version>/<path>`; a path that is absolute, climbs out with
-    `..`, or would pass through a link is refused, so nothing is ever written
-    outside the new directory.
-    """
-    root = Path(tempfile.mkdtemp(prefix="mini_triton_"))
-    folder = root / name
-    folder.mkdir()
-    try:
-        for key, content in files.items():
-            target = _override_target(folder, key, name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "xb") as handle:
-                handle.write(content)
-    except BaseException:
-        shutil.rmtree(root, ignore_errors=True)
-        raise
-    return folder
-
-
-def _override_target(folder: Path, key: str, name: str) -> Path:
-    relative = key[len("file:"):]
-    parts = PurePosixPath(relative).parts
-    if (not relative or relative.startswith("/") or "\\" in relative or ".." in parts
-            or PurePosixPath(relative).is_absolute() or ":" in parts[0]):
-        raise invalid_arg(f"failed to load '{name}': invalid file override path '{relative}'")
-    if scan.parse_version(parts[0]) is None or len(parts) < 2:
-        raise invalid_arg(f"failed to load '{name}': file override '{relative}' must be "
-                          "'<version>/<path>' with a numeric version")
-    target = folder.joinpath(*parts)
-    current = folder
-    for part in parts[:-1]:
-        current = current / part
-        if current.is_symlink():
-            raise invalid_arg(f"failed to load '{name}': file override '{relative}' passes "
-                              "through a link")
-    if not target.resolve().is_relative_to(folder.resolve()):
-        raise invalid_arg(f"failed to load '{name}': file override '{relative}' leaves the "
-                          "model directory")
-    return target
-
-
-def _remove_private_dir(record: ModelRecord) -> None:
-    if record.private_dir is not None:
-        shutil.rmtree(record.private_dir.parent, ignore_errors=True)
 
 
 def _version_number(version: str, name: str) -> int:
