@@ -1,11 +1,13 @@
 """Process mode (the default, as in Triton): each instance runs its model in a
 worker process of its own (`python -m mini_triton.backends.python.worker`).
 
-The instance's thread sends a batch and waits for the worker's "done"; one
-reader thread per worker takes everything the worker sends: responses (also
-after `execute` returned, for decoupled models), BLS calls (answered through
-the event loop, so a waiting instance never blocks them), metrics and model
-control. When the worker dies (a crash, `os._exit`) or `execute` runs past its
+In a server, the dynamic batcher drives the instance from the event loop
+(`begin`: send a batch, be called back when the worker reports it done; see
+scheduling/loop_driven.py); elsewhere a thread calls `execute`, which sends
+and waits. Everything the worker sends is read on the event loop (or by a
+reader thread where no loop serves): responses (also after `execute`
+returned, for decoupled models), BLS calls, metrics and model control.
+When the worker dies (a crash, `os._exit`) or `execute` runs past its
 deadline, the open requests fail with the reason and the model version goes
 UNAVAILABLE; the rest of the server keeps serving.
 """
