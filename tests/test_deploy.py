@@ -41,7 +41,7 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "mini-triton.json"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 KUBERNETES = DEPLOY / "kubernetes"
 KSERVE = DEPLOY / "kserve"
-DOCS = ROOT / "docs" / "deploy.md"
+DOCS = ROOT / "README.md"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -484,7 +484,7 @@ def test_deploy_docs_explain_every_panel():
         pytest.fail(f"{DOCS.relative_to(ROOT)} is missing")
     text = DOCS.read_text()
     for panel in _panels(_dashboard()):
-        assert panel["title"] in text, f"docs/deploy.md does not explain {panel['title']!r}"
+        assert panel["title"] in text, f"README.md does not explain {panel['title']!r}"
 
 
 # --- Kubernetes ------------------------------------------------------------------------
