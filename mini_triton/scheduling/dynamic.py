@@ -153,11 +153,12 @@ class BatchFormer:
         return None, wait
 
 
-class DynamicScheduler:
-    """The scheduler of a model without sequence batching or ensembling."""
+class QueuedScheduler:
+    """What the threaded and the loop-driven dynamic batcher share: the queue, its
+    accounting, admission and cancellation. A subclass says how queued work is
+    picked up (`_queued`)."""
 
-    def __init__(self, config: mc.ModelConfig, instances: list, stats: ModelStats,
-                 backend_batches: bool = True):
+    def __init__(self, config: mc.ModelConfig, stats: ModelStats, backend_batches: bool):
         self.config = config
         self.stats = stats
         dyn = config.dynamic_batching if config.HasField("dynamic_batching") else None
@@ -166,16 +167,7 @@ class DynamicScheduler:
         self.orderer = ResponseOrderer() if dyn is not None and dyn.preserve_ordering else None
         self.condition = threading.Condition()
         self.executing = 0  # requests handed to an instance and not yet returned
-        self.idle = 0  # instances waiting for work
         self.stopping = False
-        self.instances = instances
-        self.workers = [
-            threading.Thread(target=self._work, args=(instance,), daemon=True,
-                             name=f"{config.name}-instance-{index}")
-            for index, instance in enumerate(instances)
-        ]
-        for worker in self.workers:
-            worker.start()
 
     def submit(self, request: InferenceRequest) -> None:
         now = time.monotonic_ns()
@@ -188,6 +180,10 @@ class DynamicScheduler:
             self.former.add(request, now)
             self.stats.adjust_pending(1)
             self.condition.notify()
+        self._queued()
+
+    def _queued(self) -> None:
+        """A request was queued (called without the lock)."""
 
     def inflight(self) -> int:
         with self.condition:
@@ -204,6 +200,30 @@ class DynamicScheduler:
         if removed:
             fail(request, cancelled_error())
 
+    def _take_leftovers(self) -> list:
+        """With the lock held: empty the queue once the time to drain is over."""
+        left = [entry.request for entry in self.former.queues.entries()]
+        self.former.queues.remove(self.former.queues.entries())
+        self.stats.adjust_pending(-len(left))
+        return left
+
+
+class DynamicScheduler(QueuedScheduler):
+    """The scheduler of a model without sequence batching or ensembling."""
+
+    def __init__(self, config: mc.ModelConfig, instances: list, stats: ModelStats,
+                 backend_batches: bool = True):
+        super().__init__(config, stats, backend_batches)
+        self.idle = 0  # instances waiting for work
+        self.instances = instances
+        self.workers = [
+            threading.Thread(target=self._work, args=(instance,), daemon=True,
+                             name=f"{config.name}-instance-{index}")
+            for index, instance in enumerate(instances)
+        ]
+        for worker in self.workers:
+            worker.start()
+
     def stop(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with self.condition:
@@ -211,9 +231,7 @@ class DynamicScheduler:
             self.condition.notify_all()
             while (len(self.former) or self.executing) and time.monotonic() < deadline:
                 self.condition.wait(max(0.0, min(0.05, deadline - time.monotonic())))
-            left = [entry.request for entry in self.former.queues.entries()]
-            self.former.queues.remove(self.former.queues.entries())
-            self.stats.adjust_pending(-len(left))
+            left = self._take_leftovers()
             self.condition.notify_all()
         for request in left:  # the time to drain is over: these will not run
             fail(request, unavailable(STOPPING_MESSAGE))

@@ -12,18 +12,14 @@ batching rules are the same `BatchFormer` the threaded scheduler uses.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.errors import internal, unavailable
-from ..core.request import InferenceRequest
 from ..core.stats import ExecutionTiming, ModelStats
-from .base import begin_batch, cancelled_error, end_batch, fail, tap
-from .dynamic import STOPPING_MESSAGE, BatchFormer, BatchingRules, fail_dropped
-from .ordering import ResponseOrderer
-from .queue import PriorityQueues
+from .base import begin_batch, end_batch, fail
+from .dynamic import STOPPING_MESSAGE, QueuedScheduler, fail_dropped
 
 
 def loop_driven(instances: list) -> asyncio.AbstractEventLoop | None:
@@ -36,7 +32,7 @@ def loop_driven(instances: list) -> asyncio.AbstractEventLoop | None:
     return loops.pop()
 
 
-class LoopScheduler:
+class LoopScheduler(QueuedScheduler):
     """`submit`, `inflight`, `cancel`, `stop`, with batches dispatched on `loop`.
 
     `submit` and `cancel` may come from any thread; batches are formed and
@@ -45,46 +41,16 @@ class LoopScheduler:
 
     def __init__(self, config: mc.ModelConfig, instances: list, stats: ModelStats,
                  loop: asyncio.AbstractEventLoop, backend_batches: bool = True):
-        self.config = config
-        self.stats = stats
+        super().__init__(config, stats, backend_batches)
         self.loop = loop
-        dyn = config.dynamic_batching if config.HasField("dynamic_batching") else None
-        self.former = BatchFormer(BatchingRules.from_config(config, backend_batches),
-                                  PriorityQueues(dyn))
-        self.orderer = ResponseOrderer() if dyn is not None and dyn.preserve_ordering else None
         self.instances = instances
         self.idle = list(reversed(instances))  # popped from the end: the first goes first
-        self.condition = threading.Condition()
-        self.executing = 0
-        self.stopping = False
         self.timer: asyncio.TimerHandle | None = None
         self.dispatching = False
         self.finalized = False
 
-    def submit(self, request: InferenceRequest) -> None:
-        now = time.monotonic_ns()
-        if not request.queue_start_ns:
-            request.queue_start_ns = now
-        tap(request)
-        with self.condition:
-            if self.stopping:
-                raise unavailable(STOPPING_MESSAGE)
-            self.former.add(request, now)
-            self.stats.adjust_pending(1)
+    def _queued(self) -> None:
         self._wake()
-
-    def inflight(self) -> int:
-        with self.condition:
-            return len(self.former) + self.executing
-
-    def cancel(self, request: InferenceRequest) -> None:
-        with self.condition:
-            request.cancelled = True
-            removed = self.former.discard(request)
-            if removed:
-                self.stats.adjust_pending(-1)
-        if removed:
-            fail(request, cancelled_error())
 
     def stop(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -93,9 +59,7 @@ class LoopScheduler:
             while (len(self.former) or self.executing) and time.monotonic() < deadline \
                     and not self._on_loop():
                 self.condition.wait(max(0.0, min(0.05, deadline - time.monotonic())))
-            left = [entry.request for entry in self.former.queues.entries()]
-            self.former.queues.remove(self.former.queues.entries())
-            self.stats.adjust_pending(-len(left))
+            left = self._take_leftovers()
         for request in left:  # the time to drain is over: these will not run
             fail(request, unavailable(STOPPING_MESSAGE))
         self._finalize()
