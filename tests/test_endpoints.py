@@ -168,6 +168,11 @@ def test_asyncio_clients(default_server):
         client = module.InferenceServerClient(url)
         try:
             assert await client.is_server_ready()
+            # JSON replies stay uncompressed although aiohttp sends Accept-Encoding
+            metadata = await client.get_model_metadata("identity_fp32")
+            assert metadata is not None
+            assert await client.get_model_config("identity_fp32")
+            assert await client.get_inference_statistics("identity_fp32")
             tensor = module.InferInput("INPUT0", [1, 16], "FP32")
             tensor.set_data_from_numpy(data)
             results = await asyncio.gather(*[client.infer("identity_fp32", [tensor])

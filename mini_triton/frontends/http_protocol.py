@@ -45,6 +45,10 @@ class HttpReply:
     body: bytes | list = b""  # bytes, or a list of byte chunks written in order
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
+    # Only inference responses are compressed (when the client accepts it), as in
+    # Triton: clients such as tritonclient's aiohttp-based one send Accept-Encoding
+    # on every call but decompress only inference responses.
+    compressible: bool = False
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpReply]]
@@ -220,7 +224,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         chunks = reply.body if isinstance(reply.body, list) else [reply.body]
         extra = reply.headers
-        if accept_encoding and sum(len(c) for c in chunks):
+        if reply.compressible and accept_encoding and sum(len(c) for c in chunks):
             chunks, applied = _compress(chunks, accept_encoding)
             if applied:
                 extra = {**extra, "Content-Encoding": applied}

@@ -273,8 +273,9 @@ class HttpFrontend:
     @staticmethod
     def _infer_response(request: HttpRequest, chunks: list, json_length: int | None):
         if json_length is None:
-            return HttpReply(200, chunks)
-        return HttpReply(200, chunks, _BINARY, {http_codec.HEADER_LENGTH: str(json_length)})
+            return HttpReply(200, chunks, compressible=True)
+        return HttpReply(200, chunks, _BINARY, {http_codec.HEADER_LENGTH: str(json_length)},
+                         compressible=True)
 
 
 def _json_body(request: HttpRequest) -> dict:
