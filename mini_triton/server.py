@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import threading
 import time
@@ -18,6 +19,23 @@ from .repository.manager import ModelRepositoryManager, ServerOptions
 from .service import InferenceService
 
 log = logging.getLogger("mini_triton")
+
+# The lines tritonserver prints when a service listens (we print the same), from which
+# tools read the bound ports back (port 0 picks a free one).
+STARTED_SERVICE_LINES = {
+    "http": re.compile(r"Started HTTPService at [^:\s]+:(\d+)"),
+    "grpc": re.compile(r"Started GRPCInferenceService at [^:\s]+:(\d+)"),
+    "metrics": re.compile(r"Started Metrics Service at [^:\s]+:(\d+)"),
+}
+
+
+def started_service(line: str) -> tuple[str, int] | None:
+    """('http'|'grpc'|'metrics', port) when `line` says a service started listening."""
+    for name, pattern in STARTED_SERVICE_LINES.items():
+        match = pattern.search(line)
+        if match:
+            return name, int(match.group(1))
+    return None
 
 
 @dataclass

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import shlex
 import signal
 import socket
@@ -31,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mini_triton.server import started_service  # noqa: E402
 import loadgen  # noqa: E402
 import run_perf_analyzer  # noqa: E402
 from measurements import (  # noqa: E402
@@ -40,11 +41,6 @@ from measurements import (  # noqa: E402
 REPO_ROOT = PERF_DIR.parent
 SERVERS = ("mini_triton", "triton")
 LABELS = {"mini_triton": "mini_triton", "triton": "Triton 2.51"}
-_PORT_LINES = {
-    "http": re.compile(r"Started HTTPService at [^:\s]+:(\d+)"),
-    "grpc": re.compile(r"Started GRPCInferenceService at [^:\s]+:(\d+)"),
-    "metrics": re.compile(r"Started Metrics Service at [^:\s]+:(\d+)"),
-}
 
 
 def free_port() -> int:
@@ -89,10 +85,9 @@ class Server:
         for line in self.proc.stdout:
             self._log.write(line)
             self._log.flush()
-            for name, pattern in _PORT_LINES.items():
-                match = pattern.search(line)
-                if match:
-                    self.seen[name] = int(match.group(1))
+            started = started_service(line)
+            if started:
+                self.seen[started[0]] = started[1]
 
     def wait_ready(self, model: str, timeout: float) -> None:
         """Until the server reports its ports and answers ready for `model`."""

@@ -8,7 +8,6 @@ and wait on /v2/health/ready, never on a sleep.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,11 +17,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-_PORT_LINES = {
-    "http": re.compile(r"Started HTTPService at [^:\s]+:(\d+)"),
-    "grpc": re.compile(r"Started GRPCInferenceService at [^:\s]+:(\d+)"),
-    "metrics": re.compile(r"Started Metrics Service at [^:\s]+:(\d+)"),
-}
+from mini_triton.server import started_service
+
 
 
 @dataclass
@@ -67,10 +63,9 @@ class ServerProcess:
     def _read_output(self) -> None:
         for line in self.proc.stdout:
             self.lines.append(line)
-            for name, pattern in _PORT_LINES.items():
-                match = pattern.search(line)
-                if match:
-                    self.ports[name] = int(match.group(1))
+            started = started_service(line)
+            if started:
+                self.ports[started[0]] = started[1]
             if "http" in self.ports and "grpc" in self.ports:
                 self._seen_ports.set()
         self._seen_ports.set()
