@@ -16,8 +16,11 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from mini_triton.server import started_service
+# Importable from perf/ scripts too, with or without the package installed.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mini_triton.server import started_service  # noqa: E402
 
 
 
