@@ -20,12 +20,9 @@ of one run, never across machines.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 PERF = Path(__file__).resolve().parent
@@ -34,7 +31,7 @@ sys.path.insert(0, str(PERF))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from loadgen import LoadSpec, measure  # noqa: E402
-from measurements import RESULTS_DIR  # noqa: E402
+from measurements import save_run, server_counts  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
 MAX_BATCH = 16
@@ -57,12 +54,6 @@ def write_repository(folder: Path, delay_ms: float, queue_delay_us: int) -> None
             config += f"dynamic_batching {{ max_queue_delay_microseconds: {queue_delay_us} }}\n"
         (folder / name / "1").mkdir(parents=True)
         (folder / name / "config.pbtxt").write_text(config)
-
-
-def server_counts(http_url: str, model: str) -> tuple[int, int]:
-    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats") as response:
-        stats = json.load(response)["model_stats"][0]
-    return int(stats["inference_count"]), int(stats["execution_count"])
 
 
 def run(args, repository: Path) -> list[dict]:
@@ -121,10 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{os.cpu_count()} CPUs; identity, {args.delay_ms:g} ms per execution, one instance, "
           f"max_batch_size {MAX_BATCH}, {args.protocol}")
     print(table(rows))
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    out = RESULTS_DIR / f"batching-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"args": vars(args), "cpus": os.cpu_count(), "rows": rows},
-                              indent=2))
+    out = save_run("batching", args, rows)
     print(f"\nsaved {out}")
     return 0
 

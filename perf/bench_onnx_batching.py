@@ -18,12 +18,10 @@ load generator included, so compare rows of one run, never across machines.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +34,7 @@ sys.path.insert(0, str(PERF))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from loadgen import LoadSpec, measure  # noqa: E402
-from measurements import RESULTS_DIR  # noqa: E402
+from measurements import save_run, server_counts  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
 WIDTHS = (2048, 4096, 2048)
@@ -91,12 +89,6 @@ def write_repository(folder: Path, delay_us: int) -> Path:
         os.link(model_file, folder / name / "1" / "model.onnx")
         (folder / name / "config.pbtxt").write_text(config.replace("DELAY", str(delay_us)))
     return model_file
-
-
-def server_counts(http_url: str, model: str) -> tuple[int, int]:
-    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats") as response:
-        stats = json.load(response)["model_stats"][0]
-    return int(stats["inference_count"]), int(stats["execution_count"])
 
 
 def serve(args, model_file: Path) -> list[dict]:
@@ -170,10 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"{os.cpu_count()} CPUs; MLP {' → '.join(map(str, WIDTHS))}, FP32, one instance")
     print(table(rows))
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    out = RESULTS_DIR / f"onnx_batching-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"args": vars(args), "cpus": os.cpu_count(), "rows": rows},
-                              indent=2))
+    out = save_run("onnx_batching", args, rows)
     print(f"\nsaved {out}")
     return 0
 

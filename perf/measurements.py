@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,3 +133,19 @@ def save_json(measurements: list[Measurement], path: Path) -> None:
 
 def load_json(path: Path) -> list[Measurement]:
     return [Measurement.from_dict(d) for d in json.loads(Path(path).read_text())]
+
+
+def server_counts(http_url: str, model: str) -> tuple[int, int]:
+    """A model's (inference_count, execution_count) from the statistics endpoint."""
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats") as response:
+        stats = json.load(response)["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
+def save_run(prefix: str, args, rows: list[dict]) -> Path:
+    """Write a benchmark's arguments and rows to perf/results/<prefix>-<time>.json."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    out = RESULTS_DIR / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps({"args": vars(args), "cpus": os.cpu_count(), "rows": rows},
+                              indent=2))
+    return out
