@@ -137,6 +137,22 @@ def test_statistics_count_what_was_sent(proto):
     assert int(after["last_inference"]) > 0
 
 
+@pytest.mark.parametrize("model,inputs", [
+    ("identity_fp32", ["INPUT0"]),  # identity backend, dynamic batcher
+    ("add_sub", ["INPUT0", "INPUT1"]),  # Python backend
+])
+def test_statistics_count_a_request_before_its_answer_arrives(proto, model, inputs):
+    """A client that reads the statistics right after its answer finds its request counted."""
+    data = np.ones((1, 4) if model == "identity_fp32" else (4,), dtype=np.float32)
+    counted = int(_stats(proto, model, "")["inference_count"])
+    for _ in range(20):
+        proto.client.infer(model, [fp32_input(proto, data, name) for name in inputs])
+        now = _stats(proto, model, "")
+        assert int(now["inference_count"]) == counted + 1
+        assert int(now["inference_stats"]["success"]["count"]) >= 1
+        counted += 1
+
+
 def _stats(proto, model, version):
     if proto.name == "grpc":
         stats = proto.client.get_inference_statistics(model, version, as_json=True)

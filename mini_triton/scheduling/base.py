@@ -5,6 +5,7 @@ execution of one batch on one model instance, with its accounting.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Protocol
 
@@ -41,9 +42,13 @@ class Tap:
     ended, and runs the stages schedulers add: a stage takes a response and
     returns it (possibly changed) or None when it takes over delivery (the
     response orderer does that).
+
+    While an execution runs, the final response is held back (`hold_final`)
+    until the execution's statistics are recorded (`release`): a client that
+    reads the statistics after its answer then always finds its request counted.
     """
 
-    __slots__ = ("deliver", "stages", "final_seen", "failed", "responses")
+    __slots__ = ("deliver", "stages", "final_seen", "failed", "responses", "hold", "held")
 
     def __init__(self, deliver: Callable[[InferenceResponse], None]):
         self.deliver = deliver
@@ -51,6 +56,8 @@ class Tap:
         self.final_seen = False
         self.failed = False
         self.responses = 0
+        self.hold: threading.Lock | None = None  # set while the final response is held back
+        self.held: InferenceResponse | None = None
 
     def __call__(self, response: InferenceResponse) -> None:
         if self.final_seen:
@@ -59,6 +66,35 @@ class Tap:
         if response.final:
             self.final_seen = True
             self.failed = response.error is not None
+            if self.hold is not None and self._keep(response):
+                return
+        self._pass(response)
+
+    def hold_final(self) -> None:
+        self.hold = threading.Lock()
+
+    def release(self) -> None:
+        """Stop holding; deliver the final response if one was held."""
+        hold = self.hold
+        if hold is None:
+            return
+        with hold:
+            self.hold = None
+            response, self.held = self.held, None
+        if response is not None:
+            self._pass(response)
+
+    def _keep(self, response: InferenceResponse) -> bool:
+        hold = self.hold
+        if hold is None:
+            return False
+        with hold:
+            if self.hold is None:  # released meanwhile: deliver now
+                return False
+            self.held = response
+            return True
+
+    def _pass(self, response: InferenceResponse) -> None:
         for stage in self.stages:
             response = stage(response)
             if response is None:
@@ -127,6 +163,8 @@ def begin_batch(requests: list, stats: ModelStats,
                 nulls: frozenset = frozenset()) -> tuple[list, int]:
     """The first half of `execute_batch`, before the instance runs: (taps, start ns)."""
     taps = [tap(request) for request in requests]
+    for request_tap in taps:
+        request_tap.hold_final()
     start = time.monotonic_ns()
     for request, request_tap in zip(requests, taps):
         if request.decoupled and id(request) not in nulls:
@@ -155,6 +193,8 @@ def end_batch(instance, requests: list, taps: list, start: int, timing: Executio
         queued = queue_start(request) if queue_start else request.queue_start_ns
         stats.record_compute(timing.start - queued, timing.input_ns, timing.infer_ns,
                              timing.output_ns, rows(request))
+    for request_tap in taps:
+        request_tap.release()
 
 
 class ResponseStatsStage:

@@ -153,11 +153,12 @@ class _EnsembleRun:
         self.done = False
         self.failed = False
         self.compute_ns = 0
+        self.started_ns = 0
         self.idle: asyncio.Event | None = None
 
     async def execute(self) -> None:
         self.idle = asyncio.Event()
-        started = time.monotonic_ns()
+        self.started_ns = time.monotonic_ns()
         try:
             inputs = {t.name: t for t in self.request.inputs}
             self._advance(_Flow(inputs))
@@ -174,8 +175,6 @@ class _EnsembleRun:
         except Exception as error:  # never leave the client without an answer
             self._fail(internal(f"ensemble '{self.scheduler.name}' failed: {error}"))
         finally:
-            if not self.failed:
-                self._record(started)
             self.scheduler.finished(self)
 
     def cancel(self) -> None:
@@ -303,6 +302,7 @@ class _EnsembleRun:
             self.failed = True
             fail(self.request, response.error)
         else:
+            self._record(self.started_ns)  # before answering: the client may read stats next
             self.request.respond(response)
 
     def _record(self, started: int) -> None:
