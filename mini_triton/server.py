@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .core.collector import settle_garbage_collector
 from .frontends import grpc_server
 from .frontends.http_protocol import HttpReply, HttpRequest, start_server
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
@@ -206,6 +207,7 @@ async def _serve(settings: Settings) -> int:
         log.error("%s", error)
         await server.shutdown()
         return 1
+    settle_garbage_collector()  # the server owns this process
     await server.wait_stopped()
     log.info("Stopping: draining in-flight requests (up to %ss)", settings.exit_timeout_secs)
     await server.shutdown()

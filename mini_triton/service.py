@@ -12,7 +12,7 @@ from . import SERVER_NAME, __version__
 from .core.classification import classify, read_labels
 from .core.cuda_shared_memory import CudaSharedMemoryRegistry
 from .core.errors import Code, TritonError, invalid_arg, unsupported
-from .core.request import InferenceRequest, InferenceResponse, ResponseStream
+from .core.request import FinalAnswer, InferenceRequest, InferenceResponse, ResponseStream
 from .core.shared_memory import SharedMemoryRegistry
 from .core.tensor import Tensor
 from .core.validate import config_datatype, normalize
@@ -91,12 +91,24 @@ class InferenceService:
 
     # --- inference ---
 
-    def infer(self, request: InferenceRequest, endpoint: str = "") -> ResponseStream:
-        """Validate and schedule; the returned stream yields the responses.
+    def infer(self, request: InferenceRequest) -> ResponseStream:
+        """Validate and schedule; the returned stream yields the responses."""
+        request.stream = ResponseStream(self.loop or asyncio.get_running_loop())
+        self._start(request, "")
+        return request.stream
 
-        `endpoint` names a unary front end ("HTTP end point", "ModelInfer RPC"),
-        which cannot carry a decoupled model's responses; empty means streaming.
-        """
+    def start_unary(self, request: InferenceRequest, endpoint: str) -> asyncio.Future:
+        """Validate and schedule a request of a unary front end (`endpoint`: "HTTP end
+        point", "ModelInfer RPC"), on the event loop; a future of its final response.
+        Refusals before scheduling are raised."""
+        answer = FinalAnswer(asyncio.get_running_loop())
+        request.stream = answer
+        self._start(request, endpoint)
+        return answer.future
+
+    def _start(self, request: InferenceRequest, endpoint: str) -> None:
+        """Check, prepare and submit `request`, whose `stream` is set. A unary
+        `endpoint` cannot carry a decoupled model's responses."""
         if not self.accepting:
             raise TritonError(Code.UNAVAILABLE, "Server is stopping: no new requests accepted")
         requested_version = request.model_version
@@ -109,9 +121,7 @@ class InferenceService:
                 f"{endpoint} doesn't support models with decoupled transaction policy")
         self._read_shared_memory_inputs(request)
         self._prepare(request, loaded)
-        request.stream = ResponseStream(self.loop or asyncio.get_running_loop())
         self._submit(request, loaded, requested_version)
-        return request.stream
 
     def _prepare(self, request: InferenceRequest, loaded: LoadedVersion) -> None:
         request.model_version = str(loaded.version)
@@ -194,9 +204,9 @@ class InferenceService:
     async def infer_unary(self, request: InferenceRequest, endpoint: str) -> InferenceResponse:
         """One request, its final response; an error response is raised. When the caller
         goes away (the coroutine is cancelled) the request is cancelled too."""
-        stream = self.infer(request, endpoint)
+        answer = self.start_unary(request, endpoint)
         try:
-            response = await stream.final()
+            response = await answer
         except asyncio.CancelledError:
             self.cancel(request)
             raise

@@ -58,6 +58,23 @@ def test_keep_alive_and_pipelining_answer_in_order(server):
     assert statuses == [200, 200, 404]
 
 
+def test_pipelined_replies_keep_order_behind_a_slow_inference(server):
+    """A slow inference first: the immediate error, the health answer and the quick
+    inference pipelined behind it must still come back in request order."""
+    quick = INFER.replace("[1,2]}", "[7,8]}")
+    with connect(server) as sock:
+        requests = [post("/v2/models/batched_identity_delay/infer", INFER),
+                    post("/v2/models/no_such/infer", INFER),
+                    b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n",
+                    post("/v2/models/identity_fp32/infer", quick)]
+        sock.sendall(b"".join(requests))
+        buffer = bytearray()
+        replies = [read_reply(sock, buffer) for _ in requests]
+    assert [status for status, _, _ in replies] == [200, 404, 200, 200]
+    assert json.loads(replies[0][2])["model_name"] == "batched_identity_delay"
+    assert json.loads(replies[3][2])["outputs"][0]["data"] == [7.0, 8.0]
+
+
 def test_expect_100_continue(server):
     with connect(server) as sock:
         head = ("POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -85,6 +86,34 @@ class ResponseStream:
         return response
 
 
+class FinalAnswer:
+    """The final response of a unary request as a future on the event loop.
+
+    Created on the loop's thread; responses may be put from any thread. A
+    unary front end needs only the final response, so this skips the
+    stream's queue and its reader coroutine.
+    """
+
+    __slots__ = ("loop", "thread", "future")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.thread = threading.get_ident()
+        self.future: asyncio.Future = loop.create_future()
+
+    def put(self, response: InferenceResponse) -> None:
+        if not response.final:
+            return
+        if threading.get_ident() == self.thread:
+            self._set(response)
+        elif not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._set, response)
+
+    def _set(self, response: InferenceResponse) -> None:
+        if not self.future.done():  # the waiter may have been cancelled
+            self.future.set_result(response)
+
+
 @dataclass
 class InferenceRequest:
     model_name: str
@@ -100,7 +129,7 @@ class InferenceRequest:
     correlation_id: int | str = 0
     flags: int = 0
     # Filled by the service before scheduling:
-    stream: ResponseStream | None = None
+    stream: ResponseStream | FinalAnswer | None = None
     on_complete: Callable[["InferenceRequest", InferenceResponse], None] | None = None
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     queue_start_ns: int = 0

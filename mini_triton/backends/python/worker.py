@@ -21,6 +21,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ...core.collector import settle_garbage_collector
 from . import convert
 from . import utils as pb
 from .runner import ModelError, ModelRunner, install_module_alias
@@ -160,6 +161,8 @@ class Worker:
             error = str(failure)
         self.link.send({"op": "reply", "call": meta["call"], "error": error,
                         "has_is_ready": error is None and self.runner.has_is_ready()})
+        if error is None:
+            settle_garbage_collector()  # this process now only serves the model
 
     def _auto_complete(self, meta: dict) -> None:
         runner = ModelRunner(Path(meta["model_file"]), meta["label"])
