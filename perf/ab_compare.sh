@@ -7,6 +7,8 @@
 # Starts both servers on perf/repos/python_identity (MINI_TRITON_PYTHON_EXECUTION_MODE
 # applies to both), then for each repetition and point runs perf_analyzer on one and
 # then the other (the order flips every repetition) and prints infer/s for both.
+# MEASURE=cpu prints perf/cpu_per_request.sh's line instead (infer/s and the server's
+# and worker's CPU time per request), a steadier figure on a shared machine.
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 BEFORE=$(cd "$1" && pwd); AFTER=$(cd "$2" && pwd); POINTS=$3; REPS=${4:-3}
@@ -24,6 +26,10 @@ wait_ready() {
   echo "server on $1 not ready" >&2; return 1
 }
 run() {  # port protocol concurrency
+  if [ "${MEASURE:-}" = cpu ]; then
+    bash "$HERE/perf/cpu_per_request.sh" "$1" "$2" "$3" "$MODEL" | sed 's/^[a-z]* c[0-9]*: //'
+    return
+  fi
   local port=$1; [ "$2" = grpc ] && port=$(($1 + 1))
   "$HERE/perf/perf_analyzer" -m "$MODEL" -u "127.0.0.1:$port" -i "$2" --concurrency-range "$3" \
     -p 2000 -s 30 -r 6 --shape INPUT0:16 2>&1 | grep "^Concurrency:" | grep -o "throughput: [0-9.]*" | cut -d" " -f2
