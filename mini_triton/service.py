@@ -74,6 +74,16 @@ class InferenceService:
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.manager.is_ready(name, version)
 
+    # A model's own is_ready() may take its time (a Python model's runs in its worker):
+    # the front ends ask off the event loop, so that nothing else waits for it.
+
+    async def check_ready(self) -> bool:
+        return await asyncio.get_running_loop().run_in_executor(None, self.ready)
+
+    async def check_model_ready(self, name: str, version: str = "") -> bool:
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self.model_ready, name, version)
+
     def model_metadata(self, name: str, version: str = "") -> dict:
         loaded = self.manager.get(name, version)
         record = self.manager.record(name)

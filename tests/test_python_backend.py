@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -393,6 +394,17 @@ class TritonPythonModel:
             pb_utils.get_input_tensor_by_name(r, "IN")]) for r in requests]
 '''
 
+SLOW_READINESS = READINESS.replace('''    def is_ready(self):
+        return not os.path.exists(self.flag)''', '''    def is_ready(self):
+        """Says it was asked, then answers once the test releases it (at most 20 s)."""
+        folder = os.path.dirname(self.flag)
+        open(os.path.join(folder, "asked"), "w").close()
+        for _ in range(2000):
+            if os.path.exists(os.path.join(folder, "release")):
+                return True
+            time.sleep(0.01)
+        return False''').replace("import os\n", "import os\nimport time\n")
+
 
 def _io(inputs: list, outputs: list) -> str:
     def tensor(name, kind, dims):
@@ -440,6 +452,7 @@ MODELS = {
                 + _io([("INPUT0", "TYPE_FP32", [2])],
                       [("OUTPUT0", "TYPE_FP32", [2]), ("ROWS", "TYPE_INT32", [1])]), STACKED),
     "readiness": (_io(INT_IN, INT_IN), READINESS),
+    "slow_readiness": (_io(INT_IN, INT_IN), SLOW_READINESS),
 }
 
 
@@ -803,6 +816,30 @@ def test_model_is_ready_asks_the_model(client, served):
     finally:
         flag.unlink()
     assert client.client.is_model_ready("readiness")
+
+
+def test_a_slow_is_ready_holds_up_no_other_request(client, served):
+    """While one model's is_ready() takes its time, the server answers everything else:
+    the inference below is answered before that is_ready() is let go."""
+    folder = served.repository / "slow_readiness"
+    asked, release = folder / "asked", folder / "release"
+    asker = Client(client.protocol, served)  # a client of its own: it waits in a thread
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            readiness = pool.submit(asker.client.is_model_ready, "slow_readiness")
+            for _ in range(3000):  # until the model is being asked
+                if asked.exists() or readiness.done():
+                    break
+                time.sleep(0.01)
+            inputs, a, b = add_sub_inputs()
+            result = client.infer("add_sub", inputs)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+            release.write_text("")
+            assert readiness.result(timeout=60) is True
+    finally:
+        asker.client.close()
+        for marker in (asked, release):
+            marker.unlink(missing_ok=True)
 
 
 CONTROLLER = '''

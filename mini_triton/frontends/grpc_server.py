@@ -93,10 +93,11 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=self.service.live())
 
     async def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=self.service.ready())
+        return pb.ServerReadyResponse(ready=await self.service.check_ready())
 
     async def ModelReady(self, request, context):
-        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version))
+        return pb.ModelReadyResponse(
+            ready=await self.service.check_model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request, context):
         return pb.ServerMetadataResponse(**self.service.server_metadata())

@@ -133,13 +133,14 @@ class HttpFrontend:
         return _OK if self.service.live() else _NOT_READY
 
     async def ready(self, request: HttpRequest) -> HttpReply:
-        return _OK if self.service.ready() else _NOT_READY
+        return _OK if await self.service.check_ready() else _NOT_READY
 
     async def server_metadata(self, request: HttpRequest) -> HttpReply:
         return json_reply(self.service.server_metadata())
 
     async def model_ready(self, request: HttpRequest) -> HttpReply:
-        return _OK if self.service.model_ready(*_model_and_version(request)) else _NOT_READY
+        ready = await self.service.check_model_ready(*_model_and_version(request))
+        return _OK if ready else _NOT_READY
 
     @handles_errors
     async def model_metadata(self, request: HttpRequest) -> HttpReply:
