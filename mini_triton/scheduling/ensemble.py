@@ -41,7 +41,7 @@ class EnsembleScheduler:
         self.stats = stats
         check_ensemble_config(self.config)
         self.graph = EnsembleGraph.from_config(self.config)
-        # Absent from the model_config.proto of tritonclient 2.51 and older: no bound there.
+        # Older tritonclient releases' model_config.proto (2.51's, for one) lack the field.
         self.max_inflight = getattr(self.config.ensemble_scheduling, "max_inflight_requests", 0)
         self.lock = threading.Condition()
         self.active = 0
