@@ -7,6 +7,7 @@ temporary folder per module.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from pathlib import Path
 
 import numpy as np
@@ -308,6 +309,22 @@ def test_implicit_state_carries_over_a_sequence(onnx_proto):
     config = config_of(onnx_proto, "stateful")
     assert [t["name"] for t in config["input"]] == ["INPUT"]
     assert [t["name"] for t in config["output"]] == ["OUTPUT"]
+
+
+def test_implicit_state_of_a_sequence_given_up_as_idle_is_dropped(good_server):
+    """A sequence left without END keeps no state once it loses its slot for being idle."""
+    proto = connect("http", good_server)
+    try:
+        proto.client.infer("stateful", [infer_input(proto, "INPUT", np.array([[4]], np.int32),
+                                                    "INT32")],
+                           sequence_id=3001, sequence_start=True)
+    finally:
+        proto.client.close()
+    scheduler = good_server.server.manager.get("stateful", "").scheduler
+    states = [batcher.instance.state for batcher in scheduler.batchers]
+    assert any(3001 in state.values for state in states)
+    scheduler.reap(time.monotonic_ns() + 60 * 10**9)  # as if a minute had passed
+    assert not any(3001 in state.values for state in states)
 
 
 # --- auto-complete as the clients see it ---

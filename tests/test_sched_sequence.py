@@ -365,3 +365,34 @@ def test_identity_keeps_implicit_state_per_sequence_from_its_initial_state(tmp_p
         assert backend.states.values == {}  # both sequences ended: their state is gone
     finally:
         scheduler.stop(5)
+
+
+def test_implicit_state_of_a_sequence_given_up_as_idle_is_dropped(tmp_path):
+    """A sequence that never sends END: once it loses its slot for being idle, the
+    identity backend keeps nothing of it (a long-running server would grow otherwise)."""
+    from mini_triton.backends.base import ModelContext
+    from mini_triton.backends.identity import IdentityBackend
+
+    config = parse_config('''
+        name: "acc" max_batch_size: 1
+        input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        sequence_batching {
+          max_sequence_idle_microseconds: 1000
+          state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ] }
+        parameters { key: "state_update" value: { string_value: "accumulate" } }''')
+    backend = IdentityBackend(ModelContext("acc", 1, config, tmp_path, tmp_path.parent))
+    scheduler = SequenceScheduler(config, [backend.create_instance(0, "CPU", 0)],
+                                  ModelStats("acc", "1"), reaper=False)
+    try:
+        request = step("a1", 7, start=True)
+        request.inputs[0].datatype = "INT32"
+        request.inputs[0].data = np.array([[5]], dtype=np.int32)
+        request.inputs[0].shape = (1, 1)
+        scheduler.submit(request)
+        assert request.stream.final().error is None
+        assert list(backend.states.values) == [7]  # the sequence is open: its state is kept
+        scheduler.reap(request.queue_start_ns + 2_000_000)  # 2 ms later: idle, slot released
+        assert backend.states.values == {}
+    finally:
+        scheduler.stop(5)

@@ -57,6 +57,10 @@ class ModelInstance:
     def finalize(self) -> None:
         """Release what the instance holds; called once, after its last execute."""
 
+    def forget_sequence(self, correlation_id) -> None:
+        """The sequence batcher gave a sequence up without its END (idle too long, or
+        cancelled): drop what is kept for it (implicit state)."""
+
 
 class Backend:
     """A loaded model version."""

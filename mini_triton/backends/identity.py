@@ -55,6 +55,10 @@ class IdentityInstance(TensorBatchInstance):
         self.states = backend.states
         self._requests: list = []
 
+    def forget_sequence(self, correlation_id) -> None:
+        if self.states is not None:
+            self.states.forget(correlation_id)
+
     def execute(self, requests):
         self._requests = requests  # the sequences whose state `compute` reads and writes
         try:
@@ -106,6 +110,10 @@ class SequenceStates:
         first = self.specs[0].input_name
         parts = [values[first] for values in results]
         return {self.first_output: parts[0] if len(parts) == 1 else np.concatenate(parts)}
+
+    def forget(self, correlation_id) -> None:
+        with self.lock:
+            self.values.pop(correlation_id, None)
 
     def _current(self, request) -> dict[str, np.ndarray]:
         key = request.correlation_id

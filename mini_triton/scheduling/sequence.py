@@ -225,6 +225,7 @@ class SequenceScheduler:
                 del self.slot_of[corr]
             self.last_seen.pop(corr, None)
             self._cancel_all(leftovers)
+            self.batchers[index].instance.forget_sequence(corr)
         while self.backlog:
             backlog = self.backlog.popleft()
             last = backlog.requests[-1]
@@ -265,7 +266,9 @@ class SequenceScheduler:
                 if target is not None:
                     del self.last_seen[corr]
                     log.debug("sequence %s of '%s' idle: releasing its slot", corr, self.name)
-                    self.batchers[target[0]].enqueue(target[1], None)
+                    batcher = self.batchers[target[0]]
+                    batcher.enqueue(target[1], None)
+                    batcher.instance.forget_sequence(corr)
                 elif corr in self.backlog_of:
                     wait = min(wait, _BACKLOG_RECHECK_NS)
                 else:

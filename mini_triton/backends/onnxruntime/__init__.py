@@ -64,6 +64,10 @@ class OnnxRuntimeInstance(TensorBatchInstance):
         self.batched = config.max_batch_size > 0
         self._requests: list = []
 
+    def forget_sequence(self, correlation_id) -> None:
+        if self.state is not None:
+            self.state.forget(correlation_id)
+
     def execute(self, requests):
         self._requests = requests  # the state of each request's sequence, read by compute
         try:

@@ -61,6 +61,10 @@ class ImplicitState:
                 self.values[request.correlation_id] = {
                     self.pairs[name]: np.array(parts[index]) for name, parts in per_output.items()}
 
+    def forget(self, correlation_id) -> None:
+        with self.lock:
+            self.values.pop(correlation_id, None)
+
     def _current(self, request) -> dict[str, np.ndarray]:
         key = request.correlation_id
         if not _in_sequence(request) or request.flags & SEQUENCE_START or key not in self.values:
