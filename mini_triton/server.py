@@ -180,6 +180,7 @@ class Server:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.manager.stop_all,
                                    max(0.5, deadline - time.monotonic()))
+        self.service.tracer.flush()
         self.service.log_settings.close()
 
     def _inflight(self) -> int:

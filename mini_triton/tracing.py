@@ -5,6 +5,12 @@ strings (and `trace_level` a list of strings) exactly as the API carries them.
 A traced request's file entry is Triton's pair of objects: its model, then its
 timestamps (steady-clock ns): REQUEST_START, QUEUE_START, COMPUTE_START,
 COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END, REQUEST_END.
+
+`log_frequency` as in tritonserver: N > 0 writes every N traces to a file of
+their own, `<trace_file>.0`, `<trace_file>.1`, ... (what is left at shutdown
+goes to the next one); 0 writes to `<trace_file>` itself. There each trace is
+appended as it finishes, keeping the file one valid JSON array throughout,
+so it can be read while the server runs (tritonserver writes it at exit).
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ _LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 class Trace:
     """One sampled request."""
 
-    def __init__(self, tracer: "Tracer", trace_id: int, file: str):
-        self.tracer, self.id, self.file = tracer, trace_id, file
+    def __init__(self, tracer: "Tracer", trace_id: int, file: str, frequency: int):
+        self.tracer, self.id, self.file, self.frequency = tracer, trace_id, file, frequency
 
     def finish(self, request) -> None:
         marks = [("REQUEST_START", request.arrival_ns), ("QUEUE_START", request.queue_start_ns)]
@@ -38,7 +44,7 @@ class Trace:
              "model_version": int(request.model_version or 0)},
             {"id": self.id, "timestamps": [{"name": n, "ns": ns} for n, ns in marks if ns]},
         ]
-        self.tracer.write(self.file, entries)
+        self.tracer.write(self.file, entries, self.frequency)
 
 
 class Tracer:
@@ -49,7 +55,8 @@ class Tracer:
         self.counters: dict[str, itertools.count] = {}
         self.remaining: dict[str, int] = {}
         self.ids = itertools.count(1)
-        self.files: dict[str, list] = {}
+        self.started: set[str] = set()  # files written by this server: appended to
+        self.batches: dict[str, _Batches] = {}  # by trace file, where log_frequency > 0
 
     def settings(self, model: str = "") -> dict:
         with self.lock:
@@ -89,18 +96,61 @@ class Tracer:
             if left > 0:
                 self.remaining[model] = left - 1
             trace_id = next(self.ids)
-        return Trace(self, trace_id, merged["trace_file"])
+        return Trace(self, trace_id, merged["trace_file"], int(merged["log_frequency"]))
 
-    def write(self, path: str, entries: list) -> None:
+    def write(self, path: str, entries: list, frequency: int = 0) -> None:
+        """Record one trace's entries in `path` (see the module's note on log_frequency)."""
         if not path:
             return
         with self.lock:
-            traces = self.files.setdefault(path, [])
-            traces.extend(entries)
-            temporary = f"{path}.tmp"
-            with open(temporary, "w", encoding="utf-8") as handle:
-                json.dump(traces, handle)
-            os.replace(temporary, path)
+            if frequency > 0:
+                batches = self.batches.setdefault(path, _Batches(path))
+                batches.add(entries, frequency)
+            else:
+                _append_to_array(path, entries, fresh=path not in self.started)
+                self.started.add(path)
+
+    def flush(self) -> None:
+        """Write the traces still collected for log_frequency files (at shutdown)."""
+        with self.lock:
+            for batches in self.batches.values():
+                batches.write()
+
+
+class _Batches:
+    """The traces of one trace file with log_frequency > 0, written N at a time."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.index = 0
+        self.pending: list = []
+        self.traces = 0
+
+    def add(self, entries: list, frequency: int) -> None:
+        self.pending.extend(entries)
+        self.traces += 1
+        if self.traces >= frequency:
+            self.write()
+
+    def write(self) -> None:
+        if not self.traces:
+            return
+        _append_to_array(f"{self.path}.{self.index}", self.pending, fresh=True)
+        self.index += 1
+        self.pending, self.traces = [], 0
+
+
+def _append_to_array(path: str, entries: list, fresh: bool) -> None:
+    """Add `entries` to the JSON array in `path` (a new file when `fresh`), rewriting
+    only its closing bracket: the cost of a trace does not grow with the file."""
+    items = ",".join(json.dumps(entry) for entry in entries)
+    if fresh or not os.path.exists(path):
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(f"[{items}]")
+        return
+    with open(path, "r+b") as handle:
+        handle.seek(-1, os.SEEK_END)  # the closing bracket
+        handle.write(f",{items}]".encode())
 
 
 def _checked(key: str, value):

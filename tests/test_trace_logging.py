@@ -74,6 +74,39 @@ def test_trace_file_records_sampled_requests(protocol, tmp_path):
                    protocol.client.get_trace_settings(as_json=True))["trace_level"] == ["OFF"]
 
 
+def test_log_frequency_writes_every_n_traces_to_numbered_files(tmp_path):
+    """log_frequency 2: traces 1-2 in trace.json.0, 3-4 in trace.json.1, and the fifth,
+    left at shutdown, in trace.json.2 (tritonserver's naming); nothing in trace.json."""
+    trace_file = tmp_path / "trace.json"
+    with ServerThread(server_settings(DEFAULT_REPOSITORY)) as running:
+        protocol = connect("http", running)
+        protocol.client.update_trace_settings(settings={
+            "trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"], "trace_rate": "1",
+            "log_frequency": "2"})
+        for _ in range(5):
+            infer(protocol)
+        protocol.client.close()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.0", "trace.json.1"]
+    files = sorted(tmp_path.iterdir())
+    assert [p.name for p in files] == ["trace.json.0", "trace.json.1", "trace.json.2"]
+    ids = [[t["id"] for t in json.loads(p.read_text()) if "model_name" in t] for p in files]
+    assert [len(chunk) for chunk in ids] == [2, 2, 1]
+    assert sum(ids, []) == sorted(sum(ids, []))  # in the order they were traced
+
+
+def test_trace_file_stays_valid_json_as_traces_are_appended(tmp_path):
+    trace_file = tmp_path / "appended.json"
+    with ServerThread(server_settings(DEFAULT_REPOSITORY)) as running:
+        protocol = connect("grpc", running)
+        protocol.client.update_trace_settings(settings={
+            "trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+        for count in range(1, 4):
+            infer(protocol)
+            traces = json.loads(trace_file.read_text())  # readable after every trace
+            assert len([t for t in traces if "model_name" in t]) == count
+        protocol.client.close()
+
+
 def test_bad_trace_setting_is_refused(protocol):
     with pytest.raises(InferenceServerException) as caught:
         protocol.client.update_trace_settings(settings={"trace_rate": "often"})
