@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from .core.response_cache import parse_cache_config
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
 from .frontends.restrictions import parse_restrictions
 from .server import Settings, run
@@ -86,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
         help="e.g. model-repository,shared-memory:admin-key=secret (repeatable)")
     add("--grpc-restricted-protocol", action="append", default=[], metavar="APIS:KEY=VALUE")
+    add("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
+        help="response cache, e.g. local,size=1048576 (models opt in with response_cache)")
+    add("--response-cache-byte-size", type=non_negative, default=None,
+        help="deprecated form of --cache-config local,size=BYTES")
     return parser
 
 
@@ -106,6 +111,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         metrics_config=dict(args.metrics_config),
         http_restricted=parse_restrictions(args.http_restricted_api),
         grpc_restricted=parse_restrictions(args.grpc_restricted_protocol),
+        response_cache_bytes=parse_cache_config(args.cache_config,
+                                                args.response_cache_byte_size),
     )
 
 

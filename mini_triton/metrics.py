@@ -76,6 +76,20 @@ LATENCY_COUNTERS = (
      lambda s: _us(s.durations["compute_output"].ns)),
 )
 
+# Response-cache counters (only when the server has a cache): family, how to read it.
+CACHE_COUNTERS = (
+    (Family("nv_cache_num_hits_per_model", "counter", "Number of cache hits per model"),
+     lambda s: s.durations["cache_hit"].count),
+    (Family("nv_cache_num_misses_per_model", "counter", "Number of cache misses per model"),
+     lambda s: s.durations["cache_miss"].count),
+    (Family("nv_cache_hit_duration_per_model", "counter",
+            "Total cache hit duration per model, in microseconds"),
+     lambda s: _us(s.durations["cache_hit"].ns)),
+    (Family("nv_cache_miss_duration_per_model", "counter",
+            "Total cache miss (insert+lookup) duration per model, in microseconds"),
+     lambda s: _us(s.durations["cache_miss"].ns)),
+)
+
 # Latency summaries: family, the ModelStats window it reads.
 LATENCY_SUMMARIES = (
     (Family("nv_inference_request_summary_us", "summary",
@@ -201,6 +215,7 @@ class Metrics:
             options = MetricsOptions(options.counter_latencies, summary_latencies,
                                      options.quantiles)
         self.options = options
+        self.cache_counters = False  # the server has a response cache
         psutil.cpu_percent(None)  # prime the utilisation counter
         self._cpu_at = time.monotonic()
 
@@ -225,9 +240,14 @@ class Metrics:
                               for l, s in snapshots for reason in FAILURE_REASONS])
         text.family(COUNT, [(l, s["inference_count"]) for l, s in snapshots])
         text.family(EXEC_COUNT, [(l, s["execution_count"]) for l, s in snapshots])
-        if self.options.counter_latencies:
-            for family, read in LATENCY_COUNTERS:
-                text.family(family, [(l, read(stat)) for l, stat in labelled])
+        counters = (LATENCY_COUNTERS if self.options.counter_latencies else ()) + \
+            (CACHE_COUNTERS if self.cache_counters else ())
+        for family, read in counters:
+            samples = []
+            for labels, stat in labelled:
+                with stat.lock:
+                    samples.append((labels, read(stat)))
+            text.family(family, samples)
         if self.options.summary_latencies:
             quantiles = self.options.quantiles
             now = time.monotonic_ns()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .core.collector import settle_garbage_collector
+from .core.response_cache import ResponseCache
 from .frontends import grpc_server
 from .frontends.http_protocol import HttpReply, HttpRequest, start_server
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
@@ -65,6 +66,7 @@ class Settings:
     metrics_config: dict = field(default_factory=dict)
     http_restricted: dict = field(default_factory=dict)  # API group → Restriction
     grpc_restricted: dict = field(default_factory=dict)
+    response_cache_bytes: int = 0  # --cache-config local,size=N; 0: no response cache
 
 
 class StartupError(RuntimeError):
@@ -82,6 +84,9 @@ class Server:
         self.manager.server = self.service
         self.metrics = Metrics(self.manager, config=settings.metrics_config)
         self.service.metrics = self.metrics  # backends add their own families (custom metrics)
+        if settings.response_cache_bytes:
+            self.service.response_cache = ResponseCache(settings.response_cache_bytes)
+            self.metrics.cache_counters = True
         self.ports: dict[str, int] = {}
         self._listeners: list = []
         self._grpc = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -13,6 +14,7 @@ from .core.classification import classify, read_labels
 from .core.cuda_shared_memory import CudaSharedMemoryRegistry
 from .core.errors import Code, TritonError, invalid_arg, unsupported
 from .core.request import FinalAnswer, InferenceRequest, InferenceResponse, ResponseStream
+from .core.response_cache import ResponseCache
 from .core.shared_memory import SharedMemoryRegistry
 from .core.tensor import Tensor
 from .core.validate import config_datatype, normalize
@@ -56,6 +58,7 @@ class InferenceService:
         self.system_shm = SharedMemoryRegistry()
         self.cuda_shm = CudaSharedMemoryRegistry()
         self.tracer = Tracer()
+        self.response_cache: ResponseCache | None = None  # --cache-config local,size=...
         self.log_settings = LogSettings()
 
     # --- health and metadata ---
@@ -192,7 +195,13 @@ class InferenceService:
 
     def _submit(self, request: InferenceRequest, loaded: LoadedVersion,
                 requested_version: str) -> None:
-        request.on_complete = _completion_recorder(loaded, self.tracer.sample(request.model_name))
+        lookup = self._cache_lookup(request, loaded)
+        request.on_complete = _completion_recorder(loaded, self.tracer.sample(request.model_name),
+                                                   lookup)
+        if lookup is not None and lookup.outputs is not None:  # answered from the cache
+            request.respond(InferenceResponse(request.model_name, request.model_version,
+                                              request.id, list(lookup.outputs)))
+            return
         try:
             loaded.scheduler.submit(request)
         except TritonError as error:
@@ -203,6 +212,19 @@ class InferenceService:
             # A reload swapped in a new version between lookup and submit: go there.
             self._prepare(request, current)
             self._submit(request, current, requested_version)
+
+    def _cache_lookup(self, request: InferenceRequest, loaded: LoadedVersion):
+        """The response cache's answer for `request` (a CacheLookup), or None where the
+        cache does not apply: no server cache, not enabled for the model, a sequence
+        model, or outputs that go to shared memory or are classified."""
+        cache = self.response_cache
+        config = loaded.config
+        if cache is None or not config.response_cache.enable or request.transform is not None \
+                or config.HasField("sequence_batching"):
+            return None
+        start = time.monotonic_ns()
+        key = cache.key(request)
+        return CacheLookup(cache, key, cache.lookup(key), time.monotonic_ns() - start)
 
     def _replacement(self, loaded: LoadedVersion, name: str, requested_version: str):
         try:
@@ -319,13 +341,37 @@ def _tensor_metadata(tensor, config: mc.ModelConfig) -> dict:
     return {"name": tensor.name, "datatype": config_datatype(tensor.data_type), "shape": shape}
 
 
-def _completion_recorder(loaded: LoadedVersion, trace=None):
-    """What happens when a request's final response is sent: statistics, and its
-    trace when the request was sampled."""
+@dataclass
+class CacheLookup:
+    """A request's visit to the response cache: its key, the cached outputs (None: a
+    miss) and how long the lookup took."""
+
+    cache: ResponseCache
+    key: bytes
+    outputs: list | None
+    lookup_ns: int
+
+    def record(self, stats, response: InferenceResponse) -> None:
+        """Account for the visit once the request is answered; a miss that succeeded
+        leaves its outputs in the cache (the insertion counts in the miss's time)."""
+        if self.outputs is not None:
+            stats.record_cache(True, self.lookup_ns)
+            return
+        start = time.monotonic_ns()
+        if response.error is None:
+            self.cache.insert(self.key, response.outputs)
+        stats.record_cache(False, self.lookup_ns + time.monotonic_ns() - start)
+
+
+def _completion_recorder(loaded: LoadedVersion, trace=None, lookup: CacheLookup | None = None):
+    """What happens when a request's final response is sent: statistics, the response
+    cache, and its trace when the request was sampled."""
     stats = loaded.stats
 
     def record(request: InferenceRequest, response: InferenceResponse) -> None:
         elapsed = time.monotonic_ns() - request.arrival_ns
+        if lookup is not None:
+            lookup.record(stats, response)
         if response.error is None:
             stats.record_request(elapsed, True)
         else:

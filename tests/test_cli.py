@@ -25,6 +25,8 @@ def run_cli(*args, timeout=60):
     (["--http-port=70000"], "port must be 0-65535"),
     (["--allow-http=maybe"], "expected true or false"),
     (["--model-control-mode=sometimes"], "invalid choice"),
+    (["--cache-config", "redis,host=127.0.0.1"], "'redis' is not available"),
+    (["--cache-config=local,size=8", "--response-cache-byte-size=8"], "incompatible flags"),
 ])
 def test_bad_command_line_is_one_line_and_exit_2(args, fragment):
     result = run_cli(*args)

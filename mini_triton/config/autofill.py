@@ -152,6 +152,10 @@ def check_config(config: mc.ModelConfig) -> None:
                     raise AutofillError(
                         f"model '{config.name}': {kind} '{tensor.name}' dims must be positive "
                         f"or -1, got {list(tensor.dims)}")
+    if config.response_cache.enable and config.model_transaction_policy.decoupled:
+        raise AutofillError(
+            f"response cache does not currently support model '{config.name}' with "
+            "'decoupled' transaction policy: remove 'response_cache' from its config")
     if config.HasField("dynamic_batching") and config.max_batch_size == 0:
         pass  # Triton accepts it and simply never batches
     for size in config.dynamic_batching.preferred_batch_size:

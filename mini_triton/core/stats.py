@@ -163,6 +163,11 @@ class ModelStats:
                 self.durations["fail"].add(request_ns)
                 self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
 
+    def record_cache(self, hit: bool, ns: int) -> None:
+        """A response-cache lookup (a hit's time) or a miss (lookup plus insertion)."""
+        with self.lock:
+            self.durations["cache_hit" if hit else "cache_miss"].add(max(0, ns))
+
     def record_response(self, key: str, kind: str, ns: int) -> None:
         """One response of a decoupled request, by its index: kind is compute_infer,
         compute_output, success, fail or empty_response."""
