@@ -29,6 +29,15 @@ MODELS = {
     "cached_sequence": IDENTITY + "sequence_batching { }\nresponse_cache { enable: true }\n",
     "cached_decoupled": IDENTITY + "model_transaction_policy { decoupled: true }\n"
                                    "response_cache { enable: true }\n",
+    "cached_ensemble": '''
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [ { model_name: "uncached" model_version: -1
+  input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
+response_cache { enable: true }
+''',
 }
 
 
@@ -117,6 +126,22 @@ def test_the_sequence_batcher_does_not_use_the_cache(proto):
     infer(proto, "cached_sequence", [1.0], sequence_id=sequence, sequence_end=True)
     assert delta(counts(proto, "cached_sequence"), before) == {
         "executions": 2, "success": 2, "hits": 0, "misses": 0}
+
+
+def test_an_ensemble_is_cached_as_a_whole(proto):
+    """A hit on the ensemble answers without running its steps."""
+    value = 31.0 if proto.name == "http" else 32.0
+    array = np.array([[value]], dtype=np.float32)
+    before = counts(proto, "cached_ensemble"), counts(proto, "uncached")
+    for _ in range(2):
+        tensor = proto.module.InferInput("IN", [1, 1], "FP32")
+        tensor.set_data_from_numpy(array)
+        result = proto.client.infer("cached_ensemble", [tensor])
+        np.testing.assert_array_equal(result.as_numpy("OUT"), array)
+    ensemble, step = delta(counts(proto, "cached_ensemble"), before[0]), \
+        delta(counts(proto, "uncached"), before[1])
+    assert (ensemble["hits"], ensemble["misses"], ensemble["success"]) == (1, 1, 2)
+    assert step["executions"] == 1  # the step ran for the miss only
 
 
 def test_a_decoupled_model_with_response_cache_does_not_load(server):
