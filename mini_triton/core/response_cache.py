@@ -69,6 +69,9 @@ def parse_cache_config(entries: list[str], byte_size: int | None) -> int:
 
 
 class ResponseCache:
+    """Response outputs by request hash, least recently used first out, bounded in bytes.
+    Thread-safe: requests of every model and thread share it."""
+
     def __init__(self, size_bytes: int):
         self.size_bytes = size_bytes
         self.used_bytes = 0
