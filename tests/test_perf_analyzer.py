@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,9 @@ import pytest
 from serverproc import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
-PERF_ANALYZER = ROOT / "perf" / "perf_analyzer"
-INSTALLED_BINARY = ROOT / "perf" / ".tools" / "pa-venv" / "bin" / "perf_analyzer"
+sys.path.insert(0, str(ROOT / "perf"))
+from run_perf_analyzer import PERF_ANALYZER, available  # noqa: E402
+
 REPOSITORY = ROOT / "model_repository"
 MODEL = "identity_fp32"
 RUN_TIMEOUT_S = 120
@@ -26,20 +28,9 @@ RUN_TIMEOUT_S = 120
 ERROR_LINE = re.compile(r"^\s*(error\b|.*\bhad error\b|thread \[\d+\].*error)", re.I | re.M)
 
 
-def _perf_analyzer_runs() -> bool:
-    if not INSTALLED_BINARY.exists():
-        return False
-    try:
-        result = subprocess.run([str(PERF_ANALYZER), "--version"], capture_output=True,
-                                timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return result.returncode == 0
-
-
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not _perf_analyzer_runs(),
+    pytest.mark.skipif(not available(),
                        reason="perf_analyzer is not installed under perf/.tools "
                               "(run perf/setup_perf_analyzer.sh)"),
 ]
