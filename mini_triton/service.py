@@ -168,7 +168,7 @@ class InferenceService:
         return region, offset, size
 
     def _region(self, name: str):
-        region = self.system_shm.regions.get(name) or self.cuda_shm.get(name)
+        region = self.system_shm.get(name) or self.cuda_shm.get(name)
         if region is None:
             raise invalid_arg(f"Unable to find shared memory region: '{name}'")
         return region

@@ -11,13 +11,12 @@ from __future__ import annotations
 import base64
 import binascii
 import ctypes
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import Code, TritonError, invalid_arg, not_found, unsupported
-from .shared_memory import check_bounds
+from .errors import invalid_arg, unsupported
+from .shared_memory import RegionRegistry, check_bounds
 
 IPC_HANDLE_SIZE = 64  # CUDA_IPC_HANDLE_SIZE
 UNAVAILABLE = "CUDA shared memory is not available: {reason} (use system shared memory instead)"
@@ -95,10 +94,8 @@ class CudaRegion:
         self.runtime.cudaIpcCloseMemHandle(self.device_pointer)
 
 
-class CudaSharedMemoryRegistry:
-    def __init__(self):
-        self.regions: dict[str, CudaRegion] = {}
-        self.lock = threading.Lock()
+class CudaSharedMemoryRegistry(RegionRegistry):
+    kind = "cuda"
 
     def register(self, name: str, raw_handle, device_id: int, byte_size: int) -> None:
         if not name or byte_size <= 0 or device_id < 0:
@@ -106,32 +103,14 @@ class CudaSharedMemoryRegistry:
                               "and a positive byte size")
         handle_bytes = decode_handle(raw_handle)
         cudart = _runtime()
-        with self.lock:
-            if name in self.regions:
-                raise TritonError(Code.ALREADY_EXISTS,
-                                  f"shared memory region '{name}' already in manager")
-            _call(cudart.cudaSetDevice(device_id), f"selecting CUDA device {device_id}")
-            handle = cudart.cudaIpcMemHandle_t()
-            ctypes.memmove(handle.getPtr(), handle_bytes, IPC_HANDLE_SIZE)
-            pointer = _call(cudart.cudaIpcOpenMemHandle(
-                handle, cudart.cudaIpcMemLazyEnablePeerAccess),
-                f"opening the CUDA IPC handle of region '{name}'")
-            self.regions[name] = CudaRegion(name, device_id, byte_size, int(pointer), cudart)
+        self._add(name, lambda: _open(cudart, name, handle_bytes, device_id, byte_size))
 
-    def unregister(self, name: str = "") -> None:
-        with self.lock:
-            for region_name in [name] if name else list(self.regions):
-                region = self.regions.pop(region_name, None)
-                if region is not None:
-                    region.close()
 
-    def status(self, name: str = "") -> list[dict]:
-        with self.lock:
-            if name:
-                if name not in self.regions:
-                    raise not_found(f"Unable to find cuda shared memory region: '{name}'")
-                return [self.regions[name].status()]
-            return [r.status() for r in self.regions.values()]
-
-    def get(self, name: str) -> CudaRegion | None:
-        return self.regions.get(name)
+def _open(cudart, name: str, handle_bytes: bytes, device_id: int,
+          byte_size: int) -> CudaRegion:
+    _call(cudart.cudaSetDevice(device_id), f"selecting CUDA device {device_id}")
+    handle = cudart.cudaIpcMemHandle_t()
+    ctypes.memmove(handle.getPtr(), handle_bytes, IPC_HANDLE_SIZE)
+    pointer = _call(cudart.cudaIpcOpenMemHandle(handle, cudart.cudaIpcMemLazyEnablePeerAccess),
+                    f"opening the CUDA IPC handle of region '{name}'")
+    return CudaRegion(name, device_id, byte_size, int(pointer), cudart)

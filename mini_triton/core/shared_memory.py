@@ -41,6 +41,12 @@ class Region:
         size = len(memoryview(data).cast("B"))
         self.read(offset, size, what)[:] = memoryview(data).cast("B")
 
+    def close(self) -> None:
+        try:
+            self.mapping.close()
+        except BufferError:
+            pass  # a request still holds a view; the mapping closes when it is released
+
 
 def check_bounds(name: str, region_size: int, offset: int, byte_size: int, what: str) -> None:
     """INVALID_ARG unless [offset, offset+byte_size) lies inside the region."""
@@ -57,10 +63,47 @@ def _shm_path(key: str) -> str:
     return os.path.join("/dev/shm", name)
 
 
-class SharedMemoryRegistry:
+class RegionRegistry:
+    """The regions of one kind ("system", "cuda") that clients registered, by name.
+    A subclass opens regions; each has `status()` and `close()`."""
+
+    kind = ""
+
     def __init__(self):
-        self.regions: dict[str, Region] = {}
+        self.regions: dict = {}
         self.lock = threading.Lock()
+
+    def _add(self, name: str, open_region) -> None:
+        """Register the region `open_region()` opens, unless the name is taken."""
+        with self.lock:
+            if name in self.regions:
+                raise TritonError(Code.ALREADY_EXISTS,
+                                  f"shared memory region '{name}' already in manager")
+            self.regions[name] = open_region()
+
+    def unregister(self, name: str = "") -> None:
+        """Unregister one region, or all when `name` is empty (unknown names are fine)."""
+        with self.lock:
+            for region_name in [name] if name else list(self.regions):
+                region = self.regions.pop(region_name, None)
+                if region is not None:
+                    region.close()
+
+    def status(self, name: str = "") -> list[dict]:
+        with self.lock:
+            if name:
+                if name not in self.regions:
+                    raise not_found(f"Unable to find {self.kind} shared memory region: '{name}'")
+                return [self.regions[name].status()]
+            return [r.status() for r in self.regions.values()]
+
+    def get(self, name: str):
+        """The region called `name`, or None."""
+        return self.regions.get(name)
+
+
+class SharedMemoryRegistry(RegionRegistry):
+    kind = "system"
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         if not name:
@@ -68,35 +111,8 @@ class SharedMemoryRegistry:
         if offset < 0 or byte_size <= 0:
             raise invalid_arg(f"invalid offset {offset} or byte size {byte_size} for shared "
                               f"memory region '{name}'")
-        with self.lock:
-            if name in self.regions:
-                raise TritonError(Code.ALREADY_EXISTS,
-                                  f"shared memory region '{name}' already in manager")
-            self.regions[name] = Region(name, key, offset, byte_size,
-                                        _map(key, name, offset, byte_size))
-
-    def unregister(self, name: str = "") -> None:
-        """Unregister one region, or all when `name` is empty (unknown names are fine)."""
-        with self.lock:
-            names = [name] if name else list(self.regions)
-            for region_name in names:
-                region = self.regions.pop(region_name, None)
-                if region is not None:
-                    _close(region.mapping)
-
-    def status(self, name: str = "") -> list[dict]:
-        with self.lock:
-            if name:
-                if name not in self.regions:
-                    raise not_found(f"Unable to find system shared memory region: '{name}'")
-                return [self.regions[name].status()]
-            return [r.status() for r in self.regions.values()]
-
-    def get(self, name: str) -> Region:
-        region = self.regions.get(name)
-        if region is None:
-            raise invalid_arg(f"Unable to find shared memory region: '{name}'")
-        return region
+        self._add(name, lambda: Region(name, key, offset, byte_size,
+                                       _map(key, name, offset, byte_size)))
 
 
 def _map(key: str, name: str, offset: int, byte_size: int) -> mmap.mmap:
@@ -118,10 +134,3 @@ def _map(key: str, name: str, offset: int, byte_size: int) -> mmap.mmap:
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
-
-
-def _close(mapping: mmap.mmap) -> None:
-    try:
-        mapping.close()
-    except BufferError:
-        pass  # a request still holds a view; the mapping closes when it is released
