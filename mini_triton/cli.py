@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
         help="e.g. model-repository,shared-memory:admin-key=secret (repeatable)")
     add("--grpc-restricted-protocol", action="append", default=[], metavar="APIS:KEY=VALUE")
+    add("--grpc-transport", type=str.lower, choices=("native", "grpcio"), default="native",
+        help="gRPC over our own HTTP/2 transport (native) or over grpcio's grpc.aio")
     add("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
         help="response cache, e.g. local,size=1048576 (models opt in with response_cache)")
     add("--response-cache-byte-size", type=non_negative, default=None,
@@ -111,6 +113,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         metrics_config=dict(args.metrics_config),
         http_restricted=parse_restrictions(args.http_restricted_api),
         grpc_restricted=parse_restrictions(args.grpc_restricted_protocol),
+        grpc_transport=args.grpc_transport,
         response_cache_bytes=parse_cache_config(args.cache_config,
                                                 args.response_cache_byte_size),
     )

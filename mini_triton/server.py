@@ -66,6 +66,7 @@ class Settings:
     metrics_config: dict = field(default_factory=dict)
     http_restricted: dict = field(default_factory=dict)  # API group → Restriction
     grpc_restricted: dict = field(default_factory=dict)
+    grpc_transport: str = "native"
     response_cache_bytes: int = 0  # --cache-config local,size=N; 0: no response cache
 
 
@@ -123,11 +124,11 @@ class Server:
     async def _start_grpc(self) -> None:
         address, port = self.settings.grpc_address, self.settings.grpc_port
         try:
-            server, port = grpc_server.create_server(self.service, address, port,
-                                                     self.settings.grpc_restricted)
+            server, port = await grpc_server.start_server(
+                self.service, address, port, self.settings.grpc_restricted,
+                self.settings.grpc_transport)
         except RuntimeError as error:
             raise StartupError(f"gRPC cannot listen on {address}:{port}: {error}") from None
-        await server.start()
         self._grpc = server
         self.ports["grpc"] = port
         log.info("Started GRPCInferenceService at %s:%d", self.settings.grpc_address, port)

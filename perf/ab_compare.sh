@@ -9,14 +9,16 @@
 # then the other (the order flips every repetition) and prints infer/s for both.
 # MEASURE=cpu prints perf/cpu_per_request.sh's line instead (infer/s and the server's
 # and worker's CPU time per request), a steadier figure on a shared machine.
+# BEFORE_ARGS / AFTER_ARGS add server flags to one side, e.g. the same tree twice:
+#   BEFORE_ARGS="--grpc-transport grpcio" perf/ab_compare.sh . . "grpc:1 grpc:16" 2
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 BEFORE=$(cd "$1" && pwd); AFTER=$(cd "$2" && pwd); POINTS=$3; REPS=${4:-3}
 REPO=${REPO:-$HERE/perf/repos/python_identity}; MODEL=${MODEL:-identity_py}
 PY=$HERE/.venv/bin/python
-start() {  # tree port
+start() {  # tree port [flags]
   (cd "$1" && PYTHONPATH="$1" exec "$PY" -m mini_triton --model-repository "$REPO" \
-     --http-port "$2" --grpc-port $(($2 + 1)) --metrics-port $(($2 + 2))) >/dev/null 2>&1 &
+     --http-port "$2" --grpc-port $(($2 + 1)) --metrics-port $(($2 + 2)) ${3:-}) >/dev/null 2>&1 &
   echo $!
 }
 wait_ready() {
@@ -34,7 +36,7 @@ run() {  # port protocol concurrency
   "$HERE/perf/perf_analyzer" -m "$MODEL" -u "127.0.0.1:$port" -i "$2" --concurrency-range "$3" \
     -p 2000 -s 30 -r 6 --shape INPUT0:16 2>&1 | grep "^Concurrency:" | grep -o "throughput: [0-9.]*" | cut -d" " -f2
 }
-A=$(start "$BEFORE" 18200); B=$(start "$AFTER" 18300)
+A=$(start "$BEFORE" 18200 "${BEFORE_ARGS:-}"); B=$(start "$AFTER" 18300 "${AFTER_ARGS:-}")
 trap 'kill $A $B 2>/dev/null' EXIT
 wait_ready 18200 && wait_ready 18300 || exit 1
 echo "| rep | protocol | concurrency | before infer/s | after infer/s |"

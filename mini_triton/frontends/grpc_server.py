@@ -11,7 +11,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from ..core.errors import TritonError, invalid_arg
 from ..service import InferenceService
-from . import grpc_codec
+from . import grpc_codec, grpc_transport
 from .errors import grpc_status
 from .restrictions import GRPC_PREFIX, Restriction, grpc_refusal
 
@@ -276,12 +276,30 @@ def _stream_error(message, error: TritonError) -> pb.ModelStreamInferResponse:
     return response
 
 
-def create_server(service: InferenceService, address: str, port: int,
-                  restricted: dict[str, Restriction] | None = None) -> tuple[grpc.aio.Server, int]:
+async def start_server(service: InferenceService, address: str, port: int,
+                       restricted: dict[str, Restriction] | None = None,
+                       transport: str = "native"):
+    """The gRPC front end listening on address:port; returns it (with `stop(grace)`)
+    and the bound port. `native` is our own HTTP/2 transport, `grpcio` grpc.aio."""
+    frontend = GrpcFrontend(service, restricted)
+    if transport == "grpcio":
+        server, bound = create_grpcio_server(frontend, address, port)
+        await server.start()
+        return server, bound
+    server = grpc_transport.GrpcServer(grpc_transport.methods_of(
+        frontend, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], pb))
+    try:
+        bound = await server.listen(address, port)
+    except OSError as error:
+        raise RuntimeError(error.strerror) from None
+    return server, bound
+
+
+def create_grpcio_server(frontend: GrpcFrontend, address: str,
+                         port: int) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server bound to address:port; returns it with the bound port."""
     server = grpc.aio.server(options=SERVER_OPTIONS,
                              compression=grpc.Compression.NoCompression)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        GrpcFrontend(service, restricted), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(frontend, server)
     bound = server.add_insecure_port(f"{address}:{port}")
     return server, bound

@@ -1,0 +1,663 @@
+"""gRPC over HTTP/2 on an asyncio Protocol: the wire, not the service.
+
+grpc.aio costs the event loop about 500 µs of CPU per call on these machines (its
+completion queue, a poller thread and a hand-off per event), more than our whole HTTP
+path. This transport speaks the part of HTTP/2 that gRPC clients use (RFC 9113 framing
+and flow control, HPACK through `hpack`, the gRPC length-prefixed messages, status
+trailers, deadlines, cancellation, gzip/deflate request messages) straight from the
+socket callbacks, so a unary call is a few frames parsed and one write.
+
+Handlers keep grpc.aio's shape, `async def Method(request, context)` (a streaming one
+takes an async iterator and yields), so the servicer does not know which transport
+runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import quote
+
+import grpc
+import hpack
+
+log = logging.getLogger("mini_triton.grpc")
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+FRAME_HEADER = struct.Struct(">I B I")  # length (24 bits, read with the type), flags, stream
+MESSAGE_PREFIX = struct.Struct(">?I")  # compressed flag, length
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, \
+    WINDOW_UPDATE, CONTINUATION = range(10)
+END_STREAM = ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+
+SETTINGS_HEADER_TABLE_SIZE = 0x1
+SETTINGS_INITIAL_WINDOW_SIZE = 0x4
+SETTINGS_MAX_FRAME_SIZE = 0x5
+
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x6, 0x7, 0x8, 0x9
+
+MAX_WINDOW = 2**31 - 1
+DEFAULT_WINDOW = 65_535
+DEFAULT_FRAME_SIZE = 16_384
+OUR_FRAME_SIZE = 2**24 - 1  # the largest allowed: big messages arrive in few frames
+# Received bytes are given back to the peer's windows in steps this large, not per frame.
+WINDOW_REFILL = 2**24
+
+# The client's deadline, `grpc-timeout: <digits><unit>`, in seconds per unit.
+TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+DECOMPRESSORS = {
+    b"gzip": lambda data: zlib.decompress(data, wbits=31),
+    b"deflate": zlib.decompress,
+}
+# Metadata that is the protocol's own, not the caller's (grpc.aio hides it too).
+RESERVED_HEADERS = frozenset({b"te", b"content-type", b"grpc-timeout", b"grpc-encoding",
+                              b"grpc-accept-encoding"})
+
+
+def _hpack_integer(value: int, prefix_bits: int, first_byte: int) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([first_byte | value])
+    out = bytearray([first_byte | limit])
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """A header as a literal never added to the peer's table: what we send is
+    constant or rare, so encoding is a concatenation and our table stays empty."""
+    return (b"\x00" + _hpack_integer(len(name), 7, 0) + name
+            + _hpack_integer(len(value), 7, 0) + value)
+
+
+RESPONSE_HEADERS = (b"\x88"  # :status 200, static table entry 8
+                    + _literal(b"content-type", b"application/grpc")
+                    + _literal(b"grpc-accept-encoding", b"identity,deflate,gzip"))
+OK_TRAILERS = _literal(b"grpc-status", b"0")
+
+
+def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return FRAME_HEADER.pack((len(payload) << 8) | kind, flags, stream_id) + payload
+
+
+def _status_block(code: grpc.StatusCode, message: str) -> bytes:
+    block = _literal(b"grpc-status", str(code.value[0]).encode())
+    if message:
+        # grpc-message is percent-encoded UTF-8 (the gRPC HTTP/2 spec)
+        block += _literal(b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode())
+    return block
+
+
+def parse_timeout(value: bytes) -> float | None:
+    if len(value) < 2 or value[-1:] not in TIMEOUT_UNITS or not value[:-1].isdigit():
+        return None
+    return int(value[:-1]) * TIMEOUT_UNITS[value[-1:]]
+
+
+class AbortError(Exception):
+    """Raised by `context.abort`: ends the call with this status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class ProtocolError(Exception):
+    def __init__(self, code: int, reason: str):
+        super().__init__(reason)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Method:
+    """One RPC: how to read its requests and which handler answers them."""
+    request_type: Any
+    handler: Callable
+    client_streaming: bool
+
+
+class CallContext:
+    """The part of grpc.aio's ServicerContext our handlers use."""
+
+    __slots__ = ("_metadata",)
+
+    def __init__(self, metadata: tuple):
+        self._metadata = metadata
+
+    def invocation_metadata(self) -> tuple:
+        return self._metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = ""):
+        raise AbortError(code, details)
+
+
+class Stream:
+    __slots__ = ("id", "headers", "body", "ended", "task", "inbox", "send_window",
+                 "pending", "closed", "received", "deadline", "encoding", "method",
+                 "context", "trailers", "headers_sent")
+
+    def __init__(self, stream_id: int, send_window: int):
+        self.id = stream_id
+        self.headers: list | None = None
+        self.body = bytearray()
+        self.ended = False           # the client half-closed (END_STREAM received)
+        self.closed = False          # we sent our END_STREAM or a reset
+        self.task: asyncio.Task | None = None
+        self.inbox: asyncio.Queue | None = None  # messages of a client-streaming call
+        self.send_window = send_window
+        self.pending = bytearray()   # DATA waiting for window
+        self.received = 0            # bytes not yet given back to the stream's window
+        self.deadline: asyncio.TimerHandle | None = None
+        self.encoding: bytes | None = None
+        self.method: Method | None = None
+        self.context: CallContext | None = None
+        self.trailers: bytes | None = None   # sent once the held-back DATA is
+        self.headers_sent = False
+
+
+class GrpcConnection(asyncio.Protocol):
+    """One client connection: frames in, calls dispatched, frames out."""
+
+    def __init__(self, server: "GrpcServer"):
+        self.server = server
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.preface_seen = False
+        self.streams: dict[int, Stream] = {}
+        self.decoder = hpack.Decoder()
+        self.decoder.max_header_list_size = 2**20
+        self.send_window = DEFAULT_WINDOW          # the connection's, towards the client
+        self.peer_initial_window = DEFAULT_WINDOW
+        self.peer_frame_size = DEFAULT_FRAME_SIZE
+        self.received = 0                          # connection bytes not yet given back
+        self.last_stream_id = 0
+        self.headers_in_progress: Stream | None = None
+        self.header_block = bytearray()
+        self.going_away = False
+        self.blocked: list[Stream] = []            # streams with DATA waiting for window
+
+    # --- asyncio.Protocol ---
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.server.connections.add(self)
+        settings = struct.pack(">HIHIHI",
+                               SETTINGS_INITIAL_WINDOW_SIZE, MAX_WINDOW,
+                               SETTINGS_MAX_FRAME_SIZE, OUR_FRAME_SIZE,
+                               SETTINGS_HEADER_TABLE_SIZE, 4096)
+        transport.write(_frame(SETTINGS, 0, 0, settings)
+                        + _frame(WINDOW_UPDATE, 0, 0,
+                                 struct.pack(">I", MAX_WINDOW - DEFAULT_WINDOW)))
+
+    def connection_lost(self, exc) -> None:
+        self.server.connections.discard(self)
+        for stream in self.streams.values():
+            self._cancel_call(stream)
+        self.streams.clear()
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer
+        buffer += data
+        try:
+            if not self.preface_seen:
+                if len(buffer) < len(PREFACE):
+                    return
+                if buffer[:len(PREFACE)] != PREFACE:
+                    raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                del buffer[:len(PREFACE)]
+                self.preface_seen = True
+            offset, size = 0, len(buffer)
+            while size - offset >= 9:
+                length_kind, flags, stream_id = FRAME_HEADER.unpack_from(buffer, offset)
+                length = length_kind >> 8
+                if length > OUR_FRAME_SIZE:
+                    raise ProtocolError(FRAME_SIZE_ERROR, "frame larger than allowed")
+                end = offset + 9 + length
+                if end > size:
+                    break
+                payload = bytes(buffer[offset + 9:end])
+                offset = end
+                self._on_frame(length_kind & 0xFF, flags, stream_id & MAX_WINDOW, payload)
+            del buffer[:offset]
+        except ProtocolError as error:
+            self._go_away(error.code, str(error))
+        except hpack.HPACKError as error:
+            self._go_away(COMPRESSION_ERROR, f"header block: {error}")
+
+    # --- frames in ---
+
+    def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self.headers_in_progress is not None and kind != CONTINUATION:
+            raise ProtocolError(PROTOCOL_ERROR, "expected CONTINUATION")
+        if kind == DATA:
+            self._on_data(flags, stream_id, payload)
+        elif kind == HEADERS:
+            self._on_headers(flags, stream_id, payload)
+        elif kind == CONTINUATION:
+            self._on_continuation(flags, stream_id, payload)
+        elif kind == SETTINGS:
+            if not flags & ACK:
+                self._on_settings(payload)
+        elif kind == WINDOW_UPDATE:
+            self._on_window_update(stream_id, payload)
+        elif kind == PING:
+            if not flags & ACK:
+                self.transport.write(_frame(PING, ACK, 0, payload))
+        elif kind == RST_STREAM:
+            stream = self.streams.pop(stream_id, None)
+            if stream is not None:
+                self._cancel_call(stream)
+        elif kind == GOAWAY:
+            self.going_away = True
+        elif kind == PUSH_PROMISE:
+            raise ProtocolError(PROTOCOL_ERROR, "clients may not push")
+        # PRIORITY and unknown frame types are ignored, as RFC 9113 asks
+
+    def _on_settings(self, payload: bytes) -> None:
+        for offset in range(0, len(payload) - len(payload) % 6, 6):
+            key, value = struct.unpack_from(">HI", payload, offset)
+            if key == SETTINGS_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ProtocolError(FLOW_CONTROL_ERROR, "initial window too large")
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+            elif key == SETTINGS_MAX_FRAME_SIZE:
+                self.peer_frame_size = value
+        self.transport.write(_frame(SETTINGS, ACK, 0))
+        self._flush_blocked()
+
+    def _on_window_update(self, stream_id: int, payload: bytes) -> None:
+        increment = struct.unpack(">I", payload)[0] & MAX_WINDOW
+        if stream_id == 0:
+            self.send_window += increment
+        else:
+            stream = self.streams.get(stream_id)
+            if stream is None:
+                return
+            stream.send_window += increment
+        self._flush_blocked()
+
+    def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        payload = _strip_padding(flags, payload)
+        if flags & PRIORITY_FLAG:
+            payload = payload[5:]
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            if stream_id % 2 == 0 or stream_id <= self.last_stream_id:
+                raise ProtocolError(PROTOCOL_ERROR, f"bad stream id {stream_id}")
+            self.last_stream_id = stream_id
+            stream = Stream(stream_id, self.peer_initial_window)
+            self.streams[stream_id] = stream
+        if flags & END_STREAM:
+            stream.ended = True
+        if flags & END_HEADERS:
+            self._on_header_block(stream, payload)
+        else:
+            self.headers_in_progress = stream
+            self.header_block = bytearray(payload)
+
+    def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
+        stream = self.headers_in_progress
+        if stream is None or stream.id != stream_id:
+            raise ProtocolError(PROTOCOL_ERROR, "unexpected CONTINUATION")
+        self.header_block += payload
+        if flags & END_HEADERS:
+            self.headers_in_progress = None
+            self._on_header_block(stream, bytes(self.header_block))
+
+    def _on_header_block(self, stream: Stream, block: bytes) -> None:
+        headers = self.decoder.decode(block, raw=True)
+        if stream.headers is None:
+            stream.headers = headers
+            self._start_call(stream)
+        if stream.ended:  # trailers from the client, or a call with no body
+            self._on_end_of_input(stream)
+
+    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        self._give_back(None, len(payload))
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.ended:
+            return  # a stream we reset or finished: its data is dropped
+        data = _strip_padding(flags, payload)
+        stream.body += data
+        self._give_back(stream, len(payload))
+        if stream.inbox is not None:
+            self._deliver_messages(stream)
+        if flags & END_STREAM:
+            stream.ended = True
+            self._on_end_of_input(stream)
+
+    def _give_back(self, stream: Stream | None, size: int) -> None:
+        """Refill the client's send windows in large steps as we take its bytes."""
+        if stream is None:
+            self.received += size
+            if self.received >= WINDOW_REFILL:
+                self.transport.write(_frame(WINDOW_UPDATE, 0, 0,
+                                            struct.pack(">I", self.received)))
+                self.received = 0
+        elif stream.inbox is not None:  # only long-lived streams can exhaust theirs
+            stream.received += size
+            if stream.received >= WINDOW_REFILL:
+                self.transport.write(_frame(WINDOW_UPDATE, 0, stream.id,
+                                            struct.pack(">I", stream.received)))
+                stream.received = 0
+
+    # --- calls ---
+
+    def _start_call(self, stream: Stream) -> None:
+        path, metadata = None, []
+        for name, value in stream.headers:
+            if name == b":path":
+                path = value
+            elif name == b"grpc-timeout":
+                timeout = parse_timeout(value)
+                if timeout is not None:
+                    stream.deadline = self.loop.call_later(timeout, self._deadline_passed,
+                                                           stream)
+            elif name == b"grpc-encoding":
+                stream.encoding = value
+            elif name[:1] != b":" and name not in RESERVED_HEADERS:
+                metadata.append((name.decode("latin-1"), value if name.endswith(b"-bin")
+                                 else value.decode("latin-1")))
+        if self.going_away or self.server.closing:
+            self._reset(stream, REFUSED_STREAM)
+            return
+        method = self.server.methods.get(path)
+        if method is None:
+            self._finish(stream, _status_block(grpc.StatusCode.UNIMPLEMENTED,
+                                               "Method not found!"))
+            return
+        if stream.encoding not in (None, b"identity") and stream.encoding not in DECOMPRESSORS:
+            self._finish(stream, _status_block(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"Compression algorithm '{stream.encoding.decode('latin-1')}' is not supported"))
+            return
+        stream.method = method
+        stream.context = CallContext(tuple(metadata))
+        if method.client_streaming:
+            stream.inbox = asyncio.Queue()
+            stream.task = self.loop.create_task(self._run_streaming(stream))
+
+    def _on_end_of_input(self, stream: Stream) -> None:
+        method = stream.method
+        if method is None or stream.closed or stream.task is not None and \
+                not method.client_streaming:
+            return
+        if method.client_streaming:
+            stream.inbox.put_nowait(None)
+            return
+        try:
+            messages = self._take_messages(stream)
+        except AbortError as error:
+            self._finish(stream, _status_block(error.code, error.details))
+            return
+        if len(messages) != 1:
+            self._finish(stream, _status_block(
+                grpc.StatusCode.UNIMPLEMENTED if messages else grpc.StatusCode.INTERNAL,
+                f"expected one request message, got {len(messages)}"))
+            return
+        stream.task = self.loop.create_task(self._run_unary(stream, messages[0]))
+
+    def _take_messages(self, stream: Stream) -> list[bytes]:
+        """The complete length-prefixed messages in the stream's body, removed from it."""
+        body, messages, offset = stream.body, [], 0
+        while len(body) - offset >= 5:
+            compressed, length = MESSAGE_PREFIX.unpack_from(body, offset)
+            if len(body) - offset - 5 < length:
+                break
+            message = bytes(body[offset + 5:offset + 5 + length])
+            offset += 5 + length
+            if compressed:
+                message = self._decompress(stream, message)
+            messages.append(message)
+        del body[:offset]
+        if stream.ended and body:
+            raise AbortError(grpc.StatusCode.INTERNAL, "the request ended inside a message")
+        return messages
+
+    def _decompress(self, stream: Stream, message: bytes) -> bytes:
+        decompress = DECOMPRESSORS.get(stream.encoding or b"")
+        if decompress is None:
+            raise AbortError(grpc.StatusCode.INTERNAL,
+                             "a compressed message without a grpc-encoding")
+        try:
+            return decompress(message)
+        except zlib.error as error:
+            raise AbortError(grpc.StatusCode.INTERNAL,
+                             f"cannot decompress the request message: {error}") from None
+
+    def _deliver_messages(self, stream: Stream) -> None:
+        try:
+            for message in self._take_messages(stream):
+                stream.inbox.put_nowait(message)
+        except AbortError as error:
+            stream.inbox.put_nowait(error)
+
+    async def _run_unary(self, stream: Stream, message: bytes) -> None:
+        method = stream.method
+        try:
+            request = method.request_type.FromString(message)
+            response = await method.handler(request, stream.context)
+            payload = response.SerializeToString()
+        except AbortError as error:
+            self._finish(stream, _status_block(error.code, error.details))
+            return
+        except asyncio.CancelledError:
+            return  # the client reset the stream or its deadline passed: already answered
+        except Exception as error:  # a handler bug must fail only this call
+            log.exception("gRPC handler failed")
+            self._finish(stream, _status_block(grpc.StatusCode.UNKNOWN,
+                                               f"Unexpected {type(error).__name__}: {error}"))
+            return
+        self._send(stream, MESSAGE_PREFIX.pack(False, len(payload)) + payload, OK_TRAILERS)
+
+    async def _run_streaming(self, stream: Stream) -> None:
+        method = stream.method
+        try:
+            async for response in method.handler(self._messages(stream), stream.context):
+                payload = response.SerializeToString()
+                self._send(stream, MESSAGE_PREFIX.pack(False, len(payload)) + payload)
+        except AbortError as error:
+            self._finish(stream, _status_block(error.code, error.details))
+            return
+        except asyncio.CancelledError:
+            return
+        except Exception as error:
+            log.exception("gRPC streaming handler failed")
+            self._finish(stream, _status_block(grpc.StatusCode.UNKNOWN,
+                                               f"Unexpected {type(error).__name__}: {error}"))
+            return
+        self._finish(stream, OK_TRAILERS)
+
+    async def _messages(self, stream: Stream):
+        while True:
+            message = await stream.inbox.get()
+            if message is None:
+                return
+            if isinstance(message, AbortError):
+                raise message
+            yield stream.method.request_type.FromString(message)
+
+    def _deadline_passed(self, stream: Stream) -> None:
+        stream.deadline = None
+        if stream.closed:
+            return
+        self._finish(stream, _status_block(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                           "Deadline Exceeded"))
+        if stream.task is not None and not stream.task.done():
+            stream.task.cancel()
+
+    def _cancel_call(self, stream: Stream) -> None:
+        """The client went away or reset the stream: nothing more is sent on it."""
+        stream.closed = True
+        if stream.deadline is not None:
+            stream.deadline.cancel()
+        if stream.task is not None and not stream.task.done():
+            stream.task.cancel()
+
+    # --- frames out ---
+
+    def _finish(self, stream: Stream, status: bytes) -> None:
+        """End the call with `status`."""
+        self._send(stream, b"", status)
+
+    def _send(self, stream: Stream, data: bytes, trailers: bytes | None = None) -> None:
+        """The response headers when not sent yet, one message and the trailers, each
+        optional, in one write (headers and trailers in one frame when there is no
+        message: gRPC's trailers-only response). DATA beyond the peer's windows waits in
+        the stream until WINDOW_UPDATE frees them."""
+        if stream.closed or self.transport is None or self.transport.is_closing():
+            return
+        out = []
+        if not stream.headers_sent:
+            stream.headers_sent = True
+            if data or trailers is None:
+                out.append(self._headers_frames(stream.id, RESPONSE_HEADERS, END_HEADERS))
+            else:
+                trailers = RESPONSE_HEADERS + trailers
+        if data:
+            if stream.pending or len(data) > min(stream.send_window, self.send_window,
+                                                 self.peer_frame_size):
+                stream.pending += data
+                if stream not in self.blocked:
+                    self.blocked.append(stream)
+            else:
+                stream.send_window -= len(data)
+                self.send_window -= len(data)
+                out.append(_frame(DATA, 0, stream.id, data))
+        if trailers is not None:
+            if stream.pending:
+                stream.trailers = trailers  # they follow the held-back DATA
+            else:
+                out.append(self._headers_frames(stream.id, trailers, END_HEADERS | END_STREAM))
+                self._close_stream(stream, out)
+        self.transport.write(b"".join(out))
+        if stream.pending:
+            self._flush_blocked()
+
+    def _headers_frames(self, stream_id: int, block: bytes, flags: int) -> bytes:
+        size = self.peer_frame_size
+        if len(block) <= size:
+            return _frame(HEADERS, flags, stream_id, block)
+        frames = [_frame(HEADERS, flags & ~END_HEADERS, stream_id, block[:size])]
+        for start in range(size, len(block), size):
+            last = start + size >= len(block)
+            frames.append(_frame(CONTINUATION, END_HEADERS if last else 0, stream_id,
+                                 block[start:start + size]))
+        return b"".join(frames)
+
+    def _flush_blocked(self) -> None:
+        """Send what flow control held back, as far as the windows now allow."""
+        for stream in list(self.blocked):
+            out = []
+            while stream.pending and self.send_window > 0 and stream.send_window > 0:
+                size = min(len(stream.pending), stream.send_window, self.send_window,
+                           self.peer_frame_size)
+                out.append(_frame(DATA, 0, stream.id, bytes(stream.pending[:size])))
+                del stream.pending[:size]
+                stream.send_window -= size
+                self.send_window -= size
+            if not stream.pending:
+                self.blocked.remove(stream)
+                if stream.trailers is not None:
+                    out.append(self._headers_frames(stream.id, stream.trailers,
+                                                    END_HEADERS | END_STREAM))
+                    self._close_stream(stream, out)
+            if out:
+                self.transport.write(b"".join(out))
+
+    def _close_stream(self, stream: Stream, out: list) -> None:
+        """Our half is done; when the client's is not, reset the rest of it (as gRPC
+        servers do for a call answered before its request ended)."""
+        stream.closed = True
+        if stream.deadline is not None:
+            stream.deadline.cancel()
+        self.streams.pop(stream.id, None)
+        if not stream.ended:
+            out.append(_frame(RST_STREAM, 0, stream.id, struct.pack(">I", NO_ERROR)))
+
+    def _reset(self, stream: Stream, code: int) -> None:
+        self._cancel_call(stream)
+        self.streams.pop(stream.id, None)
+        self.transport.write(_frame(RST_STREAM, 0, stream.id, struct.pack(">I", code)))
+
+    def _go_away(self, code: int, reason: str) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        log.info("closing a gRPC connection: %s", reason)
+        self.transport.write(_frame(GOAWAY, 0, 0, struct.pack(">II", self.last_stream_id, code)
+                                    + reason.encode()[:256]))
+        self.transport.close()
+
+    def announce_shutdown(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_frame(GOAWAY, 0, 0,
+                                        struct.pack(">II", self.last_stream_id, NO_ERROR)))
+
+
+def _strip_padding(flags: int, payload: bytes) -> bytes:
+    if not flags & PADDED:
+        return payload
+    pad = payload[0]
+    if pad >= len(payload):
+        raise ProtocolError(PROTOCOL_ERROR, "padding longer than the frame")
+    return payload[1:len(payload) - pad]
+
+
+class GrpcServer:
+    """Listens, owns the connections, stops gracefully (grpc.aio's `stop(grace)`)."""
+
+    def __init__(self, methods: dict[bytes, Method]):
+        self.methods = methods
+        self.loop = asyncio.get_running_loop()
+        self.connections: set[GrpcConnection] = set()
+        self.closing = False
+        self._server: asyncio.AbstractServer | None = None
+
+    async def listen(self, address: str, port: int) -> int:
+        host = None if address in ("0.0.0.0", "") else address
+        self._server = await self.loop.create_server(lambda: GrpcConnection(self), host, port,
+                                                     reuse_address=True)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self, grace: float | None = None) -> None:
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.announce_shutdown()
+        deadline = self.loop.time() + (grace or 0.0)
+        while any(c.streams for c in self.connections) and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.close()
+
+
+def methods_of(servicer, service_descriptor, messages_module) -> dict[bytes, Method]:
+    """Every RPC of the service that the servicer defines, keyed by its HTTP/2 path."""
+    methods = {}
+    for method in service_descriptor.methods:
+        handler = getattr(servicer, method.name, None)
+        if handler is None:
+            continue
+        path = f"/{service_descriptor.full_name}/{method.name}".encode()
+        methods[path] = Method(getattr(messages_module, method.input_type.name), handler,
+                               method.client_streaming)
+    return methods
