@@ -148,7 +148,9 @@ class InferenceRequest:
         return None
 
     def respond(self, response: InferenceResponse) -> None:
-        """Send one response of this request (thread-safe)."""
+        """Send one response of this request (thread-safe); nothing after the final one."""
+        if self.completed:
+            return
         if self.transform is not None and response.error is None:
             try:
                 response = self.transform(response)
@@ -157,6 +159,10 @@ class InferenceRequest:
                                              error=error, final=response.final)
         if response.final:
             self.completed = True
+            # A scheduler's tap (scheduling.base.Tap) sits in front of this method as
+            # an instance attribute and holds it bound: a cycle that would leave every
+            # answered request to the garbage collector instead of reference counting.
+            self.__dict__.pop("respond", None)
             if self.on_complete is not None:
                 self.on_complete(self, response)
         if self.stream is not None:
