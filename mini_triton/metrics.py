@@ -206,15 +206,12 @@ def _parse_quantiles(text: str) -> tuple:
 class Metrics:
     """The server's metrics, read from each loaded model's statistics on scrape."""
 
-    def __init__(self, manager, extra_sources=(), config: dict | None = None,
-                 summary_latencies: bool | None = None):
+    def __init__(self, manager, extra_sources=(), config: dict | None = None):
         self.manager = manager
         self.extra_sources = list(extra_sources)  # callables adding families to a MetricsText
-        options = MetricsOptions.from_config(config)
-        if summary_latencies is not None:
-            options = MetricsOptions(options.counter_latencies, summary_latencies,
-                                     options.quantiles)
-        self.options = options
+        # The models' statistics keep latency windows only when summaries are asked
+        # for (ServerOptions.latency_summaries, read from the same config).
+        self.options = MetricsOptions.from_config(config)
         self.cache_counters = False  # the server has a response cache
         psutil.cpu_percent(None)  # prime the utilisation counter
         self._cpu_at = time.monotonic()

@@ -16,7 +16,7 @@ from .core.response_cache import ResponseCache
 from .frontends import grpc_server
 from .frontends.http_protocol import HttpReply, HttpRequest, start_server
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
-from .metrics import Metrics
+from .metrics import Metrics, MetricsOptions
 from .repository.manager import ModelRepositoryManager, ServerOptions
 from .service import InferenceService
 
@@ -77,8 +77,10 @@ class StartupError(RuntimeError):
 class Server:
     def __init__(self, settings: Settings):
         self.settings = settings
+        metrics_options = MetricsOptions.from_config(settings.metrics_config)
         options = ServerOptions(disable_auto_complete=settings.disable_auto_complete_config,
-                                exit_timeout_secs=settings.exit_timeout_secs)
+                                exit_timeout_secs=settings.exit_timeout_secs,
+                                latency_summaries=metrics_options.summary_latencies)
         self.manager = ModelRepositoryManager(settings.model_repositories, options,
                                               mode=settings.model_control_mode)
         self.service = InferenceService(self.manager, settings.strict_readiness)

@@ -28,6 +28,8 @@ STAT_NAMES = ("success", "fail", "queue", "compute_input", "compute_infer", "com
 
 # The latencies Prometheus summaries are kept for (see metrics.py).
 SUMMARY_NAMES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+# What each request that succeeded adds to, in `record_compute`'s argument order.
+COMPUTE_NAMES = ("queue", "compute_input", "compute_infer", "compute_output")
 
 
 @dataclass
@@ -109,7 +111,10 @@ class LatencyWindow:
 
 
 class ModelStats:
-    def __init__(self, name: str, version: str):
+    """`summaries`: keep latency windows for Prometheus summaries (only when the
+    metrics ask for them: they cost five appends per request)."""
+
+    def __init__(self, name: str, version: str, summaries: bool = False):
         self.name = name
         self.version = version
         self.lock = threading.Lock()
@@ -122,7 +127,9 @@ class ModelStats:
         self.response_stats: dict[str, dict[str, Duration]] = {}
         self.pending = 0
         self.load_duration_secs = 0.0
-        self.summaries = {name: LatencyWindow() for name in SUMMARY_NAMES}
+        self.summaries = {name: LatencyWindow() for name in SUMMARY_NAMES} if summaries \
+            else None
+        self._compute = tuple(self.durations[name] for name in COMPUTE_NAMES)
 
     def record_batch(self, timing: ExecutionTiming, batch_size: int) -> None:
         """One backend execution of `batch_size` rows (null requests included)."""
@@ -137,13 +144,16 @@ class ModelStats:
     def record_compute(self, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int,
                        rows: int) -> None:
         """A request that succeeded: its rows, its time queued and computing."""
-        now = time.monotonic_ns()
+        times = (max(0, queue_ns), max(0, input_ns), max(0, infer_ns), max(0, output_ns))
         with self.lock:
             self.inference_count += rows
-            for stat, ns in (("queue", queue_ns), ("compute_input", input_ns),
-                             ("compute_infer", infer_ns), ("compute_output", output_ns)):
-                self.durations[stat].add(max(0, ns))
-                self.summaries[stat].observe(max(0, ns) // 1000, now)
+            for duration, ns in zip(self._compute, times):
+                duration.count += 1
+                duration.ns += ns
+            if self.summaries is not None:
+                now = time.monotonic_ns()
+                for name, ns in zip(COMPUTE_NAMES, times):
+                    self.summaries[name].observe(ns // 1000, now)
 
     def record_execution(self, timing: ExecutionTiming, requests: list, batch_size: int) -> None:
         """One execution whose requests all succeeded (batch and per-request numbers)."""
@@ -158,7 +168,8 @@ class ModelStats:
         with self.lock:
             if ok:
                 self.durations["success"].add(request_ns)
-                self.summaries["request"].observe(max(0, request_ns) // 1000)
+                if self.summaries is not None:
+                    self.summaries["request"].observe(max(0, request_ns) // 1000)
             else:
                 self.durations["fail"].add(request_ns)
                 self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1

@@ -86,6 +86,7 @@ class ServerOptions:
     disable_auto_complete: bool = False
     exit_timeout_secs: float = 30.0
     gpu_available: bool = False
+    latency_summaries: bool = False  # keep latency windows for Prometheus summaries
 
 
 CONTROL_DISABLED = ("explicit model load / unload is not allowed if polling is enabled")
@@ -509,7 +510,8 @@ def _load_version(record: ModelRecord, version: int, options: ServerOptions, ser
 def _start_version(context: ModelContext) -> LoadedVersion:
     config = context.config
     backend = backend_class(backend_name(config))(context)
-    stats = ModelStats(context.name, str(context.version))
+    stats = ModelStats(context.name, str(context.version),
+                       summaries=context.options.get("latency_summaries", False))
     instances = []
     try:
         for group in config.instance_group:
