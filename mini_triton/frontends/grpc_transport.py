@@ -15,6 +15,8 @@ runs it.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import struct
 import zlib
@@ -44,6 +46,9 @@ SETTINGS_MAX_FRAME_SIZE = 0x5
 
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
 FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x6, 0x7, 0x8, 0x9
+# Frames with one legal payload size (RFC 9113 §6): any other is FRAME_SIZE_ERROR, checked
+# before we unpack or echo the payload.
+FIXED_SIZES = {RST_STREAM: 4, PING: 8, WINDOW_UPDATE: 4}
 
 MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65_535
@@ -105,6 +110,15 @@ def parse_timeout(value: bytes) -> float | None:
     if len(value) < 2 or value[-1:] not in TIMEOUT_UNITS or not value[:-1].isdigit():
         return None
     return int(value[:-1]) * TIMEOUT_UNITS[value[-1:]]
+
+
+def binary_header_value(value: bytes) -> bytes:
+    """A `-bin` header's value as the handler gets it from grpc.aio: the bytes, not the
+    base64 (padding optional) that carries them on the wire."""
+    try:
+        return base64.b64decode(value + b"=" * (-len(value) % 4))
+    except binascii.Error:
+        return value  # not base64: passed on as it came rather than failing the call
 
 
 class AbortError(Exception):
@@ -189,6 +203,7 @@ class GrpcConnection(asyncio.Protocol):
         self.header_block = bytearray()
         self.going_away = False
         self.blocked: list[Stream] = []            # streams with DATA waiting for window
+        self.outgoing: list[bytes] = []            # written at the end of the loop's round
 
     # --- asyncio.Protocol ---
 
@@ -203,6 +218,19 @@ class GrpcConnection(asyncio.Protocol):
                         + _frame(WINDOW_UPDATE, 0, 0,
                                  struct.pack(">I", MAX_WINDOW - DEFAULT_WINDOW)))
 
+    def _write(self, data: bytes) -> None:
+        """Queue bytes for the socket. The responses of one batch finish in one round
+        of the event loop; sending them with one system call instead of one each
+        takes a fifth of the gRPC CPU time at concurrency 16."""
+        if not self.outgoing:
+            self.loop.call_soon(self._flush)
+        self.outgoing.append(data)
+
+    def _flush(self) -> None:
+        out, self.outgoing = self.outgoing, []
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(out)
+
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
         for stream in self.streams.values():
@@ -214,10 +242,11 @@ class GrpcConnection(asyncio.Protocol):
         buffer += data
         try:
             if not self.preface_seen:
+                # checked as it arrives: a short non-HTTP/2 greeting must not wait forever
+                if buffer[:len(PREFACE)] != PREFACE[:len(buffer)]:
+                    raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 if len(buffer) < len(PREFACE):
                     return
-                if buffer[:len(PREFACE)] != PREFACE:
-                    raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 del buffer[:len(PREFACE)]
                 self.preface_seen = True
             offset, size = 0, len(buffer)
@@ -243,6 +272,8 @@ class GrpcConnection(asyncio.Protocol):
     def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self.headers_in_progress is not None and kind != CONTINUATION:
             raise ProtocolError(PROTOCOL_ERROR, "expected CONTINUATION")
+        if FIXED_SIZES.get(kind, len(payload)) != len(payload):
+            raise ProtocolError(FRAME_SIZE_ERROR, f"frame type {kind} of {len(payload)} bytes")
         if kind == DATA:
             self._on_data(flags, stream_id, payload)
         elif kind == HEADERS:
@@ -256,7 +287,7 @@ class GrpcConnection(asyncio.Protocol):
             self._on_window_update(stream_id, payload)
         elif kind == PING:
             if not flags & ACK:
-                self.transport.write(_frame(PING, ACK, 0, payload))
+                self._write(_frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
             stream = self.streams.pop(stream_id, None)
             if stream is not None:
@@ -278,19 +309,29 @@ class GrpcConnection(asyncio.Protocol):
                 for stream in self.streams.values():
                     stream.send_window += delta
             elif key == SETTINGS_MAX_FRAME_SIZE:
+                # out of range is a PROTOCOL_ERROR (RFC 9113 6.5.2); 0 would split our
+                # DATA into empty frames forever
+                if not DEFAULT_FRAME_SIZE <= value <= OUR_FRAME_SIZE:
+                    raise ProtocolError(PROTOCOL_ERROR, f"max frame size {value} out of range")
                 self.peer_frame_size = value
-        self.transport.write(_frame(SETTINGS, ACK, 0))
+        self._write(_frame(SETTINGS, ACK, 0))
         self._flush_blocked()
 
     def _on_window_update(self, stream_id: int, payload: bytes) -> None:
         increment = struct.unpack(">I", payload)[0] & MAX_WINDOW
+        if increment == 0:  # RFC 9113 6.9: an increment of 0 is a protocol error
+            raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE with an increment of 0")
         if stream_id == 0:
             self.send_window += increment
+            if self.send_window > MAX_WINDOW:
+                raise ProtocolError(FLOW_CONTROL_ERROR, "connection window above 2^31-1")
         else:
             stream = self.streams.get(stream_id)
             if stream is None:
                 return
             stream.send_window += increment
+            if stream.send_window > MAX_WINDOW:
+                raise ProtocolError(FLOW_CONTROL_ERROR, "stream window above 2^31-1")
         self._flush_blocked()
 
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -348,13 +389,13 @@ class GrpcConnection(asyncio.Protocol):
         if stream is None:
             self.received += size
             if self.received >= WINDOW_REFILL:
-                self.transport.write(_frame(WINDOW_UPDATE, 0, 0,
+                self._write(_frame(WINDOW_UPDATE, 0, 0,
                                             struct.pack(">I", self.received)))
                 self.received = 0
         elif stream.inbox is not None:  # only long-lived streams can exhaust theirs
             stream.received += size
             if stream.received >= WINDOW_REFILL:
-                self.transport.write(_frame(WINDOW_UPDATE, 0, stream.id,
+                self._write(_frame(WINDOW_UPDATE, 0, stream.id,
                                             struct.pack(">I", stream.received)))
                 stream.received = 0
 
@@ -373,7 +414,8 @@ class GrpcConnection(asyncio.Protocol):
             elif name == b"grpc-encoding":
                 stream.encoding = value
             elif name[:1] != b":" and name not in RESERVED_HEADERS:
-                metadata.append((name.decode("latin-1"), value if name.endswith(b"-bin")
+                metadata.append((name.decode("latin-1"),
+                                 binary_header_value(value) if name.endswith(b"-bin")
                                  else value.decode("latin-1")))
         if self.going_away or self.server.closing:
             self._reset(stream, REFUSED_STREAM)
@@ -506,6 +548,11 @@ class GrpcConnection(asyncio.Protocol):
     def _cancel_call(self, stream: Stream) -> None:
         """The client went away or reset the stream: nothing more is sent on it."""
         stream.closed = True
+        # DATA held back by flow control is dropped, or a later window would carry it
+        # out on the dead stream, taking the connection's window from live calls
+        stream.pending.clear()
+        if stream in self.blocked:
+            self.blocked.remove(stream)
         if stream.deadline is not None:
             stream.deadline.cancel()
         if stream.task is not None and not stream.task.done():
@@ -547,7 +594,7 @@ class GrpcConnection(asyncio.Protocol):
             else:
                 out.append(self._headers_frames(stream.id, trailers, END_HEADERS | END_STREAM))
                 self._close_stream(stream, out)
-        self.transport.write(b"".join(out))
+        self._write(b"".join(out))
         if stream.pending:
             self._flush_blocked()
 
@@ -580,7 +627,7 @@ class GrpcConnection(asyncio.Protocol):
                                                     END_HEADERS | END_STREAM))
                     self._close_stream(stream, out)
             if out:
-                self.transport.write(b"".join(out))
+                self._write(b"".join(out))
 
     def _close_stream(self, stream: Stream, out: list) -> None:
         """Our half is done; when the client's is not, reset the rest of it (as gRPC
@@ -595,26 +642,27 @@ class GrpcConnection(asyncio.Protocol):
     def _reset(self, stream: Stream, code: int) -> None:
         self._cancel_call(stream)
         self.streams.pop(stream.id, None)
-        self.transport.write(_frame(RST_STREAM, 0, stream.id, struct.pack(">I", code)))
+        self._write(_frame(RST_STREAM, 0, stream.id, struct.pack(">I", code)))
 
     def _go_away(self, code: int, reason: str) -> None:
         if self.transport is None or self.transport.is_closing():
             return
         log.info("closing a gRPC connection: %s", reason)
-        self.transport.write(_frame(GOAWAY, 0, 0, struct.pack(">II", self.last_stream_id, code)
+        self._write(_frame(GOAWAY, 0, 0, struct.pack(">II", self.last_stream_id, code)
                                     + reason.encode()[:256]))
+        self._flush()
         self.transport.close()
 
     def announce_shutdown(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(_frame(GOAWAY, 0, 0,
+            self._write(_frame(GOAWAY, 0, 0,
                                         struct.pack(">II", self.last_stream_id, NO_ERROR)))
 
 
 def _strip_padding(flags: int, payload: bytes) -> bytes:
     if not flags & PADDED:
         return payload
-    pad = payload[0]
+    pad = payload[0] if payload else 0  # no room even for the pad length: refused below
     if pad >= len(payload):
         raise ProtocolError(PROTOCOL_ERROR, "padding longer than the frame")
     return payload[1:len(payload) - pad]
@@ -647,6 +695,7 @@ class GrpcServer:
             await asyncio.sleep(0.02)
         for connection in list(self.connections):
             if connection.transport is not None:
+                connection._flush()
                 connection.transport.close()
 
 
