@@ -57,10 +57,15 @@ Handler = Callable[[HttpRequest], Awaitable[HttpReply]]
 class Router:
     """Exact paths in a dict, parameterised paths as anchored regexes."""
 
+    # Paths matched by a pattern are remembered (an inference path would otherwise be
+    # tried against several patterns per request), up to this many.
+    MATCHED_PATHS = 4096
+
     def __init__(self, not_found: Callable[[str], HttpReply]):
         self.exact: dict[str, dict[str, Handler]] = {}
         self.patterns: list[tuple[re.Pattern, dict[str, Handler]]] = []
         self.not_found = not_found
+        self.matched: dict[str, tuple[dict[str, Handler], dict]] = {}
 
     def add(self, method: str, path: str, handler: Handler) -> None:
         if "{" not in path:
@@ -77,12 +82,7 @@ class Router:
         """(handler, path parameters, None) or (None, {}, the 404/405 reply)."""
         methods, params = self.exact.get(path), {}
         if methods is None:
-            for pattern, candidates in self.patterns:
-                match = pattern.match(path)
-                if match:
-                    methods = candidates
-                    params = {k: unquote(v) for k, v in match.groupdict().items()}
-                    break
+            methods, params = self.matched.get(path) or self._match(path)
         if methods is None:
             return None, {}, self.not_found(f"Not Found: {path}")
         handler = methods.get(method)
@@ -92,6 +92,17 @@ class Router:
             reply.headers["Allow"] = ", ".join(sorted(methods))
             return None, {}, reply
         return handler, params, None
+
+    def _match(self, path: str) -> tuple[dict[str, Handler] | None, dict]:
+        for pattern, methods in self.patterns:
+            match = pattern.match(path)
+            if match:
+                params = {k: unquote(v) for k, v in match.groupdict().items()}
+                if len(self.matched) >= self.MATCHED_PATHS:
+                    self.matched.clear()
+                self.matched[path] = (methods, params)
+                return methods, params
+        return None, {}
 
 
 def _decompress(body: bytes, encoding: str) -> bytes:
