@@ -664,9 +664,10 @@ class GrpcServer:
         self._server: asyncio.AbstractServer | None = None
 
     async def listen(self, address: str, port: int) -> int:
-        host = None if address in ("0.0.0.0", "") else address
-        self._server = await self.loop.create_server(lambda: GrpcConnection(self), host, port,
-                                                     reuse_address=True)
+        # The address as given, as the HTTP service binds it: no host would bind one
+        # socket per address family, each with its own port when the port is 0.
+        self._server = await self.loop.create_server(lambda: GrpcConnection(self), address,
+                                                     port, reuse_address=True, backlog=1024)
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self, grace: float | None = None) -> None:
