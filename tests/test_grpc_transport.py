@@ -32,7 +32,8 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from conftest import DEFAULT_REPOSITORY
-from mini_triton.frontends.grpc_transport import (GrpcServer, binary_header_value, methods_of,
+from mini_triton.frontends.grpc_transport import (GrpcServer, HeaderDecoder, binary_header_value,
+                                                  methods_of,
                                                   parse_timeout)
 from serverproc import ServerProcess
 
@@ -652,6 +653,42 @@ def test_parse_timeout(value, seconds):
                                    b"1 S", b"1SS", b"\xd9\xa1S", b"0x1S"])
 def test_parse_timeout_rejects(value):
     assert parse_timeout(value) is None
+
+
+def test_header_decoder_remembers_a_block_that_only_refers_to_the_table():
+    encoder, decoder = hpack.Encoder(), HeaderDecoder()
+    first = encoder.encode([(b"x-a", b"1")])  # a literal added to the table
+    again = encoder.encode([(b"x-a", b"1")])  # now a reference to it
+    assert first != again
+    assert decoder.decode(first) == [(b"x-a", b"1")]
+    assert decoder.decode(again) == [(b"x-a", b"1")]
+    assert list(decoder.blocks) == [again]
+    assert decoder.decode(again) is decoder.blocks[again]
+
+
+def test_header_decoder_forgets_blocks_when_the_table_changes():
+    """A remembered reference must follow the table: after an entry is added, the same
+    index names the new entry."""
+    encoder, decoder = hpack.Encoder(), HeaderDecoder()
+    decoder.decode(encoder.encode([(b"x-a", b"1")]))
+    newest = encoder.encode([(b"x-a", b"1")])  # index 62: the newest entry
+    assert decoder.decode(newest) == [(b"x-a", b"1")]
+    decoder.decode(encoder.encode([(b"x-b", b"2")]))  # x-b is now the newest entry
+    assert decoder.decode(newest) == [(b"x-b", b"2")]
+    assert decoder.decode(encoder.encode([(b"x-a", b"1")])) == [(b"x-a", b"1")]
+
+
+def test_header_decoder_forgets_blocks_when_the_table_is_resized():
+    encoder, decoder = hpack.Encoder(), HeaderDecoder()
+    decoder.decode(encoder.encode([(b"x-a", b"1")]))
+    reference = encoder.encode([(b"x-a", b"1")])
+    decoder.decode(reference)
+    assert decoder.blocks
+    encoder.header_table_size = 0  # the next block starts with a size update, emptying the table
+    decoder.decode(encoder.encode([(b"x-c", b"3")]))
+    assert not decoder.blocks
+    with pytest.raises(hpack.HPACKError):
+        decoder.decode(reference)  # index 62 no longer exists
 
 
 @pytest.mark.parametrize("value,decoded", [
