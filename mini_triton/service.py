@@ -140,7 +140,7 @@ class InferenceService:
         request.model_version = str(loaded.version)
         request.decoupled = loaded.config.model_transaction_policy.decoupled
         try:
-            normalize(request, loaded.config)
+            normalize(request, loaded.signature)
             request.transform = self._output_transform(request, loaded)
         except TritonError:
             loaded.stats.record_request(time.monotonic_ns() - request.arrival_ns, False, "OTHER")

@@ -8,6 +8,8 @@ outputs and reserved parameters. Raw wire bytes become numpy views here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -34,20 +36,53 @@ def format_shape(shape) -> str:
     return "[" + ",".join(str(int(d)) for d in shape) + "]"
 
 
-def normalize(request: InferenceRequest, config: mc.ModelConfig) -> None:
-    """Check `request` against `config` and complete it in place.
+@dataclass(frozen=True)
+class InputSpec:
+    datatype: str  # v2 name
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None
+    optional: bool
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    """What request checks read from a model's config, as plain Python values.
+
+    Reading a protobuf field builds a Python object each time, and an enum's name
+    is a descriptor lookup: checking a request against the ModelConfig itself cost
+    about 25 µs. The signature is made once per loaded model version.
+    """
+
+    name: str
+    max_batch_size: int
+    inputs: dict[str, InputSpec]
+    outputs: frozenset[str]
+
+    @classmethod
+    def of(cls, config: mc.ModelConfig) -> "ModelSignature":
+        inputs = {
+            ic.name: InputSpec(config_datatype(ic.data_type), tuple(ic.dims),
+                               tuple(ic.reshape.shape) if ic.HasField("reshape") else None,
+                               ic.optional)
+            for ic in config.input}
+        return cls(config.name, config.max_batch_size, inputs,
+                   frozenset(oc.name for oc in config.output))
+
+
+def normalize(request: InferenceRequest, model: ModelSignature | mc.ModelConfig) -> None:
+    """Check `request` against the model and complete it in place.
 
     Raises TritonError(INVALID_ARG) with Triton's wording on the first problem.
     """
-    name = config.name
+    if isinstance(model, mc.ModelConfig):
+        model = ModelSignature.of(model)
     _apply_control_parameters(request)
-    inputs_by_name = _index_inputs(request, name)
-    configs = {ic.name: ic for ic in config.input}
-    _check_input_names(inputs_by_name, configs, name)
-    batch_size = _check_batch(request, config)
+    inputs_by_name = _index_inputs(request, model.name)
+    _check_input_names(inputs_by_name, model.inputs, model.name)
+    batch_size = _check_batch(request, model)
     for tensor in request.inputs:
-        _check_input(tensor, configs[tensor.name], config, batch_size)
-    _check_outputs(request, config)
+        _check_input(tensor, model.inputs[tensor.name], model, batch_size)
+    _check_outputs(request, model)
     request.batch_size = batch_size
 
 
@@ -122,7 +157,7 @@ def _check_input_names(inputs: dict[str, Tensor], configs: dict, model: str) -> 
         )
 
 
-def _check_batch(request: InferenceRequest, config: mc.ModelConfig) -> int:
+def _check_batch(request: InferenceRequest, config: ModelSignature) -> int:
     """The request's batch size: the shared first dim when the model batches, else 0."""
     if config.max_batch_size <= 0 or not request.inputs:
         return 0
@@ -147,36 +182,36 @@ def _check_batch(request: InferenceRequest, config: mc.ModelConfig) -> int:
     return batch_size
 
 
-def _check_input(tensor: Tensor, input_config, config: mc.ModelConfig, batch_size: int) -> None:
-    expected_type = config_datatype(input_config.data_type)
-    if tensor.datatype != expected_type:
+def _check_input(tensor: Tensor, spec: InputSpec, model: ModelSignature,
+                 batch_size: int) -> None:
+    if tensor.datatype != spec.datatype:
         raise invalid_arg(
             f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
-            f"'{config.name}' expects '{expected_type}'"
+            f"'{model.name}' expects '{spec.datatype}'"
         )
-    _check_shape(tensor, input_config, config)
-    _materialize(tensor, config.name)
-    if input_config.HasField("reshape"):
-        prefix = (batch_size,) if config.max_batch_size > 0 else ()
-        tensor.data = tensor.data.reshape(prefix + tuple(input_config.reshape.shape))
+    _check_shape(tensor, spec, model)
+    _materialize(tensor, model.name)
+    if spec.reshape is not None:
+        prefix = (batch_size,) if model.max_batch_size > 0 else ()
+        tensor.data = tensor.data.reshape(prefix + spec.reshape)
 
 
-def _check_shape(tensor: Tensor, input_config, config: mc.ModelConfig) -> None:
-    if any(int(d) < 0 for d in tensor.shape):
+def _check_shape(tensor: Tensor, spec: InputSpec, model: ModelSignature) -> None:
+    shape = tensor.shape
+    if any(d < 0 for d in shape):
         raise invalid_arg(
-            f"unexpected shape for input '{tensor.name}' for model '{config.name}'. "
+            f"unexpected shape for input '{tensor.name}' for model '{model.name}'. "
             f"Got negative dimension in {format_shape(tensor.shape)}"
         )
-    dims = tuple(input_config.dims)
-    shape = tuple(tensor.shape)
-    batched = config.max_batch_size > 0
+    dims = spec.dims
+    batched = model.max_batch_size > 0
     if batched:
         shape = shape[1:]
     if len(shape) == len(dims) and all(d == -1 or d == s for d, s in zip(dims, shape)):
         return
     expected = format_shape(((-1,) if batched else ()) + dims)
     message = (
-        f"unexpected shape for input '{tensor.name}' for model '{config.name}'. "
+        f"unexpected shape for input '{tensor.name}' for model '{model.name}'. "
         f"Expected {expected}, got {format_shape(tensor.shape)}. "
     )
     if batched:
@@ -226,13 +261,12 @@ def _check_array(tensor: Tensor, count: int, model: str) -> None:
     tensor.data = tensor.data.reshape(tensor.shape)
 
 
-def _check_outputs(request: InferenceRequest, config: mc.ModelConfig) -> None:
-    known = {oc.name for oc in config.output}
+def _check_outputs(request: InferenceRequest, model: ModelSignature) -> None:
     seen = set()
     for output in request.outputs:
-        if output.name not in known:
+        if output.name not in model.outputs:
             raise invalid_arg(
-                f"unexpected inference output '{output.name}' for model '{config.name}'"
+                f"unexpected inference output '{output.name}' for model '{model.name}'"
             )
         if output.name in seen:
             raise invalid_arg(f"output '{output.name}' already requested")

@@ -23,6 +23,7 @@ from ..config.autofill import AutofillError, check_config, complete_platform, fi
 from ..config.json_format import config_from_json
 from ..core.errors import TritonError, invalid_arg, not_found, unavailable
 from ..core.stats import ModelStats
+from ..core.validate import ModelSignature
 from ..scheduling import create_scheduler
 from . import scan
 from .overrides import remove_private_model, write_private_model
@@ -47,6 +48,10 @@ class LoadedVersion:
     backend: Backend
     scheduler: object
     stats: ModelStats
+    signature: ModelSignature = field(init=False)  # what request checks read, made once
+
+    def __post_init__(self) -> None:
+        self.signature = ModelSignature.of(self.config)
 
     def stop(self, timeout: float) -> None:
         self.scheduler.stop(timeout)
