@@ -48,6 +48,34 @@ class LoopScheduler(QueuedScheduler):
         self.timer: asyncio.TimerHandle | None = None
         self.dispatching = False
         self.finalized = False
+        rules = self.former.rules
+        # With no queue delay, a request that finds an idle instance and an empty
+        # queue is a batch of its own at once: the batcher would decide just that.
+        self.immediate = not rules.enabled or not rules.max_delay_ns
+
+    def submit(self, request) -> None:
+        """Skip the queue when the batcher could only send the request alone, now
+        (it saves the queue's bookkeeping on every request of a lightly loaded model)."""
+        if self.immediate and self._on_loop():
+            with self.condition:
+                instance = self._idle_instance_for_one()
+                if instance is not None:
+                    self.executing += 1
+                    if self.orderer is not None:
+                        self.orderer.enroll(request)
+            if instance is not None:
+                if not request.queue_start_ns:
+                    request.queue_start_ns = time.monotonic_ns()
+                self._begin(instance, [request])
+                return
+        super().submit(request)
+
+    def _idle_instance_for_one(self):
+        """An idle instance taken for a request that needs no queue, or None (called
+        holding the lock)."""
+        if self.stopping or self.dispatching or len(self.former) or not self.idle:
+            return None
+        return self.idle.pop()
 
     def _queued(self) -> None:
         self._wake()
@@ -117,6 +145,11 @@ class LoopScheduler(QueuedScheduler):
             if taken.wait_ns is not None:
                 self._retry_in(taken.wait_ns / 1e9)
             return bool(taken.dropped)
+        self._begin(instance, batch)
+        return True
+
+    def _begin(self, instance, batch: list) -> None:
+        """Start `batch` on `instance` (taken from the idle ones)."""
         taps, start = begin_batch(batch, self.stats)
 
         def on_end(timing: ExecutionTiming) -> None:
@@ -128,7 +161,6 @@ class LoopScheduler(QueuedScheduler):
             for request in batch:
                 fail(request, internal(f"model execution failed: {error}"))
             on_end(None)
-        return True
 
     def _retry_in(self, seconds: float) -> None:
         if self.timer is not None:
