@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import logging
 import struct
 import zlib
@@ -54,6 +55,8 @@ MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65_535
 DEFAULT_FRAME_SIZE = 16_384
 OUR_FRAME_SIZE = 2**24 - 1  # the largest allowed: big messages arrive in few frames
+# A message this large is written as it is; smaller ones are joined with their frame.
+LARGE_MESSAGE = 64 * 1024
 # Received bytes are given back to the peer's windows in steps this large, not per frame.
 WINDOW_REFILL = 2**24
 
@@ -161,7 +164,7 @@ class CallContext:
 class Stream:
     __slots__ = ("id", "headers", "body", "ended", "task", "inbox", "send_window",
                  "pending", "closed", "received", "deadline", "encoding", "method",
-                 "context", "trailers", "headers_sent")
+                 "context", "trailers", "headers_sent", "pending_size")
 
     def __init__(self, stream_id: int, send_window: int):
         self.id = stream_id
@@ -172,7 +175,8 @@ class Stream:
         self.task: asyncio.Task | None = None
         self.inbox: asyncio.Queue | None = None  # messages of a client-streaming call
         self.send_window = send_window
-        self.pending = bytearray()   # DATA waiting for window
+        self.pending: collections.deque = collections.deque()  # views waiting for window
+        self.pending_size = 0
         self.received = 0            # bytes not yet given back to the stream's window
         self.deadline: asyncio.TimerHandle | None = None
         self.encoding: bytes | None = None
@@ -282,9 +286,11 @@ class GrpcConnection(asyncio.Protocol):
                 end = offset + 9 + length
                 if end > size:
                     break
-                payload = bytes(buffer[offset + 9:end])
-                offset = end
-                self._on_frame(length_kind & 0xFF, flags, stream_id & MAX_WINDOW, payload)
+                kind, start, offset = length_kind & 0xFF, offset + 9, end
+                if kind == DATA:  # its bytes go straight into the stream: one copy
+                    self._on_data(flags, stream_id & MAX_WINDOW, buffer, start, end)
+                else:
+                    self._on_frame(kind, flags, stream_id & MAX_WINDOW, bytes(buffer[start:end]))
             del buffer[:offset]
         except ProtocolError as error:
             self._go_away(error.code, str(error))
@@ -294,8 +300,7 @@ class GrpcConnection(asyncio.Protocol):
     # --- frames in ---
 
     def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if self.headers_in_progress is not None and kind != CONTINUATION:
-            raise ProtocolError(PROTOCOL_ERROR, "expected CONTINUATION")
+        self._check_not_in_header_block(kind)
         if FIXED_SIZES.get(kind, len(payload)) != len(payload):
             raise ProtocolError(FRAME_SIZE_ERROR, f"frame type {kind} of {len(payload)} bytes")
         if kind == DATA:
@@ -321,6 +326,10 @@ class GrpcConnection(asyncio.Protocol):
         elif kind == PUSH_PROMISE:
             raise ProtocolError(PROTOCOL_ERROR, "clients may not push")
         # PRIORITY and unknown frame types are ignored, as RFC 9113 asks
+
+    def _check_not_in_header_block(self, kind: int) -> None:
+        if self.headers_in_progress is not None and kind != CONTINUATION:
+            raise ProtocolError(PROTOCOL_ERROR, "expected CONTINUATION")
 
     def _on_settings(self, payload: bytes) -> None:
         for offset in range(0, len(payload) - len(payload) % 6, 6):
@@ -394,14 +403,21 @@ class GrpcConnection(asyncio.Protocol):
         if stream.ended:  # trailers from the client, or a call with no body
             self._on_end_of_input(stream)
 
-    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        self._give_back(None, len(payload))
+    def _on_data(self, flags: int, stream_id: int, buffer: bytearray, start: int,
+                 end: int) -> None:
+        """A DATA frame, `buffer[start:end]` (read in place: a large message arrives in
+        frames of up to 16 MiB, and each copy of it costs)."""
+        self._check_not_in_header_block(DATA)
+        length = end - start
+        self._give_back(None, length)
         stream = self.streams.get(stream_id)
         if stream is None or stream.ended:
             return  # a stream we reset or finished: its data is dropped
-        data = _strip_padding(flags, payload)
-        stream.body += data
-        self._give_back(stream, len(payload))
+        if flags & PADDED:
+            start, end = _padded_bounds(buffer, start, end)
+        with memoryview(buffer) as view:
+            stream.body += view[start:end]
+        self._give_back(stream, length)
         if stream.inbox is not None:
             self._deliver_messages(stream)
         if flags & END_STREAM:
@@ -487,7 +503,8 @@ class GrpcConnection(asyncio.Protocol):
             compressed, length = MESSAGE_PREFIX.unpack_from(body, offset)
             if len(body) - offset - 5 < length:
                 break
-            message = bytes(body[offset + 5:offset + 5 + length])
+            with memoryview(body) as view:
+                message = bytes(view[offset + 5:offset + 5 + length])
             offset += 5 + length
             if compressed:
                 message = self._decompress(stream, message)
@@ -531,14 +548,14 @@ class GrpcConnection(asyncio.Protocol):
             self._finish(stream, _status_block(grpc.StatusCode.UNKNOWN,
                                                f"Unexpected {type(error).__name__}: {error}"))
             return
-        self._send(stream, MESSAGE_PREFIX.pack(False, len(payload)) + payload, OK_TRAILERS)
+        self._send(stream, payload, OK_TRAILERS)
 
     async def _run_streaming(self, stream: Stream) -> None:
         method = stream.method
         try:
             async for response in method.handler(self._messages(stream), stream.context):
                 payload = response.SerializeToString()
-                self._send(stream, MESSAGE_PREFIX.pack(False, len(payload)) + payload)
+                self._send(stream, payload)
         except AbortError as error:
             self._finish(stream, _status_block(error.code, error.details))
             return
@@ -575,6 +592,7 @@ class GrpcConnection(asyncio.Protocol):
         # DATA held back by flow control is dropped, or a later window would carry it
         # out on the dead stream, taking the connection's window from live calls
         stream.pending.clear()
+        stream.pending_size = 0
         if stream in self.blocked:
             self.blocked.remove(stream)
         if stream.deadline is not None:
@@ -586,39 +604,47 @@ class GrpcConnection(asyncio.Protocol):
 
     def _finish(self, stream: Stream, status: bytes) -> None:
         """End the call with `status`."""
-        self._send(stream, b"", status)
+        self._send(stream, None, status)
 
-    def _send(self, stream: Stream, data: bytes, trailers: bytes | None = None) -> None:
+    def _send(self, stream: Stream, message: bytes | None,
+              trailers: bytes | None = None) -> None:
         """The response headers when not sent yet, one message and the trailers, each
         optional, in one write (headers and trailers in one frame when there is no
-        message: gRPC's trailers-only response). DATA beyond the peer's windows waits in
-        the stream until WINDOW_UPDATE frees them."""
+        message: gRPC's trailers-only response). DATA beyond the peer's windows or one
+        frame waits in the stream (as views of `message`, never copied) until
+        WINDOW_UPDATE frees them."""
         if stream.closed or self.transport is None or self.transport.is_closing():
             return
         out = []
         if not stream.headers_sent:
             stream.headers_sent = True
-            if data or trailers is None:
+            if message is not None or trailers is None:
                 out.append(self._headers_frames(stream.id, RESPONSE_HEADERS, END_HEADERS))
             else:
                 trailers = RESPONSE_HEADERS + trailers
-        if data:
-            if stream.pending or len(data) > min(stream.send_window, self.send_window,
-                                                 self.peer_frame_size):
-                stream.pending += data
+        if message is not None:
+            prefix = MESSAGE_PREFIX.pack(False, len(message))
+            size = len(message) + len(prefix)
+            if stream.pending or size > min(stream.send_window, self.send_window,
+                                            self.peer_frame_size):
+                stream.pending += (memoryview(prefix), memoryview(message))
+                stream.pending_size += size
                 if stream not in self.blocked:
                     self.blocked.append(stream)
             else:
-                stream.send_window -= len(data)
-                self.send_window -= len(data)
-                out.append(_frame(DATA, 0, stream.id, data))
+                stream.send_window -= size
+                self.send_window -= size
+                out += (FRAME_HEADER.pack((size << 8) | DATA, 0, stream.id), prefix, message)
         if trailers is not None:
             if stream.pending:
                 stream.trailers = trailers  # they follow the held-back DATA
             else:
                 out.append(self._headers_frames(stream.id, trailers, END_HEADERS | END_STREAM))
                 self._close_stream(stream, out)
-        self.transport.write(b"".join(out))
+        if message is not None and len(message) > LARGE_MESSAGE:
+            self.transport.writelines(out)  # the message goes out as it is, uncopied
+        else:
+            self.transport.write(b"".join(out))
         if stream.pending:
             self._flush_blocked()
 
@@ -638,10 +664,10 @@ class GrpcConnection(asyncio.Protocol):
         for stream in list(self.blocked):
             out = []
             while stream.pending and self.send_window > 0 and stream.send_window > 0:
-                size = min(len(stream.pending), stream.send_window, self.send_window,
+                size = min(stream.pending_size, stream.send_window, self.send_window,
                            self.peer_frame_size)
-                out.append(_frame(DATA, 0, stream.id, bytes(stream.pending[:size])))
-                del stream.pending[:size]
+                out.append(FRAME_HEADER.pack((size << 8) | DATA, 0, stream.id))
+                out += _take_pending(stream, size)
                 stream.send_window -= size
                 self.send_window -= size
             if not stream.pending:
@@ -651,7 +677,7 @@ class GrpcConnection(asyncio.Protocol):
                                                     END_HEADERS | END_STREAM))
                     self._close_stream(stream, out)
             if out:
-                self.transport.write(b"".join(out))
+                self.transport.writelines(out)
 
     def _close_stream(self, stream: Stream, out: list) -> None:
         """Our half is done; when the client's is not, reset the rest of it (as gRPC
@@ -682,13 +708,37 @@ class GrpcConnection(asyncio.Protocol):
                                         struct.pack(">II", self.last_stream_id, NO_ERROR)))
 
 
+def _take_pending(stream: Stream, size: int) -> list[memoryview]:
+    """The first `size` bytes held back on `stream`, as views, removed from it."""
+    pieces = []
+    stream.pending_size -= size
+    while size:
+        piece = stream.pending[0]
+        if len(piece) <= size:
+            pieces.append(stream.pending.popleft())
+            size -= len(piece)
+        else:
+            pieces.append(piece[:size])
+            stream.pending[0] = piece[size:]
+            size = 0
+    return pieces
+
+
+def _padded_bounds(buffer, start: int, end: int) -> tuple[int, int]:
+    """The payload of a PADDED frame in buffer[start:end], without its padding."""
+    if start == end:
+        raise ProtocolError(PROTOCOL_ERROR, "a PADDED frame without a pad length")
+    pad = buffer[start]
+    if pad >= end - start:
+        raise ProtocolError(PROTOCOL_ERROR, "padding longer than the frame")
+    return start + 1, end - pad
+
+
 def _strip_padding(flags: int, payload: bytes) -> bytes:
     if not flags & PADDED:
         return payload
-    pad = payload[0] if payload else 0  # no room even for the pad length: refused below
-    if pad >= len(payload):
-        raise ProtocolError(PROTOCOL_ERROR, "padding longer than the frame")
-    return payload[1:len(payload) - pad]
+    start, end = _padded_bounds(payload, 0, len(payload))
+    return payload[start:end]
 
 
 class GrpcServer:
