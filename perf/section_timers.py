@@ -98,9 +98,9 @@ async def measure(protocol: str, concurrency: int, interval_ms: int) -> None:
             "-i", protocol, "--concurrency-range", str(concurrency), "-p", str(interval_ms),
             "--shape", "INPUT0:16", stdout=asyncio.subprocess.PIPE)
         output, _ = await process.communicate()
-        for line in output.decode().splitlines():
-            if line.startswith("Concurrency:"):
-                print(line)
+        lines = output.decode().splitlines()
+        summary = [line for line in lines if line.startswith("Concurrency:")]
+        print("\n".join(summary or ["perf_analyzer gave no result:", *lines[-10:]]))
     finally:
         await server.shutdown()
 
