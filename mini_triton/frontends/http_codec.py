@@ -122,8 +122,8 @@ def _decode_input(item, binary: _BinaryCursor, model: str) -> Tensor:
     if not isinstance(datatype, str):
         raise invalid_arg(f"input '{name}' is missing the 'datatype' field")
     datatypes.from_name(datatype)
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
-                                              for d in shape):
+    # type() is int: integers only, not booleans (a bool is an int subclass)
+    if not isinstance(shape, list) or not all(type(d) is int for d in shape):
         raise invalid_arg(f"input '{name}' must have a 'shape' array of integers")
     parameters = dict(_optional(item, "parameters", dict, {}))
     tensor = Tensor(name, datatype, tuple(shape), parameters=parameters)

@@ -101,7 +101,7 @@ def core_response(request: CoreRequest, reply: Reply | None, final: bool) -> Cor
     if reply.error is not None:
         return CoreResponse(request.model_name, request.model_version, request.id,
                             parameters=parameters, error=core_error(reply.error), final=final)
-    outputs = [CoreTensor(name, datatype, tuple(int(d) for d in array.shape), array)
+    outputs = [CoreTensor(name, datatype, array.shape, array)  # a numpy shape: a tuple of ints
                for name, datatype, array in reply.outputs]
     return CoreResponse(request.model_name, request.model_version, request.id, outputs,
                         parameters, final=final)

@@ -53,10 +53,11 @@ class Outgoing:
         batches to stack along the first dimension)."""
         if datatype == "BYTES":
             parts = [datatypes.serialize_bytes(p) for p in parts]
+            nbytes = sum(len(p) for p in parts)
         else:
             parts = [np.ascontiguousarray(p) for p in parts]
-        nbytes = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-        shape = tuple(int(d) for d in shape)
+            nbytes = sum(p.nbytes for p in parts)
+        shape = tuple(map(int, shape))
         if nbytes >= SHARED_THRESHOLD and _HAS_MEMFD:
             offset = self.shared_size
             self.shared.append((offset, parts))
