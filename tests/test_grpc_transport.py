@@ -780,6 +780,59 @@ def test_many_concurrent_calls_over_one_channel(server):
         np.testing.assert_array_equal(output, values)
 
 
+def test_calls_abandoned_in_every_way_leave_the_server_serving(server):
+    """Bounded mixed traffic on four channels: answered calls, calls whose deadline
+    passes while they run, and channels closed with calls in flight. Afterwards
+    nothing is left in flight, every answered call was right, and a new call works."""
+    slow_in = grpcaio.InferInput("INPUT0", [2], "FP32")
+    slow_in.set_data_from_numpy(np.array([1, 2], np.float32))
+
+    async def channel(index: int) -> int:
+        client = grpcaio.InferenceServerClient(server.grpc_url)
+        answered = 0
+        try:
+            for call in range(15):
+                values = np.full((1, 3), index * 100 + call, dtype=np.float32)
+                tensor = grpcaio.InferInput("INPUT0", [1, 3], "FP32")
+                tensor.set_data_from_numpy(values)
+                result = await client.infer("identity_fp32", [tensor])
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values)
+                answered += 1
+                if call % 5 == 0:  # a slow call given up by its deadline
+                    with pytest.raises(InferenceServerException, match="Deadline"):
+                        await client.infer("slow", [slow_in], client_timeout=0.05)
+            # left running when the channel closes
+            pending = asyncio.ensure_future(client.infer("slow", [slow_in]))
+            await asyncio.sleep(0.05)
+        finally:
+            await client.close()
+        with pytest.raises((InferenceServerException, asyncio.CancelledError, Exception)):
+            await pending
+        return answered
+
+    async def run():
+        return await asyncio.gather(*(channel(i) for i in range(4)))
+
+    assert asyncio.run(asyncio.wait_for(run(), 60)) == [15] * 4
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    deadline = time.monotonic() + WAIT
+    while True:  # the abandoned slow calls finish or leave; none stays pending
+        text = urllib.request.urlopen(f"{server.metrics_url}", timeout=WAIT).read().decode()
+        pending = [line for line in text.splitlines()
+                   if line.startswith("nv_inference_pending_request_count{")
+                   and not line.endswith(" 0")]
+        if not pending:
+            break
+        assert time.monotonic() < deadline, pending
+        time.sleep(0.05)
+    tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.array([[7, 8]], np.float32))
+    np.testing.assert_array_equal(client.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0"),
+                                  [[7, 8]])
+    assert client.is_server_live() and client.is_server_ready()
+    client.close()
+
+
 def test_bidirectional_stream_infer(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     results: queue.Queue = queue.Queue()
