@@ -40,6 +40,7 @@ log = logging.getLogger("mini_triton.backends.python")
 WORKER_MODULE = "mini_triton.backends.python.worker"
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 FINALIZE_TIMEOUT_S = 10.0
+BUSY_FINALIZE_TIMEOUT_S = 1.0  # for a worker still executing when its model unloads
 READY_TIMEOUT_S = 5.0  # a model's own is_ready() gets this long, as in Triton
 _CONTROL_METHODS = frozenset(("load_model", "unload_model", "is_model_ready"))
 _METRIC_METHODS = frozenset(("metric_family", "metric_create", "metric_value"))
@@ -512,13 +513,16 @@ class ProcessInstance(ModelInstance):
         self._close()
 
     def finalize(self) -> None:
-        self.outstanding.wait_idle(self.settings.drain_s)
+        drained = self.outstanding.wait_idle(self.settings.drain_s)
         self.outstanding.fail_open(unavailable(
             f"model '{self.model}' was unloaded before it finished the request"))
         self.stopping = True
         if not self.dead:
+            # A model still busy after the drain time has had its time (the server's
+            # exit timeout): its finalize would wait behind that work.
+            timeout = FINALIZE_TIMEOUT_S if drained else BUSY_FINALIZE_TIMEOUT_S
             try:
-                self._call({"op": "finalize"}, FINALIZE_TIMEOUT_S)
+                self._call({"op": "finalize"}, timeout)
             except (TritonError, concurrent.futures.TimeoutError):
                 log.warning("instance '%s' did not finalize in time; stopping its worker",
                             self.name)
