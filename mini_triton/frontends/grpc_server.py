@@ -1,4 +1,5 @@
-"""The KServe v2 gRPC front end on grpc.aio: routing and status mapping only."""
+"""The KServe v2 gRPC front end: the servicer (routing and status mapping only) and its
+server, on our own HTTP/2 transport (grpc_transport.py) or on grpc.aio."""
 
 from __future__ import annotations
 
