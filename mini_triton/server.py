@@ -185,6 +185,8 @@ class Server:
             await self._grpc.stop(grace=1.0)
         for listener in self._listeners:
             listener.close()
+        for listener in self._listeners:
+            await listener.drain(1.0)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.manager.stop_all,
                                    max(0.5, deadline - time.monotonic()))

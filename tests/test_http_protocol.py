@@ -148,3 +148,39 @@ def test_metrics_port_serves_only_metrics(server):
         assert status == 200 and b"nv_cpu_utilization" in body
         assert headers["content-type"].startswith("text/plain")
         assert read_reply(sock, buffer)[0] == 404
+
+
+def test_stopping_listener_sends_the_replies_under_way_then_closes():
+    """When the server stops, an idle kept-alive connection closes at once, and one
+    whose request is being answered gets its reply first, then closes."""
+    import asyncio
+
+    from mini_triton.frontends.http_protocol import HttpReply, start_server
+
+    async def scenario():
+        release = asyncio.Event()
+        arrived = asyncio.Event()
+
+        async def app(request):
+            arrived.set()
+            await release.wait()
+            return HttpReply(200, b'{"done":true}')
+
+        listener, port = await start_server(app, lambda status, message: HttpReply(status),
+                                             "127.0.0.1", 0, 4096)
+        busy_reader, busy_writer = await asyncio.open_connection("127.0.0.1", port)
+        idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
+        busy_writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        await busy_writer.drain()
+        await asyncio.wait_for(arrived.wait(), 5)
+        listener.close()
+        assert await asyncio.wait_for(idle_reader.read(), 5) == b""  # closed, nothing sent
+        release.set()
+        await listener.drain(5)
+        reply = await asyncio.wait_for(busy_reader.read(), 5)  # the reply, then the close
+        assert reply.startswith(b"HTTP/1.1 200 OK\r\n") and reply.endswith(b'{"done":true}')
+        assert not listener.connections
+        for writer in (busy_writer, idle_writer):
+            writer.close()
+
+    asyncio.run(scenario())

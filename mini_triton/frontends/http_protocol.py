@@ -143,6 +143,7 @@ class HttpProtocol(asyncio.Protocol):
         self._too_large = False
         self._previous: asyncio.Future | None = None  # the reply written before ours
         self._tasks: set[asyncio.Task] = set()
+        self._closing = False  # the server stops: close once the replies under way are out
 
     # --- asyncio.Protocol ---
 
@@ -199,7 +200,19 @@ class HttpProtocol(asyncio.Protocol):
         task = asyncio.ensure_future(self._respond(request, keep_alive, previous, done,
                                                    self._too_large))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._replied)
+
+    def _replied(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if self._closing and not self._tasks and self.transport is not None:
+            self.transport.close()
+
+    def close_when_replied(self) -> None:
+        """Close now if no reply is under way, else once the last one is written (a
+        request answered while the server stops must still reach its client)."""
+        self._closing = True
+        if not self._tasks and self.transport is not None:
+            self.transport.close()
 
     # --- replies ---
 
@@ -262,9 +275,19 @@ class Listener:
         self.connections: set[HttpProtocol] = set()
 
     def close(self) -> None:
-        """Stop accepting, then close the kept-alive connections (after draining)."""
+        """Stop accepting; close idle connections now and the others once their replies
+        are written."""
         if self.server is not None:
             self.server.close()
+        for connection in list(self.connections):
+            connection.close_when_replied()
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (up to `timeout`) for the connections closing after their replies;
+        close what is left."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.close()
