@@ -14,7 +14,7 @@ from mini_triton.backends.base import ModelContext
 from mini_triton.backends.onnxruntime import OnnxRuntimeBackend
 from mini_triton.core.request import InferenceRequest
 from mini_triton.core.tensor import Tensor
-from mini_triton.core.validate import normalize
+from mini_triton.core.validate import ModelSignature, normalize
 from mini_triton.repository.manager import ServerOptions, read_config
 
 ort = pytest.importorskip("onnxruntime")
@@ -42,7 +42,7 @@ def request(config, inputs: dict, **parameters) -> tuple[InferenceRequest, list]
     req = InferenceRequest(config.name, inputs=[
         Tensor(name, "INT32" if a.dtype == np.int32 else "FP32", a.shape, a)
         for name, a in inputs.items()], parameters=parameters)
-    normalize(req, config)
+    normalize(req, ModelSignature.of(config))
     req.on_complete = lambda _request, response: responses.append(response)
     return req, responses
 

@@ -69,13 +69,11 @@ class ModelSignature:
                    frozenset(oc.name for oc in config.output))
 
 
-def normalize(request: InferenceRequest, model: ModelSignature | mc.ModelConfig) -> None:
+def normalize(request: InferenceRequest, model: ModelSignature) -> None:
     """Check `request` against the model and complete it in place.
 
     Raises TritonError(INVALID_ARG) with Triton's wording on the first problem.
     """
-    if isinstance(model, mc.ModelConfig):
-        model = ModelSignature.of(model)
     _apply_control_parameters(request)
     inputs_by_name = _index_inputs(request, model.name)
     _check_input_names(inputs_by_name, model.inputs, model.name)
@@ -157,27 +155,27 @@ def _check_input_names(inputs: dict[str, Tensor], configs: dict, model: str) -> 
         )
 
 
-def _check_batch(request: InferenceRequest, config: ModelSignature) -> int:
+def _check_batch(request: InferenceRequest, model: ModelSignature) -> int:
     """The request's batch size: the shared first dim when the model batches, else 0."""
-    if config.max_batch_size <= 0 or not request.inputs:
+    if model.max_batch_size <= 0 or not request.inputs:
         return 0
     batch_size = None
     for tensor in request.inputs:
         if not tensor.shape:
             raise invalid_arg(
-                f"input '{tensor.name}' has no batch dimension but model '{config.name}' "
-                f"has max_batch_size {config.max_batch_size}"
+                f"input '{tensor.name}' has no batch dimension but model '{model.name}' "
+                f"has max_batch_size {model.max_batch_size}"
             )
         if batch_size is None:
             batch_size = int(tensor.shape[0])
         elif int(tensor.shape[0]) != batch_size:
             raise invalid_arg(
-                f"input '{tensor.name}' batch size does not match other inputs for '{config.name}'"
+                f"input '{tensor.name}' batch size does not match other inputs for '{model.name}'"
             )
-    if batch_size < 1 or batch_size > config.max_batch_size:
+    if batch_size < 1 or batch_size > model.max_batch_size:
         raise invalid_arg(
-            f"inference request batch-size must be <= {config.max_batch_size} for "
-            f"'{config.name}'"
+            f"inference request batch-size must be <= {model.max_batch_size} for "
+            f"'{model.name}'"
         )
     return batch_size
 
