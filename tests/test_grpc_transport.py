@@ -481,6 +481,19 @@ def test_truncated_request_message_is_internal(server):
                                      ("grpc-message", "the request ended inside a message")]
 
 
+def test_a_message_that_is_not_the_request_type_is_an_error_not_a_crash(server):
+    seen = len(server.lines)
+    with H2(server.ports["grpc"]) as client:
+        client.send(HEADERS, END_HEADERS, 1, client.header_block(INFER))
+        client.send(DATA, END_STREAM, 1, grpc_message(b"\xff\xff\xff not protobuf"))
+        response = client.response(1)
+        assert response.status == "2"
+        assert response.message.startswith("Unexpected DecodeError")
+        client.call(3, INFER, infer_request(VALUES))  # the connection goes on
+        assert_identity(client.response(3), VALUES)
+    assert not any("Traceback" in line for line in server.lines[seen:])
+
+
 # --- resets and flow control ---
 
 def test_reset_during_the_request_leaves_the_connection_working(server):

@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 import grpc
 import hpack
+from google.protobuf.message import DecodeError
 
 log = logging.getLogger("mini_triton.grpc")
 
@@ -536,6 +537,11 @@ class GrpcConnection(asyncio.Protocol):
         method = stream.method
         try:
             request = method.request_type.FromString(message)
+        except DecodeError as error:  # the client's mistake: no traceback in our log
+            self._finish(stream, _status_block(grpc.StatusCode.UNKNOWN,
+                                               f"Unexpected DecodeError: {error}"))
+            return
+        try:
             response = await method.handler(request, stream.context)
             payload = response.SerializeToString()
         except AbortError as error:
