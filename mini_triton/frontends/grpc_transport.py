@@ -304,9 +304,8 @@ class GrpcConnection(asyncio.Protocol):
         self._check_not_in_header_block(kind)
         if FIXED_SIZES.get(kind, len(payload)) != len(payload):
             raise ProtocolError(FRAME_SIZE_ERROR, f"frame type {kind} of {len(payload)} bytes")
-        if kind == DATA:
-            self._on_data(flags, stream_id, payload)
-        elif kind == HEADERS:
+        # DATA never comes here: data_received hands it to _on_data in place
+        if kind == HEADERS:
             self._on_headers(flags, stream_id, payload)
         elif kind == CONTINUATION:
             self._on_continuation(flags, stream_id, payload)
