@@ -14,7 +14,7 @@ from pathlib import Path
 from .core.collector import settle_garbage_collector
 from .core.response_cache import ResponseCache
 from .frontends import grpc_server
-from .frontends.http_protocol import HttpReply, HttpRequest, start_server
+from .frontends.http_protocol import HttpReply, HttpRequest, serve_async, start_server
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
 from .metrics import Metrics, MetricsOptions
 from .repository.manager import ModelRepositoryManager, ServerOptions
@@ -112,7 +112,7 @@ class Server:
             self._poller = asyncio.create_task(self._poll_repository())
         if self.settings.allow_metrics:
             self.ports["metrics"] = await self._listen(
-                self._serve_metrics, self.settings.metrics_address, self.settings.metrics_port)
+                serve_async(self._serve_metrics), self.settings.metrics_address, self.settings.metrics_port)
             log.info("Started Metrics Service at %s:%d", self.settings.metrics_address,
                      self.ports["metrics"])
 
@@ -135,9 +135,9 @@ class Server:
         self.ports["grpc"] = port
         log.info("Started GRPCInferenceService at %s:%d", self.settings.grpc_address, port)
 
-    async def _listen(self, handler, address: str, port: int) -> int:
+    async def _listen(self, app, address: str, port: int) -> int:
         try:
-            server, bound = await start_server(handler, error_reply, address, port,
+            server, bound = await start_server(app, error_reply, address, port,
                                                self.settings.http_max_input_size)
         except OSError as error:
             raise StartupError(f"cannot listen on {address}:{port}: {error.strerror}") from None

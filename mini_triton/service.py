@@ -110,11 +110,13 @@ class InferenceService:
         self._start(request, "")
         return request.stream
 
-    def start_unary(self, request: InferenceRequest, endpoint: str) -> asyncio.Future:
+    def start_unary(self, request: InferenceRequest, endpoint: str,
+                    on_final=None) -> asyncio.Future | None:
         """Validate and schedule a request of a unary front end (`endpoint`: "HTTP end
-        point", "ModelInfer RPC"), on the event loop; a future of its final response.
+        point", "ModelInfer RPC"), on the event loop. Its final response goes to
+        `on_final` (called on the loop) or, without one, to the future returned.
         Refusals before scheduling are raised."""
-        answer = FinalAnswer(asyncio.get_running_loop())
+        answer = FinalAnswer(asyncio.get_running_loop(), on_final)
         request.stream = answer
         self._start(request, endpoint)
         return answer.future

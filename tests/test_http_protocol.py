@@ -155,7 +155,7 @@ def test_stopping_listener_sends_the_replies_under_way_then_closes():
     whose request is being answered gets its reply first, then closes."""
     import asyncio
 
-    from mini_triton.frontends.http_protocol import HttpReply, start_server
+    from mini_triton.frontends.http_protocol import HttpReply, serve_async, start_server
 
     async def scenario():
         release = asyncio.Event()
@@ -166,7 +166,7 @@ def test_stopping_listener_sends_the_replies_under_way_then_closes():
             await release.wait()
             return HttpReply(200, b'{"done":true}')
 
-        listener, port = await start_server(app, lambda status, message: HttpReply(status),
+        listener, port = await start_server(serve_async(app), lambda status, message: HttpReply(status),
                                              "127.0.0.1", 0, 4096)
         busy_reader, busy_writer = await asyncio.open_connection("127.0.0.1", port)
         idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
@@ -184,3 +184,96 @@ def test_stopping_listener_sends_the_replies_under_way_then_closes():
             writer.close()
 
     asyncio.run(scenario())
+
+
+class RecordingTransport:
+    """The socket side of a connection, recording what the protocol writes."""
+
+    def __init__(self):
+        self.written = bytearray()
+        self.closed = False
+
+    def writelines(self, chunks) -> None:
+        for chunk in chunks:
+            self.written += chunk
+
+    def write(self, data) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def protocol_with(app):
+    from mini_triton.frontends.http_protocol import HttpProtocol, HttpReply
+
+    protocol = HttpProtocol(app, lambda status, message: HttpReply(status, message.encode()),
+                            4096, set())
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
+def test_an_answer_given_in_the_requests_own_call_is_written_before_it_returns():
+    """Inference answers from the call that delivers its response: the reply must
+    leave at once, not after another round of the event loop."""
+    from mini_triton.frontends.http_protocol import HttpReply
+
+    def app(request, exchange):
+        exchange.answer(HttpReply(200, b'{"path":"' + request.path.encode() + b'"}'))
+
+    protocol, transport = protocol_with(app)
+    protocol.data_received(b"GET /now HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert transport.written.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert transport.written.endswith(b'{"path":"/now"}')
+
+
+def test_pipelined_answers_given_out_of_order_are_written_in_order():
+    from mini_triton.frontends.http_protocol import HttpReply
+
+    exchanges = []
+    protocol, transport = protocol_with(lambda request, exchange: exchanges.append(
+        (request.path, exchange)))
+    protocol.data_received(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n"
+                           b"GET /second HTTP/1.1\r\nHost: x\r\n\r\n")
+    (_, first), (_, second) = exchanges
+    second.answer(HttpReply(200, b"second"))
+    assert transport.written == b""  # held behind the first
+    first.answer(HttpReply(200, b"first"))
+    assert transport.written.index(b"first") < transport.written.index(b"second")
+    second.answer(HttpReply(500, b"again"))  # a second answer is ignored
+    assert b"again" not in transport.written
+
+
+def test_a_lost_connection_cancels_only_the_requests_still_unanswered():
+    from mini_triton.frontends.http_protocol import HttpReply
+
+    exchanges, cancelled = [], []
+
+    def app(request, exchange):
+        exchange.cancel = lambda: cancelled.append(request.path)
+        exchanges.append(exchange)
+
+    protocol, transport = protocol_with(app)
+    protocol.data_received(b"GET /answered HTTP/1.1\r\nHost: x\r\n\r\n"
+                           b"GET /open HTTP/1.1\r\nHost: x\r\n\r\n")
+    exchanges[0].answer(HttpReply(200, b"ok"))
+    protocol.connection_lost(None)
+    assert cancelled == ["/open"]
+
+
+def test_an_app_that_raises_gets_a_500_and_the_connection_keeps_serving():
+    from mini_triton.frontends.http_protocol import HttpReply
+
+    def app(request, exchange):
+        if request.path == "/bug":
+            raise RuntimeError("a bug")
+        exchange.answer(HttpReply(200, b"fine"))
+
+    protocol, transport = protocol_with(app)
+    protocol.data_received(b"GET /bug HTTP/1.1\r\nHost: x\r\n\r\nGET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert transport.written.startswith(b"HTTP/1.1 500 ")
+    assert transport.written.endswith(b"fine") and not transport.closed

@@ -87,19 +87,26 @@ class ResponseStream:
 
 
 class FinalAnswer:
-    """The final response of a unary request as a future on the event loop.
+    """The final response of a unary request, for the front end on the event loop:
+    a future, or a callback (`on_final`) that writes the reply from the very call
+    that delivers the response.
 
     Created on the loop's thread; responses may be put from any thread. A
     unary front end needs only the final response, so this skips the
     stream's queue and its reader coroutine.
     """
 
-    __slots__ = ("loop", "thread", "future")
+    __slots__ = ("loop", "thread", "future", "on_final")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_final=None):
         self.loop = loop
         self.thread = threading.get_ident()
-        self.future: asyncio.Future = loop.create_future()
+        self.on_final = on_final
+        self.future: asyncio.Future | None = None if on_final else loop.create_future()
+
+    def delivers_now(self) -> bool:
+        """Whether a final response put now is answered within the `put` call."""
+        return self.on_final is not None and threading.get_ident() == self.thread
 
     def put(self, response: InferenceResponse) -> None:
         if not response.final:
@@ -110,7 +117,10 @@ class FinalAnswer:
             self.loop.call_soon_threadsafe(self._set, response)
 
     def _set(self, response: InferenceResponse) -> None:
-        if not self.future.done():  # the waiter may have been cancelled
+        if self.on_final is not None:
+            on_final, self.on_final = self.on_final, None
+            on_final(response)
+        elif not self.future.done():  # the waiter may have been cancelled
             self.future.set_result(response)
 
 
@@ -163,6 +173,15 @@ class InferenceRequest:
             # an instance attribute and holds it bound: a cycle that would leave every
             # answered request to the garbage collector instead of reference counting.
             self.__dict__.pop("respond", None)
+            stream = self.stream
+            if isinstance(stream, FinalAnswer) and stream.delivers_now():
+                # Answered within this call, on the loop: account right after (the
+                # client cannot ask for statistics before the loop is free again),
+                # so that the accounting is not in the way of the reply.
+                stream.put(response)
+                if self.on_complete is not None:
+                    self.on_complete(self, response)
+                return
             if self.on_complete is not None:
                 self.on_complete(self, response)
         if self.stream is not None:

@@ -12,6 +12,7 @@ response compression when the client accepts it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import gzip
 import logging
 import re
@@ -52,6 +53,61 @@ class HttpReply:
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpReply]]
+
+
+class Exchange:
+    """One request of a connection and, once there, its reply. Replies are written in
+    the order their requests arrived, each as soon as it and those before it are
+    ready: an answer that comes while its connection waits for nothing else is
+    written at once, in the caller's own call (no task, no extra loop round)."""
+
+    __slots__ = ("protocol", "method", "path", "keep_alive", "accept_encoding", "reply",
+                 "cancel")
+
+    def __init__(self, protocol: "HttpProtocol", method: str, path: str, keep_alive: bool,
+                 accept_encoding: str):
+        self.protocol = protocol
+        self.method = method
+        self.path = path
+        self.keep_alive = keep_alive
+        self.accept_encoding = accept_encoding
+        self.reply: HttpReply | None = None
+        # Called if the connection is lost before the reply is ready: the work the
+        # request started should stop (set by whoever started it).
+        self.cancel: Callable[[], None] | None = None
+
+    def answer(self, reply: HttpReply) -> None:
+        """The reply (on the event loop's thread); a second answer is ignored."""
+        if self.reply is not None:
+            return
+        self.reply = reply
+        self.cancel = None
+        self.protocol._flush()
+
+    def run(self, handler: Handler, request: HttpRequest) -> None:
+        """Answer with what the coroutine handler returns, in a task of its own."""
+        task = asyncio.ensure_future(self._complete(handler, request))
+        self.cancel = task.cancel
+
+    async def _complete(self, handler: Handler, request: HttpRequest) -> None:
+        try:
+            reply = await handler(request)
+        except asyncio.CancelledError:
+            raise  # the client is gone: there is no one to answer
+        except Exception as error:  # never let a bug take the connection down silently
+            log.exception("error while handling %s %s", self.method, self.path)
+            reply = self.protocol.router_error(500, f"internal error: {error}")
+        self.answer(reply)
+
+
+# What a connection hands each complete request to: it answers through the exchange,
+# now or later.
+App = Callable[[HttpRequest, Exchange], None]
+
+
+def serve_async(handler: Handler) -> App:
+    """An App answering every request with a coroutine handler."""
+    return lambda request, exchange: exchange.run(handler, request)
 
 
 class Router:
@@ -128,7 +184,7 @@ def _compress(chunks: list, accept: str) -> tuple[list, str | None]:
 class HttpProtocol(asyncio.Protocol):
     """One connection; requests are answered in the order they arrived."""
 
-    def __init__(self, app: Handler, router_error: Callable[[int, str], HttpReply],
+    def __init__(self, app: App, router_error: Callable[[int, str], HttpReply],
                  max_body: int, connections: set):
         self.app = app
         self.connections = connections
@@ -141,8 +197,7 @@ class HttpProtocol(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._too_large = False
-        self._previous: asyncio.Future | None = None  # the reply written before ours
-        self._tasks: set[asyncio.Task] = set()
+        self._exchanges: collections.deque[Exchange] = collections.deque()  # unwritten
         self._closing = False  # the server stops: close once the replies under way are out
 
     # --- asyncio.Protocol ---
@@ -162,8 +217,10 @@ class HttpProtocol(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.transport = None
         self.connections.discard(self)
-        for task in list(self._tasks):  # the client is gone: cancel what it asked for
-            task.cancel()
+        exchanges, self._exchanges = self._exchanges, collections.deque()
+        for exchange in exchanges:  # the client is gone: stop what it asked for
+            if exchange.cancel is not None:
+                exchange.cancel()
 
     # --- httptools callbacks ---
 
@@ -191,57 +248,48 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         method = self.parser.get_method().decode()
-        keep_alive = self.parser.should_keep_alive()
         path = httptools.parse_url(self._url).path.decode("latin-1")
-        request = HttpRequest(method, path, self._headers,
-                              b"".join(self._body) if len(self._body) != 1 else self._body[0])
-        done = asyncio.get_running_loop().create_future()
-        previous, self._previous = self._previous, done
-        task = asyncio.ensure_future(self._respond(request, keep_alive, previous, done,
-                                                   self._too_large))
-        self._tasks.add(task)
-        task.add_done_callback(self._replied)
-
-    def _replied(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if self._closing and not self._tasks and self.transport is not None:
-            self.transport.close()
+        headers = self._headers
+        exchange = Exchange(self, method, path, self.parser.should_keep_alive(),
+                            headers.get("accept-encoding", ""))
+        self._exchanges.append(exchange)
+        if self._too_large:
+            exchange.answer(self.router_error(
+                413, f"request body is larger than the limit of {self.max_body} bytes "
+                     f"(--http-max-input-size)"))
+            return
+        body = b"".join(self._body) if len(self._body) != 1 else self._body[0]
+        encoding = headers.get("content-encoding", "").lower()
+        if encoding and encoding != "identity":
+            try:
+                body = _decompress(body, encoding)
+            except (ValueError, OSError, EOFError, zlib.error) as error:
+                exchange.answer(self.router_error(400,
+                                                  f"unable to decode the request body: {error}"))
+                return
+        try:
+            self.app(HttpRequest(method, path, headers, body), exchange)
+        except Exception as error:  # never let a bug take the connection down silently
+            log.exception("error while handling %s %s", method, path)
+            exchange.answer(self.router_error(500, f"internal error: {error}"))
 
     def close_when_replied(self) -> None:
         """Close now if no reply is under way, else once the last one is written (a
         request answered while the server stops must still reach its client)."""
         self._closing = True
-        if not self._tasks and self.transport is not None:
+        if not self._exchanges and self.transport is not None:
             self.transport.close()
 
     # --- replies ---
 
-    async def _respond(self, request: HttpRequest, keep_alive: bool,
-                       previous: asyncio.Future | None, done: asyncio.Future,
-                       too_large: bool) -> None:
-        try:
-            reply = await self._handle(request, too_large)
-            if previous is not None:
-                await previous
-            self._write(reply, keep_alive, request.headers.get("accept-encoding", ""))
-        finally:
-            if not done.done():
-                done.set_result(None)
-
-    async def _handle(self, request: HttpRequest, too_large: bool) -> HttpReply:
-        if too_large:
-            return self.router_error(413, f"request body is larger than the limit of "
-                                          f"{self.max_body} bytes (--http-max-input-size)")
-        encoding = request.headers.get("content-encoding", "").lower()
-        try:
-            if encoding and encoding != "identity":
-                request.body = _decompress(request.body, encoding)
-            return await self.app(request)
-        except (ValueError, OSError, EOFError, zlib.error) as error:
-            return self.router_error(400, f"unable to decode the request body: {error}")
-        except Exception as error:  # never let a bug take the connection down silently
-            log.exception("error while handling %s %s", request.method, request.path)
-            return self.router_error(500, f"internal error: {error}")
+    def _flush(self) -> None:
+        """Write the replies that are ready, in order, up to the first that is not."""
+        exchanges = self._exchanges
+        while exchanges and exchanges[0].reply is not None:
+            exchange = exchanges.popleft()
+            self._write(exchange.reply, exchange.keep_alive, exchange.accept_encoding)
+        if self._closing and not exchanges and self.transport is not None:
+            self.transport.close()
 
     def _write(self, reply: HttpReply, keep_alive: bool, accept_encoding: str) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -293,7 +341,7 @@ class Listener:
                 connection.transport.close()
 
 
-async def start_server(app: Handler, router_error: Callable[[int, str], HttpReply],
+async def start_server(app: App, router_error: Callable[[int, str], HttpReply],
                        host: str, port: int, max_body: int) -> tuple[Listener, int]:
     """Listen on host:port (0 = any free port); returns the listener and the bound port."""
     loop = asyncio.get_running_loop()

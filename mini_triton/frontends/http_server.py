@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import logging
 
 from ..config.json_format import config_to_json
 from ..core.datatypes import from_name
@@ -16,8 +17,10 @@ from ..core.validate import config_datatype
 from ..service import InferenceService
 from . import http_codec
 from .errors import http_status
-from .http_protocol import HttpReply, HttpRequest, Router
+from .http_protocol import Exchange, HttpReply, HttpRequest, Router
 from .restrictions import Restriction, http_refusal
+
+log = logging.getLogger("mini_triton.http")
 
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # tritonserver's --http-max-input-size default
 
@@ -61,12 +64,14 @@ class HttpFrontend:
         for group, method, path, handler in self._routes():
             self.router.add(method, path, self._guard(group, handler))
 
-    async def handle(self, request: HttpRequest) -> HttpReply:
+    def handle(self, request: HttpRequest, exchange: Exchange) -> None:
+        """The connection's App: route, then answer now or from a task."""
         handler, params, refusal = self.router.resolve(request.method, request.path)
         if handler is None:
-            return refusal
+            exchange.answer(refusal)
+            return
         request.params = params
-        return await handler(request)
+        handler(request, exchange)
 
     def _routes(self) -> list[tuple]:
         """(API group, method, path, handler) for every endpoint."""
@@ -115,15 +120,20 @@ class HttpFrontend:
         return routes
 
     def _guard(self, group: str, handler):
-        """The handler itself, or one that first checks the group's required header."""
+        """The route's (request, exchange) callable: a coroutine handler runs in a task,
+        inference answers from the response's own call; either first checks the
+        group's required header where the API is restricted."""
+        start = handler if handler == self.infer else \
+            lambda request, exchange: exchange.run(handler, request)
         restriction = self.restricted.get(group)
         if restriction is None:
-            return handler
+            return start
 
-        async def guarded(request: HttpRequest) -> HttpReply:
+        def guarded(request: HttpRequest, exchange: Exchange) -> None:
             if request.headers.get(restriction.header) != restriction.value:
-                return error_reply(403, http_refusal(restriction))
-            return await handler(request)
+                exchange.answer(error_reply(403, http_refusal(restriction)))
+                return
+            start(request, exchange)
 
         return guarded
 
@@ -244,21 +254,29 @@ class HttpFrontend:
 
     # --- inference ---
 
-    @handles_errors
-    async def infer(self, request: HttpRequest) -> HttpReply:
+    def infer(self, request: HttpRequest, exchange: Exchange) -> None:
+        """Start the inference now; its final response is encoded and written from the
+        call that delivers it (on the loop), without a task in between."""
+        try:
+            infer_request, binary_output = self._decode_infer(request)
+
+            def reply(response) -> None:
+                exchange.answer(_infer_reply(response, infer_request, binary_output))
+
+            self.service.start_unary(infer_request, "HTTP end point", reply)
+        except TritonError as error:
+            exchange.answer(error_reply(http_status(error.code), error.message))
+            return
+        if exchange.reply is None:
+            exchange.cancel = lambda: self.service.cancel(infer_request)
+
+    def _decode_infer(self, request: HttpRequest):
+        """(InferenceRequest, whether outputs default to binary)."""
         model, version = _model_and_version(request)
-        body = request.body
-        header = request.headers.get("inference-header-content-length")
-        header_length = _header_length(header)
+        header_length = _header_length(request.headers.get("inference-header-content-length"))
         if header_length == 0:
-            infer_request, binary_output = self._raw_request(model, version, body), True
-        else:
-            infer_request, binary_output = http_codec.decode_infer_request(
-                model, version, body, header_length)
-        response = await self.service.infer_unary(infer_request, "HTTP end point")
-        chunks, json_length = http_codec.encode_infer_response(response, infer_request,
-                                                               binary_output)
-        return self._infer_response(request, chunks, json_length)
+            return self._raw_request(model, version, request.body), True
+        return http_codec.decode_infer_request(model, version, request.body, header_length)
 
     def _raw_request(self, model: str, version: str, body: bytes):
         """Inference-Header-Content-Length: 0 — the body is the only input's raw data."""
@@ -271,12 +289,23 @@ class HttpFrontend:
         shape = _raw_shape(tensor, config.max_batch_size, len(body), datatype)
         return http_codec.decode_raw_request(model, version, body, tensor.name, datatype, shape)
 
-    @staticmethod
-    def _infer_response(request: HttpRequest, chunks: list, json_length: int | None):
-        if json_length is None:
-            return HttpReply(200, chunks, compressible=True)
-        return HttpReply(200, chunks, _BINARY, {http_codec.HEADER_LENGTH: str(json_length)},
-                         compressible=True)
+
+def _infer_reply(response, request, binary_output: bool) -> HttpReply:
+    """The HTTP reply of an inference's final response."""
+    if response.error is not None:
+        return error_reply(http_status(response.error.code), response.error.message)
+    try:
+        chunks, json_length = http_codec.encode_infer_response(response, request,
+                                                               binary_output)
+    except TritonError as error:
+        return error_reply(http_status(error.code), error.message)
+    except Exception as error:  # a bug here must not reach the model's scheduler
+        log.exception("cannot encode the response of model '%s'", request.model_name)
+        return error_reply(500, f"internal error: {error}")
+    if json_length is None:
+        return HttpReply(200, chunks, compressible=True)
+    return HttpReply(200, chunks, _BINARY, {http_codec.HEADER_LENGTH: str(json_length)},
+                     compressible=True)
 
 
 def _json_body(request: HttpRequest) -> dict:

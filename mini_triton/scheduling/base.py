@@ -174,9 +174,15 @@ def begin_batch(requests: list, stats: ModelStats,
 
 def end_batch(instance, requests: list, taps: list, start: int, timing: ExecutionTiming | None,
               stats: ModelStats, nulls: frozenset = frozenset(),
-              queue_start: Callable[[InferenceRequest], int] | None = None) -> None:
+              queue_start: Callable[[InferenceRequest], int] | None = None,
+              answer_first: bool = False) -> None:
     """The second half of `execute_batch`, once the instance is done (timing None: it
-    failed): answer what is left unanswered and record the statistics."""
+    failed): answer what is left unanswered and record the statistics.
+
+    The statistics are recorded before the held final responses go out, so that a
+    client reading them after its answer finds its request counted; on the event
+    loop (`answer_first`) the answers go out first, as no one can read the
+    statistics before this call returns, and the replies need not wait for them."""
     if timing is None:
         timing = ExecutionTiming.around(start)
     if _answers_within_execute(instance):
@@ -185,14 +191,22 @@ def end_batch(instance, requests: list, taps: list, start: int, timing: Executio
                 continue
             fail(request,
                  internal(f"model '{request.model_name}' sent no response for the request"))
+    for request in requests:
+        request.timing = timing  # before the answers: a request's trace reads it
+    if answer_first:
+        _release(taps)
     stats.record_batch(timing, sum(rows(r) for r in requests))
     for request, request_tap in zip(requests, taps):
-        request.timing = timing
         if id(request) in nulls or (request_tap.final_seen and request_tap.failed):
             continue
         queued = queue_start(request) if queue_start else request.queue_start_ns
         stats.record_compute(timing.start - queued, timing.input_ns, timing.infer_ns,
                              timing.output_ns, rows(request))
+    if not answer_first:
+        _release(taps)
+
+
+def _release(taps: list) -> None:
     for request_tap in taps:
         request_tap.release()
 

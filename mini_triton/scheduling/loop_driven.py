@@ -173,7 +173,7 @@ class LoopScheduler(QueuedScheduler):
             # The worker died and a thread noticed: account on the loop like the others.
             self.loop.call_soon_threadsafe(self._ended, instance, batch, taps, start, timing)
             return
-        end_batch(instance, batch, taps, start, timing, self.stats)
+        end_batch(instance, batch, taps, start, timing, self.stats, answer_first=True)
         with self.condition:
             self.executing -= len(batch)
             self.idle.append(instance)

@@ -33,6 +33,9 @@ _MAX_FDS = 16
 _ANCILLARY = socket.CMSG_SPACE(_MAX_FDS * 4)
 _HAS_MEMFD = hasattr(os, "memfd_create")
 INLINE, SHARED = 0, 1
+# Plain ints: `socket`'s flags are enum members, whose `&` costs a Python call per message.
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)
+_MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
 
 
 def _aligned(size: int) -> int:
@@ -222,7 +225,7 @@ class Link:
             self._position = 0
         view = memoryview(self._scratch)
         try:
-            count = self._receive(view, 0 if blocking else socket.MSG_DONTWAIT)
+            count = self._receive(view, 0 if blocking else _MSG_DONTWAIT)
         except BlockingIOError:
             return 0
         self._buffer += view[:count]
@@ -235,7 +238,7 @@ class Link:
                 fds = array.array("i")
                 fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
                 self._fds.extend(fds)
-        if flags & socket.MSG_CTRUNC:
+        if flags & _MSG_CTRUNC:
             raise EOFError("a message's shared-memory descriptors were truncated")
         if count == 0:
             raise EOFError("the other end closed the connection")
