@@ -235,19 +235,6 @@ class InferenceService:
             return None
         return None if current is loaded else current
 
-    async def infer_unary(self, request: InferenceRequest, endpoint: str) -> InferenceResponse:
-        """One request, its final response; an error response is raised. When the caller
-        goes away (the coroutine is cancelled) the request is cancelled too."""
-        answer = self.start_unary(request, endpoint)
-        try:
-            response = await answer
-        except asyncio.CancelledError:
-            self.cancel(request)
-            raise
-        if response.error is not None:
-            raise response.error
-        return response
-
     def cancel(self, request: InferenceRequest) -> None:
         """The client is gone: a queued request leaves its queue, a running one is
         marked so that models checking `is_cancelled()` can stop."""

@@ -996,3 +996,81 @@ def test_both_transports_answer_the_same(either_server):
         "stream": [("error", "Request for unknown model: 'no_such_model' is not found"),
                    ("s1", values)],
     }
+
+
+class RecordingTransport:
+    """The socket side of a connection, recording what the transport writes."""
+
+    def __init__(self):
+        self.written = bytearray()
+
+    def write(self, data) -> None:
+        self.written += data
+
+    def writelines(self, chunks) -> None:
+        for chunk in chunks:
+            self.written += chunk
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def frames_in(data: bytes) -> list[Frame]:
+    frames = []
+    while data:
+        length, kind, flags, stream = struct.unpack(">IBBI", b"\0" + data[:9])
+        frames.append(Frame(kind, flags, stream & 0x7FFFFFFF, data[9:9 + length]))
+        data = data[9 + length:]
+    return frames
+
+
+def test_a_unary_call_answered_from_its_begin_is_written_in_that_same_call():
+    """A method's `begin` form answers through a callback: the response must leave
+    within the call that delivered it, not after another round of the event loop,
+    and a call whose answer is still to come is stopped when the client resets it."""
+    stopped = []
+
+    def begin(request, context, reply):
+        if request.name == "later":  # stands for a call whose answer comes later
+            return lambda: stopped.append(True)
+        reply(pb.ServerLiveResponse(live=True))
+        return None
+
+    def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+        return struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", kind, flags,
+                                                                 stream) + payload
+
+    async def scenario() -> bytes:
+        from mini_triton.frontends.grpc_transport import GrpcConnection, Method
+
+        server = GrpcServer({LIVE.encode(): Method(pb.ModelReadyRequest, None, False, begin)})
+        connection = GrpcConnection(server)
+        transport = RecordingTransport()
+        connection.connection_made(transport)
+        encoder = hpack.Encoder()
+
+        def call(stream: int, request) -> bytes:
+            headers = encoder.encode([(":method", "POST"), (":scheme", "http"),
+                                      (":path", LIVE), (":authority", "x"),
+                                      ("content-type", "application/grpc"),
+                                      ("te", "trailers")])
+            return frame(HEADERS, END_HEADERS, stream, headers) + \
+                frame(DATA, END_STREAM, stream, grpc_message(request.SerializeToString()))
+
+        connection.data_received(PREFACE + frame(SETTINGS, 0, 0)
+                                 + call(1, pb.ModelReadyRequest(name="now")))
+        answered = bytes(transport.written)
+        connection.data_received(call(3, pb.ModelReadyRequest(name="later"))
+                                 + frame(RST_STREAM, 0, 3, struct.pack(">I", CANCEL)))
+        return answered
+
+    written = frames_in(asyncio.run(scenario()))
+    data = [f for f in written if f.kind == DATA and f.stream == 1]
+    assert data and data[0].payload == grpc_message(
+        pb.ServerLiveResponse(live=True).SerializeToString())
+    trailers = [f for f in written if f.kind == HEADERS and f.stream == 1 and f.flags & END_STREAM]
+    assert trailers and written.index(trailers[0]) > written.index(data[0])
+    assert stopped == [True]

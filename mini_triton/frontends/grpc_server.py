@@ -68,6 +68,16 @@ def _guarded_unary(method, restriction: Restriction):
     return guarded
 
 
+def _guarded_begin(begin, restriction: Restriction):
+    def guarded(request, context, reply):
+        if not _has_header(context, restriction):
+            raise grpc_transport.AbortError(grpc.StatusCode.UNAVAILABLE,
+                                            grpc_refusal(restriction))
+        return begin(request, context, reply)
+
+    return guarded
+
+
 def _guarded_stream(method, restriction: Restriction):
     async def guarded(request_iterator, context):
         if not _has_header(context, restriction):
@@ -84,9 +94,13 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.service = service
         for name, group in RPC_GROUPS.items():
             restriction = (restricted or {}).get(group)
-            if restriction is not None and hasattr(self, name):
+            if restriction is None or not hasattr(self, name):
+                continue
+            if hasattr(self, "begin_" + name):  # the coroutine form goes through it
+                name, guard = "begin_" + name, _guarded_begin
+            else:
                 guard = _guarded_stream if name == "ModelStreamInfer" else _guarded_unary
-                setattr(self, name, guard(getattr(self, name), restriction))
+            setattr(self, name, guard(getattr(self, name), restriction))
 
     # --- health and metadata ---
 
@@ -215,11 +229,41 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # --- inference ---
 
-    @aborts_on_error
+    def begin_ModelInfer(self, request, context, reply):
+        """Start the inference; `reply` gets the response message, or the AbortError or
+        exception the call ends with, from the call that delivers the final response
+        (our transport writes it from there). Returns what cancels the request."""
+        try:
+            infer_request = grpc_codec.decode_infer_request(request)
+
+            def on_final(response) -> None:
+                try:
+                    result = _infer_result(response)
+                except Exception as error:  # a bug here must not reach the scheduler
+                    result = error
+                reply(result)
+
+            self.service.start_unary(infer_request, "ModelInfer RPC", on_final)
+        except TritonError as error:
+            raise grpc_transport.AbortError(grpc_status(error.code), error.message) from None
+        return lambda: self.service.cancel(infer_request)
+
     async def ModelInfer(self, request, context):
-        infer_request = grpc_codec.decode_infer_request(request)
-        response = await self.service.infer_unary(infer_request, "ModelInfer RPC")
-        return grpc_codec.encode_infer_response(response)
+        """The coroutine form (grpc.aio), on top of `begin_ModelInfer`."""
+        answer = asyncio.get_running_loop().create_future()
+        try:
+            cancel = self.begin_ModelInfer(request, context, answer.set_result)
+            result = await answer
+        except grpc_transport.AbortError as error:
+            await context.abort(error.code, error.details)
+        except asyncio.CancelledError:
+            cancel()
+            raise
+        if isinstance(result, grpc_transport.AbortError):
+            await context.abort(result.code, result.details)
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests and responses interleave: each request's responses are written
@@ -275,6 +319,17 @@ def _stream_error(message, error: TritonError) -> pb.ModelStreamInferResponse:
     response.infer_response.model_version = message.model_version
     response.infer_response.id = message.id
     return response
+
+
+def _infer_result(response):
+    """A final response as ModelInfer's message, or the AbortError it ends with."""
+    if response.error is not None:
+        return grpc_transport.AbortError(grpc_status(response.error.code),
+                                         response.error.message)
+    try:
+        return grpc_codec.encode_infer_response(response)
+    except TritonError as error:
+        return grpc_transport.AbortError(grpc_status(error.code), error.message)
 
 
 async def start_server(service: InferenceService, address: str, port: int,

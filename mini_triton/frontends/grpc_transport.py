@@ -141,10 +141,16 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True)
 class Method:
-    """One RPC: how to read its requests and which handler answers them."""
+    """One RPC: how to read its requests and which handler answers them.
+
+    A unary RPC may also have `begin(request, context, reply)`, used instead of the
+    coroutine: it starts the call and returns a callable that stops it (or None),
+    and `reply` is called, on the loop, with the response message or an AbortError;
+    the response is written from that call, with no task in between."""
     request_type: Any
     handler: Callable
     client_streaming: bool
+    begin: Callable | None = None
 
 
 class CallContext:
@@ -163,7 +169,7 @@ class CallContext:
 
 
 class Stream:
-    __slots__ = ("id", "headers", "body", "ended", "task", "inbox", "send_window",
+    __slots__ = ("id", "headers", "body", "ended", "started", "stop", "inbox", "send_window",
                  "pending", "closed", "received", "deadline", "encoding", "method",
                  "context", "trailers", "headers_sent", "pending_size")
 
@@ -173,7 +179,8 @@ class Stream:
         self.body = bytearray()
         self.ended = False           # the client half-closed (END_STREAM received)
         self.closed = False          # we sent our END_STREAM or a reset
-        self.task: asyncio.Task | None = None
+        self.started = False         # the call's handler was started
+        self.stop: Callable | None = None  # stops the call's work (the client is gone)
         self.inbox: asyncio.Queue | None = None  # messages of a client-streaming call
         self.send_window = send_window
         self.pending: collections.deque = collections.deque()  # views waiting for window
@@ -474,12 +481,12 @@ class GrpcConnection(asyncio.Protocol):
         stream.context = CallContext(tuple(metadata))
         if method.client_streaming:
             stream.inbox = asyncio.Queue()
-            stream.task = self.loop.create_task(self._run_streaming(stream))
+            stream.started = True
+            stream.stop = self.loop.create_task(self._run_streaming(stream)).cancel
 
     def _on_end_of_input(self, stream: Stream) -> None:
         method = stream.method
-        if method is None or stream.closed or stream.task is not None and \
-                not method.client_streaming:
+        if method is None or stream.closed or stream.started and not method.client_streaming:
             return
         if method.client_streaming:
             stream.inbox.put_nowait(None)
@@ -494,7 +501,11 @@ class GrpcConnection(asyncio.Protocol):
                 grpc.StatusCode.UNIMPLEMENTED if messages else grpc.StatusCode.INTERNAL,
                 f"expected one request message, got {len(messages)}"))
             return
-        stream.task = self.loop.create_task(self._run_unary(stream, messages[0]))
+        stream.started = True
+        if method.begin is not None:
+            self._begin_unary(stream, messages[0])
+        else:
+            stream.stop = self.loop.create_task(self._run_unary(stream, messages[0])).cancel
 
     def _take_messages(self, stream: Stream) -> list[bytes]:
         """The complete length-prefixed messages in the stream's body, removed from it."""
@@ -532,24 +543,59 @@ class GrpcConnection(asyncio.Protocol):
         except AbortError as error:
             stream.inbox.put_nowait(error)
 
-    async def _run_unary(self, stream: Stream, message: bytes) -> None:
-        method = stream.method
+    def _parse_request(self, stream: Stream, message: bytes):
+        """The request message, or None when it does not parse (the call is ended: the
+        client's mistake, no traceback in our log)."""
         try:
-            request = method.request_type.FromString(message)
-        except DecodeError as error:  # the client's mistake: no traceback in our log
+            return stream.method.request_type.FromString(message)
+        except DecodeError as error:
             self._finish(stream, _status_block(grpc.StatusCode.UNKNOWN,
                                                f"Unexpected DecodeError: {error}"))
+            return None
+
+    async def _run_unary(self, stream: Stream, message: bytes) -> None:
+        request = self._parse_request(stream, message)
+        if request is None:
             return
         try:
-            response = await method.handler(request, stream.context)
-            payload = response.SerializeToString()
-        except AbortError as error:
-            self._finish(stream, _status_block(error.code, error.details))
-            return
+            response = await stream.method.handler(request, stream.context)
         except asyncio.CancelledError:
             return  # the client reset the stream or its deadline passed: already answered
+        except Exception as error:
+            self._end_unary(stream, error)
+            return
+        self._end_unary(stream, response)
+
+    def _begin_unary(self, stream: Stream, message: bytes) -> None:
+        request = self._parse_request(stream, message)
+        if request is None:
+            return
+        answered = False
+
+        def reply(result) -> None:
+            nonlocal answered
+            answered, stream.stop = True, None
+            self._end_unary(stream, result)
+
+        try:
+            stop = stream.method.begin(request, stream.context, reply)
+        except Exception as error:
+            self._end_unary(stream, error)
+            return
+        if not answered:
+            stream.stop = stop
+
+    def _end_unary(self, stream: Stream, result) -> None:
+        """Send a unary call's response message, or end it with the error raised."""
+        if isinstance(result, AbortError):
+            self._finish(stream, _status_block(result.code, result.details))
+            return
+        try:
+            if isinstance(result, Exception):
+                raise result
+            payload = result.SerializeToString()
         except Exception as error:  # a handler bug must fail only this call
-            log.exception("gRPC handler failed")
+            log.error("gRPC handler failed", exc_info=error)
             self._finish(stream, _status_block(grpc.StatusCode.UNKNOWN,
                                                f"Unexpected {type(error).__name__}: {error}"))
             return
@@ -588,8 +634,7 @@ class GrpcConnection(asyncio.Protocol):
             return
         self._finish(stream, _status_block(grpc.StatusCode.DEADLINE_EXCEEDED,
                                            "Deadline Exceeded"))
-        if stream.task is not None and not stream.task.done():
-            stream.task.cancel()
+        self._stop_call(stream)
 
     def _cancel_call(self, stream: Stream) -> None:
         """The client went away or reset the stream: nothing more is sent on it."""
@@ -602,8 +647,13 @@ class GrpcConnection(asyncio.Protocol):
             self.blocked.remove(stream)
         if stream.deadline is not None:
             stream.deadline.cancel()
-        if stream.task is not None and not stream.task.done():
-            stream.task.cancel()
+        self._stop_call(stream)
+
+    @staticmethod
+    def _stop_call(stream: Stream) -> None:
+        stop, stream.stop = stream.stop, None
+        if stop is not None:
+            stop()
 
     # --- frames out ---
 
@@ -786,5 +836,6 @@ def methods_of(servicer, service_descriptor, messages_module) -> dict[bytes, Met
             continue
         path = f"/{service_descriptor.full_name}/{method.name}".encode()
         methods[path] = Method(getattr(messages_module, method.input_type.name), handler,
-                               method.client_streaming)
+                               method.client_streaming,
+                               getattr(servicer, "begin_" + method.name, None))
     return methods
