@@ -60,6 +60,9 @@ class InferenceService:
         self.tracer = Tracer()
         self.response_cache: ResponseCache | None = None  # --cache-config local,size=...
         self.log_settings = LogSettings()
+        # Unary requests started and not yet answered, all models (read and written on
+        # the loop): how busy the server is, for choices that pay off only when idle.
+        self.unary_in_flight = 0
 
     # --- health and metadata ---
 
@@ -116,10 +119,18 @@ class InferenceService:
         point", "ModelInfer RPC"), on the event loop. Its final response goes to
         `on_final` (called on the loop) or, without one, to the future returned.
         Refusals before scheduling are raised."""
-        answer = FinalAnswer(asyncio.get_running_loop(), on_final)
+        answer = FinalAnswer(asyncio.get_running_loop(), on_final, self._unary_answered)
         request.stream = answer
-        self._start(request, endpoint)
+        self.unary_in_flight += 1
+        try:
+            self._start(request, endpoint)
+        except BaseException:
+            answer.settle()
+            raise
         return answer.future
+
+    def _unary_answered(self) -> None:
+        self.unary_in_flight -= 1
 
     def _start(self, request: InferenceRequest, endpoint: str) -> None:
         """Check, prepare and submit `request`, whose `stream` is set. A unary

@@ -28,10 +28,12 @@ class HandInstance:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.begun: list[tuple[list, object]] = []
+        self.light: list[bool] = []  # per batch: sent as the model's only work
         self.started = asyncio.Event()
 
-    def begin(self, batch: list, on_end) -> None:
+    def begin(self, batch: list, on_end, light: bool = False) -> None:
         self.begun.append((batch, on_end))
+        self.light.append(light)
         self.started.set()
 
     def finish(self, index: int) -> None:
@@ -47,11 +49,11 @@ class HandInstance:
         pass
 
 
-def scheduler_with(text: str) -> tuple[LoopScheduler, HandInstance, ModelStats]:
+def scheduler_with(text: str, base: str = BASE) -> tuple[LoopScheduler, HandInstance, ModelStats]:
     loop = asyncio.get_running_loop()
     instance = HandInstance(loop)
     stats = ModelStats("m", "1")
-    return LoopScheduler(parse_config(BASE + text), [instance], stats, loop), instance, stats
+    return LoopScheduler(parse_config(base + text), [instance], stats, loop), instance, stats
 
 
 def spy_on_queue(scheduler: LoopScheduler) -> list[str]:
@@ -87,6 +89,24 @@ def test_a_request_meeting_an_idle_instance_starts_without_queueing():
         assert scheduler.inflight() == 0
         assert stats.execution_count == 2 and stats.inference_count == 3
         assert stats.durations["queue"].count == 3
+        # Only a batch that is the model's whole work counts as light load (a Python
+        # worker may then poll for its next batch instead of sleeping).
+        assert instance.light == [True, False]
+
+    asyncio.run(scenario())
+
+
+def test_a_lone_batch_with_requests_queued_behind_it_is_not_light_load():
+    async def scenario():
+        scheduler, instance, _ = scheduler_with(
+            "dynamic_batching { }", BASE.replace("max_batch_size: 8", "max_batch_size: 1"))
+        for name in "abc":
+            scheduler.submit(make_request(name))
+        instance.finish(0)  # "b" goes alone (batches of one), with "c" still queued
+        instance.finish(1)  # "c" goes alone, with nothing behind it
+        assert [[r.id for r in batch] for batch, _ in instance.begun] == [["a"], ["b"], ["c"]]
+        assert instance.light == [True, False, True]
+        instance.finish(2)
 
     asyncio.run(scenario())
 

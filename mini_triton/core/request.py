@@ -96,13 +96,20 @@ class FinalAnswer:
     stream's queue and its reader coroutine.
     """
 
-    __slots__ = ("loop", "thread", "future", "on_final")
+    __slots__ = ("loop", "thread", "future", "on_final", "on_settled")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_final=None):
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_final=None, on_settled=None):
         self.loop = loop
         self.thread = threading.get_ident()
         self.on_final = on_final
         self.future: asyncio.Future | None = None if on_final else loop.create_future()
+        self.on_settled = on_settled  # called once, on the loop, when the answer is given
+
+    def settle(self) -> None:
+        """The request has its answer (or never will): call `on_settled`, once."""
+        on_settled, self.on_settled = self.on_settled, None
+        if on_settled is not None:
+            on_settled()
 
     def delivers_now(self) -> bool:
         """Whether a final response put now is answered within the `put` call."""
@@ -117,6 +124,7 @@ class FinalAnswer:
             self.loop.call_soon_threadsafe(self._set, response)
 
     def _set(self, response: InferenceResponse) -> None:
+        self.settle()
         if self.on_final is not None:
             on_final, self.on_final = self.on_final, None
             on_final(response)

@@ -66,7 +66,7 @@ class LoopScheduler(QueuedScheduler):
             if instance is not None:
                 if not request.queue_start_ns:
                     request.queue_start_ns = time.monotonic_ns()
-                self._begin(instance, [request])
+                self._begin(instance, [request], light=self.executing == 1)
                 return
         super().submit(request)
 
@@ -135,6 +135,7 @@ class LoopScheduler(QueuedScheduler):
             if batch:
                 instance = self.idle.pop()
                 self.executing += len(batch)
+                light = self.executing == 1 and not len(self.former)
                 self.stats.adjust_pending(-len(batch))
                 if self.orderer is not None:
                     for request in batch:
@@ -145,18 +146,19 @@ class LoopScheduler(QueuedScheduler):
             if taken.wait_ns is not None:
                 self._retry_in(taken.wait_ns / 1e9)
             return bool(taken.dropped)
-        self._begin(instance, batch)
+        self._begin(instance, batch, light)
         return True
 
-    def _begin(self, instance, batch: list) -> None:
-        """Start `batch` on `instance` (taken from the idle ones)."""
+    def _begin(self, instance, batch: list, light: bool = False) -> None:
+        """Start `batch` on `instance` (taken from the idle ones); `light`: it is the
+        model's only work, with nothing queued behind it."""
         taps, start = begin_batch(batch, self.stats)
 
         def on_end(timing: ExecutionTiming) -> None:
             self._ended(instance, batch, taps, start, timing)
 
         try:
-            instance.begin(batch, on_end)
+            instance.begin(batch, on_end, light)
         except Exception as error:  # a backend bug fails the batch, not the loop
             for request in batch:
                 fail(request, internal(f"model execution failed: {error}"))

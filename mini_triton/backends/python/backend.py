@@ -25,6 +25,11 @@ EXECUTION_MODE = "execution_mode"  # "process" (default) or "thread"
 AUTO_STACK = "auto_stack"  # "true": execute gets one request holding the whole batch
 EXECUTE_TIMEOUT_MS = "execute_timeout_ms"  # give up on an execute after this long
 MODE_ENVIRONMENT = "MINI_TRITON_PYTHON_EXECUTION_MODE"  # server-wide default mode
+# How long an idle worker may poll for its next batch while its model is lightly
+# loaded (process mode; 0: never, sleep at once). See worker.PollBudget.
+BUSY_POLL_US = "busy_poll_us"
+BUSY_POLL_ENVIRONMENT = "MINI_TRITON_PYTHON_BUSY_POLL_US"  # server-wide default
+DEFAULT_BUSY_POLL_US = "1000"
 _MODES = ("process", "thread")
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
@@ -37,6 +42,7 @@ class PythonSettings:
     auto_stack: bool = False
     execute_timeout_s: float | None = None
     drain_s: float = 5.0  # at unload, how long open (decoupled) requests may take to finish
+    busy_poll_ns: int = 0
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig, drain_s: float = 5.0) -> "PythonSettings":
@@ -59,8 +65,13 @@ class PythonSettings:
         except ValueError:
             raise invalid_arg(f"parameter '{EXECUTE_TIMEOUT_MS}' of model '{config.name}' must "
                               f"be a number of milliseconds, not '{timeout}'") from None
+        poll = parameter(BUSY_POLL_US, os.environ.get(BUSY_POLL_ENVIRONMENT,
+                                                      DEFAULT_BUSY_POLL_US)) or "0"
+        if not poll.isdigit():
+            raise invalid_arg(f"parameter '{BUSY_POLL_US}' of model '{config.name}' must be a "
+                              f"whole number of microseconds, not '{poll}'")
         return cls(mode, stack in _TRUE, timeout_ms / 1000.0 if timeout_ms > 0 else None,
-                   drain_s)
+                   drain_s, min(int(poll), 1_000_000) * 1000)
 
     def deadline_s(self, requests: list) -> float | None:
         """How long one execute of `requests` may take: the shortest request timeout

@@ -226,11 +226,14 @@ class ProcessInstance(ModelInstance):
         infer_end = time.monotonic_ns()
         return ExecutionTiming(batch.start, batch.input_end, infer_end, infer_end)
 
-    def begin(self, requests: list, on_end) -> None:
+    def begin(self, requests: list, on_end, light: bool = False) -> None:
         """Send a batch without waiting (on the event loop); `on_end(timing)` is called
         once the worker is done with it, or it failed (on the loop, or on the thread
-        that saw the worker die)."""
-        batch = self._send(requests, on_end)
+        that saw the worker die). `light`: the model has nothing else waiting or
+        executing; if the whole server has no other unary request open either, the
+        worker may poll for its next batch (worker.PollBudget)."""
+        idle = light and getattr(self.bridge.service, "unary_in_flight", 0) <= 1
+        batch = self._send(requests, on_end, self.settings.busy_poll_ns if idle else 0)
         if batch is None:
             start = time.monotonic_ns()
             on_end(ExecutionTiming(start, start, start, start))
@@ -243,7 +246,7 @@ class ProcessInstance(ModelInstance):
         if not batch.ended:
             self._hung(timeout)
 
-    def _send(self, requests: list, on_end) -> _Batch | None:
+    def _send(self, requests: list, on_end, poll_ns: int = 0) -> _Batch | None:
         """Encode and send a batch; None when the worker is already gone (the requests
         have failed)."""
         start = time.monotonic_ns()
@@ -262,7 +265,8 @@ class ProcessInstance(ModelInstance):
             self.outstanding.fail(requests, unavailable(dead))
             return None
         try:
-            self.link.send({"op": "execute", "batch": batch.id, "requests": encoded}, outgoing)
+            self.link.send({"op": "execute", "batch": batch.id, "requests": encoded,
+                            "poll_ns": poll_ns}, outgoing)
         except OSError:
             pass  # the reader sees the worker gone and fails the batch
         batch.input_end = time.monotonic_ns()

@@ -19,6 +19,7 @@ import pickle
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 
@@ -163,13 +164,27 @@ class Link:
 
     # --- receiving ---
 
-    def recv(self) -> Incoming:
-        """The next message, waiting for it; EOFError when the other end is gone."""
+    def recv(self, poll_until_ns: int = 0) -> Incoming:
+        """The next message, waiting for it; EOFError when the other end is gone. Until
+        `poll_until_ns` (time.perf_counter_ns) it waits by polling the socket, awake,
+        and only then sleeps in the kernel (see worker.PollBudget)."""
         while True:
             message = self._parse()
             if message is not None:
                 return message
-            self._fill(blocking=True)
+            if not (poll_until_ns and self._poll(poll_until_ns)):
+                self._fill(blocking=True)
+
+    def _poll(self, until_ns: int) -> bool:
+        """Read without sleeping until something arrives (True) or `until_ns` passes.
+        Each round yields the CPU to any other process ready to run on it: polling
+        uses only time no one else wants."""
+        clock, yield_cpu = time.perf_counter_ns, os.sched_yield
+        while clock() < until_ns:
+            if self._fill(blocking=False):
+                return True
+            yield_cpu()
+        return False
 
     def poll(self) -> list[Incoming]:
         """The messages that arrived, without waiting (for an event loop's reader callback);

@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 from ...core.collector import settle_garbage_collector
@@ -66,6 +67,45 @@ class Responses(pb._ResponseQueue):
         return self.worker.wait_for(lambda: self.items.popleft() if self.items else None)
 
 
+class PollBudget:
+    """How long the idle main thread polls for its next command before sleeping.
+
+    Where waking a sleeping process is slow (a virtual CPU that halted is woken by an
+    interrupt through the hypervisor: tens of µs per wake-up, twice per request), a
+    lightly loaded model meets an asleep worker with every batch. Polling for a while
+    after each batch avoids that at the price of the CPU spent polling, so the
+    budget adapts, as the kernel's haltpoll does: it grows to cover a gap shorter
+    than the limit, halves after a longer one, and halves when polling did not get
+    the CPU it polled with (others need it). The server sets the limit with each
+    batch: 0 unless the model was lightly loaded when it was sent.
+    """
+
+    __slots__ = ("limit_ns", "budget_ns", "started", "cpu_started")
+
+    def __init__(self):
+        self.limit_ns = 0
+        self.budget_ns = 0
+        self.started = self.cpu_started = 0
+
+    def deadline(self) -> int:
+        """Start a wait: until when to poll (0: do not)."""
+        self.started = time.perf_counter_ns()
+        if not self.limit_ns or not self.budget_ns or threading.active_count() > 1:
+            return 0  # a model's own threads must not wait behind our polling
+        self.cpu_started = time.thread_time_ns()
+        return self.started + self.budget_ns
+
+    def waited(self, polled: bool) -> None:
+        """The wait ended (`polled`: it began by polling); adapt the budget."""
+        gap = time.perf_counter_ns() - self.started
+        if gap > self.limit_ns:
+            self.budget_ns //= 2  # long gaps: polling only burns the CPU
+        elif gap > self.budget_ns:
+            self.budget_ns = min(self.limit_ns, gap + gap // 4)
+        elif polled and time.thread_time_ns() - self.cpu_started < gap // 2:
+            self.budget_ns //= 2  # the CPU went to others meanwhile
+
+
 class Worker:
     """The host of the model API inside the worker process."""
 
@@ -79,12 +119,13 @@ class Worker:
         self.ids = itertools.count(1)
         self.runner: ModelRunner | None = None
         self._model_dir = ""
+        self.poll = PollBudget()
 
     # --- waiting, and reading while waiting ---
 
-    def wait_for(self, ready):
+    def wait_for(self, ready, poll: PollBudget | None = None):
         """Wait until `ready()` returns something other than None; read the socket
-        meanwhile if no other thread does."""
+        meanwhile if no other thread does (polling first, within `poll`'s budget)."""
         with self.condition:
             while True:
                 value = ready()
@@ -96,10 +137,13 @@ class Worker:
                 self.condition.wait()
         try:
             while True:
+                until = poll.deadline() if poll is not None else 0
                 try:
-                    message = self.link.recv()
+                    message = self.link.recv(until)
                 except (EOFError, OSError):
                     _exit(0)  # the server closed the link or is gone
+                if poll is not None:
+                    poll.waited(until != 0)
                 with self.condition:
                     self._route(message)
                     value = ready()
@@ -137,7 +181,8 @@ class Worker:
         install_module_alias()
         pb._use_host(self, default=True)
         while True:
-            message = self.wait_for(lambda: self.commands.popleft() if self.commands else None)
+            message = self.wait_for(lambda: self.commands.popleft() if self.commands else None,
+                                    self.poll)
             op = message.meta["op"]
             if op == "execute":
                 self._execute(message)
@@ -177,6 +222,7 @@ class Worker:
     def _execute(self, message) -> None:
         meta = message.meta
         batch = meta["batch"]
+        self.poll.limit_ns = meta.get("poll_ns", 0)
         requests = []
         for index, (info, descriptors) in enumerate(meta["requests"]):
             info = convert.RequestInfo(*info)

@@ -1,0 +1,170 @@
+"""A lightly loaded Python model's worker polls for its next batch before sleeping
+(backends/python/worker.PollBudget): the budget's adaptation, the link's polling
+read, the `busy_poll_us` parameter, and the server's count of open unary requests
+that decides whether the model is lightly loaded."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from conftest import server_settings
+from mini_triton.backends.python.wire import Link
+from mini_triton.backends.python.worker import PollBudget
+from mini_triton.server import ServerThread
+
+MS = 1_000_000  # ns
+
+
+def budget_after_wait(budget: PollBudget, gap_ns: int, polled: bool = False) -> int:
+    """The budget once a wait that began `gap_ns` ago ended."""
+    budget.started = time.perf_counter_ns() - gap_ns
+    budget.cpu_started = time.thread_time_ns()
+    budget.waited(polled)
+    return budget.budget_ns
+
+
+def test_the_budget_grows_to_cover_gaps_shorter_than_the_limit():
+    budget = PollBudget()
+    budget.limit_ns = 2 * MS
+    assert budget.deadline() == 0  # nothing learnt yet: sleep at once
+    grown = budget_after_wait(budget, MS // 4)
+    assert MS // 4 + MS // 16 <= grown <= 2 * MS  # the gap and a quarter more
+    assert budget.deadline() > budget.started  # now it polls
+    assert budget_after_wait(budget, 10 * MS) == grown // 2  # a long gap: halves
+
+
+def test_the_budget_never_exceeds_the_limit_and_a_zero_limit_never_polls():
+    budget = PollBudget()
+    budget.limit_ns = MS
+    assert budget_after_wait(budget, MS - MS // 10) == MS  # 1.25 x 0.9 ms, capped
+    budget.limit_ns = 0
+    assert budget.deadline() == 0
+
+
+def test_no_polling_while_the_model_runs_threads_of_its_own():
+    budget = PollBudget()
+    budget.limit_ns = MS
+    budget_after_wait(budget, MS // 2)
+    release = threading.Event()
+    helper = threading.Thread(target=release.wait)
+    helper.start()
+    try:
+        assert budget.deadline() == 0
+    finally:
+        release.set()
+        helper.join()
+    assert budget.deadline() != 0
+
+
+def test_a_poll_that_did_not_get_the_cpu_halves_the_budget():
+    budget = PollBudget()
+    budget.limit_ns = 4 * MS
+    before = budget_after_wait(budget, MS)
+    # Caught while polling, but this thread used almost no CPU over the wait: the CPU
+    # went to other processes, who need it more.
+    assert budget_after_wait(budget, MS // 2, polled=True) == before // 2
+
+
+def test_the_link_reads_a_message_while_polling_and_after_sleeping():
+    left, right = socket.socketpair()
+    sender, receiver = Link(left), Link(right)
+    try:
+        timer = threading.Timer(0.01, sender.send, ({"op": "early"},))
+        timer.start()
+        message = receiver.recv(time.perf_counter_ns() + 5_000 * MS)  # polls up to 5 s
+        assert message.meta == {"op": "early"}
+        timer = threading.Timer(0.05, sender.send, ({"op": "late"},))
+        timer.start()
+        message = receiver.recv(time.perf_counter_ns() + MS)  # polls 1 ms, then sleeps
+        assert message.meta == {"op": "late"}
+    finally:
+        sender.close()
+        receiver.close()
+
+
+MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+'''
+
+
+def write_model(repository, name: str, poll: str) -> None:
+    folder = repository / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(MODEL)
+    (folder / "config.pbtxt").write_text(f'''
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] }} ]
+dynamic_batching {{ }}
+parameters {{ key: "busy_poll_us" value: {{ string_value: "{poll}" }} }}
+''')
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    repository = tmp_path_factory.mktemp("busy_poll")
+    write_model(repository, "polling", "1000")
+    write_model(repository, "sleeping", "0")
+    write_model(repository, "broken", "soon")
+    with ServerThread(server_settings(repository, exit_on_error=False)) as server:
+        yield server
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_models_serve_with_and_without_polling_and_the_open_count_returns_to_zero(
+        served, protocol):
+    from conftest import connect
+
+    client = connect(protocol, served)
+    data = np.arange(6, dtype=np.float32).reshape(1, 6)
+    try:
+        for model in ("polling", "sleeping"):
+            for _ in range(20):
+                request = client.module.InferInput("INPUT0", [1, 6], "FP32")
+                request.set_data_from_numpy(data)
+                result = client.client.infer(model, [request])
+                assert np.array_equal(result.as_numpy("OUTPUT0"), data)
+        wrong = client.module.InferInput("INPUT0", [1, 6], "INT32")  # refused by validation
+        wrong.set_data_from_numpy(data.astype(np.int32))
+        for model, inputs in (("polling", [wrong]), ("no_such_model", [wrong]),
+                              ("broken", [wrong])):
+            with pytest.raises(InferenceServerException):
+                client.client.infer(model, inputs)
+    finally:
+        client.client.close()
+    # Every unary request started has been answered: the count that tells a lightly
+    # loaded server is back at zero (a leak would stop polling for good).
+    service = served.server.service
+    deadline = time.monotonic() + 5
+    while service.unary_in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert service.unary_in_flight == 0
+
+
+def test_a_busy_poll_that_is_not_a_number_is_a_load_error(served):
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{served.ports['http']}")
+    try:
+        index = {entry["name"]: entry for entry in client.get_model_repository_index()}
+    finally:
+        client.close()
+    assert index["broken"]["state"] == "UNAVAILABLE"
+    assert "parameter 'busy_poll_us' of model 'broken' must be a whole number of " \
+           "microseconds, not 'soon'" in index["broken"]["reason"]
+    assert index["polling"]["state"] == index["sleeping"]["state"] == "READY"
