@@ -1,7 +1,7 @@
 """A lightly loaded Python model's worker polls for its next batch before sleeping
-(backends/python/worker.PollBudget): the budget's adaptation, the link's polling
-read, the `busy_poll_us` parameter, and the server's count of open unary requests
-that decides whether the model is lightly loaded."""
+and the server's loop polls for its reply (backends/python/wire.PollBudget): the
+budget's adaptation, the link's polling read, the `busy_poll_us` parameter, and the
+server's count of open unary requests that decides whether it is lightly loaded."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from conftest import server_settings
-from mini_triton.backends.python.wire import Link
-from mini_triton.backends.python.worker import PollBudget
+from mini_triton.backends.python.wire import Link, PollBudget
 from mini_triton.server import ServerThread
 
 MS = 1_000_000  # ns
@@ -47,18 +46,10 @@ def test_the_budget_never_exceeds_the_limit_and_a_zero_limit_never_polls():
     assert budget.deadline() == 0
 
 
-def test_no_polling_while_the_model_runs_threads_of_its_own():
-    budget = PollBudget()
-    budget.limit_ns = MS
+def test_no_polling_where_the_caller_says_it_is_not_allowed():
+    budget = PollBudget(MS)
     budget_after_wait(budget, MS // 2)
-    release = threading.Event()
-    helper = threading.Thread(target=release.wait)
-    helper.start()
-    try:
-        assert budget.deadline() == 0
-    finally:
-        release.set()
-        helper.join()
+    assert budget.deadline(allowed=False) == 0  # a worker whose model runs threads
     assert budget.deadline() != 0
 
 
@@ -168,3 +159,31 @@ def test_a_busy_poll_that_is_not_a_number_is_a_load_error(served):
     assert "parameter 'busy_poll_us' of model 'broken' must be a whole number of " \
            "microseconds, not 'soon'" in index["broken"]["reason"]
     assert index["polling"]["state"] == index["sleeping"]["state"] == "READY"
+
+
+def test_the_loop_learns_how_long_a_lightly_loaded_models_replies_take(served):
+    """One request at a time: every batch is the server's only work, so the loop
+    waits for each reply by polling, within a budget learnt from the replies; a model
+    with `busy_poll_us` 0 never polls."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{served.ports['http']}")
+    data = np.ones((1, 4), np.float32)
+    try:
+        for model in ("polling", "sleeping"):
+            for _ in range(10):
+                request = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+                request.set_data_from_numpy(data)
+                client.infer(model, [request])
+    finally:
+        client.close()
+
+    def reply_poll(model: str):
+        (instance,) = served.server.manager.get(model, "").scheduler.instances
+        return instance.reply_poll
+
+    polling, sleeping = reply_poll("polling"), reply_poll("sleeping")
+    assert polling.limit_ns == 250 * 1000  # capped: the loop serves nothing meanwhile
+    assert polling.started > 0  # the loop waited for a reply (how long it polled depends
+    assert polling.budget_ns <= polling.limit_ns  # on this machine's speed)
+    assert sleeping.limit_ns == sleeping.budget_ns == sleeping.started == 0

@@ -26,7 +26,7 @@ AUTO_STACK = "auto_stack"  # "true": execute gets one request holding the whole 
 EXECUTE_TIMEOUT_MS = "execute_timeout_ms"  # give up on an execute after this long
 MODE_ENVIRONMENT = "MINI_TRITON_PYTHON_EXECUTION_MODE"  # server-wide default mode
 # How long an idle worker may poll for its next batch while its model is lightly
-# loaded (process mode; 0: never, sleep at once). See worker.PollBudget.
+# loaded (process mode; 0: never, sleep at once). See wire.PollBudget.
 BUSY_POLL_US = "busy_poll_us"
 BUSY_POLL_ENVIRONMENT = "MINI_TRITON_PYTHON_BUSY_POLL_US"  # server-wide default
 DEFAULT_BUSY_POLL_US = "1000"

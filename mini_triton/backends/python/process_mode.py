@@ -33,7 +33,7 @@ from ...core.stats import ExecutionTiming
 from ..base import ModelInstance
 from . import convert
 from .outstanding import Outstanding, stacked_outputs
-from .wire import Link, Outgoing, get_reply, get_tensors, put_reply, put_tensors
+from .wire import Link, Outgoing, PollBudget, get_reply, get_tensors, put_reply, put_tensors
 
 log = logging.getLogger("mini_triton.backends.python")
 
@@ -41,6 +41,9 @@ WORKER_MODULE = "mini_triton.backends.python.worker"
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 FINALIZE_TIMEOUT_S = 10.0
 BUSY_FINALIZE_TIMEOUT_S = 1.0  # for a worker still executing when its model unloads
+# The loop polls for a reply at most this long: it serves nothing else meanwhile, and
+# a model slower than this gains little from a faster wake-up.
+REPLY_POLL_CAP_NS = 250_000
 READY_TIMEOUT_S = 5.0  # a model's own is_ready() gets this long, as in Triton
 _CONTROL_METHODS = frozenset(("load_model", "unload_model", "is_model_ready"))
 _METRIC_METHODS = frozenset(("metric_family", "metric_create", "metric_value"))
@@ -187,6 +190,10 @@ class ProcessInstance(ModelInstance):
         self.stopping = False
         self.serving = False  # initialized: a death from now on takes the model down
         self.has_is_ready = False
+        # The loop's wait for a reply at light load: its budget, and the batch waited
+        # for (id, whether the wait began by polling).
+        self.reply_poll = PollBudget(min(self.settings.busy_poll_ns, REPLY_POLL_CAP_NS))
+        self.awaited: tuple[int, bool] | None = None
         self.process, self.link = spawn(instance_name)
         self.loop = _serving_loop(backend.bridge.service)
         self.reader: threading.Thread | None = None
@@ -230,10 +237,13 @@ class ProcessInstance(ModelInstance):
         """Send a batch without waiting (on the event loop); `on_end(timing)` is called
         once the worker is done with it, or it failed (on the loop, or on the thread
         that saw the worker die). `light`: the model has nothing else waiting or
-        executing; if the whole server has no other unary request open either, the
-        worker may poll for its next batch (worker.PollBudget)."""
+        executing. If the whole server has no other unary request open either, the
+        worker may poll for its next batch, and the loop polls for this one's reply
+        (wire.PollBudget): nothing else is there for it to do meanwhile."""
         idle = light and getattr(self.bridge.service, "unary_in_flight", 0) <= 1
         batch = self._send(requests, on_end, self.settings.busy_poll_ns if idle else 0)
+        if idle and batch is not None and self.reply_poll.limit_ns:
+            self.loop.call_soon(self._poll_for_reply, batch)
         if batch is None:
             start = time.monotonic_ns()
             on_end(ExecutionTiming(start, start, start, start))
@@ -241,6 +251,26 @@ class ProcessInstance(ModelInstance):
         timeout = self.settings.deadline_s(requests)
         if timeout is not None and not batch.ended:
             batch.timer = self.loop.call_later(timeout, self._overdue, batch, timeout)
+
+    def _poll_for_reply(self, batch: _Batch) -> None:
+        """Wait for `batch`'s reply on the loop, polling within the budget (the loop
+        is otherwise idle: one request open in the whole server); past it, the
+        loop's reader takes the reply as usual."""
+        if batch.ended:
+            return
+        until = self.reply_poll.deadline()
+        self.awaited = (batch.id, until != 0)
+        clock, yield_cpu = time.perf_counter_ns, os.sched_yield
+        while clock() < until:
+            try:
+                messages = self.link.poll()
+            except (EOFError, OSError):
+                return  # the reader sees the worker gone
+            if messages:
+                for message in messages:
+                    self._handle(message)
+                return
+            yield_cpu()
 
     def _overdue(self, batch: _Batch, timeout: float) -> None:
         if not batch.ended:
@@ -379,6 +409,9 @@ class ProcessInstance(ModelInstance):
 
     def _done(self, message) -> None:
         meta = message.meta
+        if self.awaited is not None and self.awaited[0] == meta["batch"]:
+            self.reply_poll.waited(self.awaited[1])
+            self.awaited = None
         batch = self.batches.pop(meta["batch"], None)
         if batch is None:
             return

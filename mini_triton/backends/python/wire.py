@@ -123,6 +123,45 @@ class Incoming:
         return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
+class PollBudget:
+    """How long one end waits for the other's next message by polling before it sleeps.
+
+    Where waking a sleeping process is slow (a virtual CPU that halted is woken by an
+    interrupt through the hypervisor: tens of µs per wake-up), a lightly loaded
+    model pays for two wake-ups per request: the worker's for each batch, the
+    server's for each reply. Polling for a while avoids them at the price of the CPU
+    spent polling, so the budget adapts, as the kernel's halt-polling does: it grows
+    to cover a gap shorter than the limit, halves after a longer one, and halves
+    when polling did not get the CPU it polled with (others needed it more). The
+    limit is 0 unless the server is nearly idle (see ProcessInstance.begin).
+    """
+
+    __slots__ = ("limit_ns", "budget_ns", "started", "cpu_started")
+
+    def __init__(self, limit_ns: int = 0):
+        self.limit_ns = limit_ns
+        self.budget_ns = 0
+        self.started = self.cpu_started = 0
+
+    def deadline(self, allowed: bool = True) -> int:
+        """Start a wait: until when to poll (0: do not)."""
+        self.started = time.perf_counter_ns()
+        if not (allowed and self.limit_ns and self.budget_ns):
+            return 0
+        self.cpu_started = time.thread_time_ns()
+        return self.started + self.budget_ns
+
+    def waited(self, polled: bool) -> None:
+        """The wait ended (`polled`: it began by polling); adapt the budget."""
+        gap = time.perf_counter_ns() - self.started
+        if gap > self.limit_ns:
+            self.budget_ns //= 2  # long gaps: polling only burns the CPU
+        elif gap > self.budget_ns:
+            self.budget_ns = min(self.limit_ns, gap + gap // 4)
+        elif polled and time.thread_time_ns() - self.cpu_started < gap // 2:
+            self.budget_ns //= 2  # the CPU went to others meanwhile
+
+
 class Link:
     """One end of the socket pair. `send` is thread-safe; one thread calls `recv`."""
 
@@ -167,7 +206,7 @@ class Link:
     def recv(self, poll_until_ns: int = 0) -> Incoming:
         """The next message, waiting for it; EOFError when the other end is gone. Until
         `poll_until_ns` (time.perf_counter_ns) it waits by polling the socket, awake,
-        and only then sleeps in the kernel (see worker.PollBudget)."""
+        and only then sleeps in the kernel (see PollBudget)."""
         while True:
             message = self._parse()
             if message is not None:

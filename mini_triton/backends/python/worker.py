@@ -19,14 +19,13 @@ import signal
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
 
 from ...core.collector import settle_garbage_collector
 from . import convert
 from . import utils as pb
 from .runner import ModelError, ModelRunner, install_module_alias
-from .wire import Link, Outgoing, get_reply, get_tensors, put_reply, put_tensors
+from .wire import Link, Outgoing, PollBudget, get_reply, get_tensors, put_reply, put_tensors
 
 
 class RemoteHandle:
@@ -67,45 +66,6 @@ class Responses(pb._ResponseQueue):
         return self.worker.wait_for(lambda: self.items.popleft() if self.items else None)
 
 
-class PollBudget:
-    """How long the idle main thread polls for its next command before sleeping.
-
-    Where waking a sleeping process is slow (a virtual CPU that halted is woken by an
-    interrupt through the hypervisor: tens of µs per wake-up, twice per request), a
-    lightly loaded model meets an asleep worker with every batch. Polling for a while
-    after each batch avoids that at the price of the CPU spent polling, so the
-    budget adapts, as the kernel's haltpoll does: it grows to cover a gap shorter
-    than the limit, halves after a longer one, and halves when polling did not get
-    the CPU it polled with (others need it). The server sets the limit with each
-    batch: 0 unless the model was lightly loaded when it was sent.
-    """
-
-    __slots__ = ("limit_ns", "budget_ns", "started", "cpu_started")
-
-    def __init__(self):
-        self.limit_ns = 0
-        self.budget_ns = 0
-        self.started = self.cpu_started = 0
-
-    def deadline(self) -> int:
-        """Start a wait: until when to poll (0: do not)."""
-        self.started = time.perf_counter_ns()
-        if not self.limit_ns or not self.budget_ns or threading.active_count() > 1:
-            return 0  # a model's own threads must not wait behind our polling
-        self.cpu_started = time.thread_time_ns()
-        return self.started + self.budget_ns
-
-    def waited(self, polled: bool) -> None:
-        """The wait ended (`polled`: it began by polling); adapt the budget."""
-        gap = time.perf_counter_ns() - self.started
-        if gap > self.limit_ns:
-            self.budget_ns //= 2  # long gaps: polling only burns the CPU
-        elif gap > self.budget_ns:
-            self.budget_ns = min(self.limit_ns, gap + gap // 4)
-        elif polled and time.thread_time_ns() - self.cpu_started < gap // 2:
-            self.budget_ns //= 2  # the CPU went to others meanwhile
-
-
 class Worker:
     """The host of the model API inside the worker process."""
 
@@ -137,7 +97,8 @@ class Worker:
                 self.condition.wait()
         try:
             while True:
-                until = poll.deadline() if poll is not None else 0
+                # A model's own threads must not wait behind our polling.
+                until = poll.deadline(threading.active_count() == 1) if poll is not None else 0
                 try:
                     message = self.link.recv(until)
                 except (EOFError, OSError):
