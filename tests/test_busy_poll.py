@@ -18,6 +18,9 @@ from mini_triton.backends.python.wire import Link, PollBudget
 from mini_triton.server import ServerThread
 
 MS = 1_000_000  # ns
+# The budget tests pretend a wait began a while ago; in units this long, a pause of
+# the test process between two lines (a busy CI machine) cannot change the outcome.
+UNIT = 100 * MS
 
 
 def budget_after_wait(budget: PollBudget, gap_ns: int, polled: bool = False) -> int:
@@ -30,36 +33,36 @@ def budget_after_wait(budget: PollBudget, gap_ns: int, polled: bool = False) -> 
 
 def test_the_budget_grows_to_cover_gaps_shorter_than_the_limit():
     budget = PollBudget()
-    budget.limit_ns = 2 * MS
+    budget.limit_ns = 2 * UNIT
     assert budget.deadline() == 0  # nothing learnt yet: sleep at once
-    grown = budget_after_wait(budget, MS // 4)
-    assert MS // 4 + MS // 16 <= grown <= 2 * MS  # the gap and a quarter more
+    grown = budget_after_wait(budget, UNIT // 4)
+    assert UNIT // 4 + UNIT // 16 <= grown <= 2 * UNIT  # the gap and a quarter more
     assert budget.deadline() > budget.started  # now it polls
-    assert budget_after_wait(budget, 10 * MS) == grown // 2  # a long gap: halves
+    assert budget_after_wait(budget, 10 * UNIT) == grown // 2  # a long gap: halves
 
 
 def test_the_budget_never_exceeds_the_limit_and_a_zero_limit_never_polls():
     budget = PollBudget()
-    budget.limit_ns = MS
-    assert budget_after_wait(budget, MS - MS // 10) == MS  # 1.25 x 0.9 ms, capped
+    budget.limit_ns = UNIT
+    assert budget_after_wait(budget, UNIT - UNIT // 10) == UNIT  # 1.25 x 0.9 units, capped
     budget.limit_ns = 0
     assert budget.deadline() == 0
 
 
 def test_no_polling_where_the_caller_says_it_is_not_allowed():
-    budget = PollBudget(MS)
-    budget_after_wait(budget, MS // 2)
+    budget = PollBudget(UNIT)
+    budget_after_wait(budget, UNIT // 2)
     assert budget.deadline(allowed=False) == 0  # a worker whose model runs threads
     assert budget.deadline() != 0
 
 
 def test_a_poll_that_did_not_get_the_cpu_halves_the_budget():
     budget = PollBudget()
-    budget.limit_ns = 4 * MS
-    before = budget_after_wait(budget, MS)
+    budget.limit_ns = 4 * UNIT
+    before = budget_after_wait(budget, UNIT)
     # Caught while polling, but this thread used almost no CPU over the wait: the CPU
     # went to other processes, who need it more.
-    assert budget_after_wait(budget, MS // 2, polled=True) == before // 2
+    assert budget_after_wait(budget, UNIT // 2, polled=True) == before // 2
 
 
 def test_the_link_reads_a_message_while_polling_and_after_sleeping():
