@@ -60,9 +60,10 @@ class InferenceService:
         self.tracer = Tracer()
         self.response_cache: ResponseCache | None = None  # --cache-config local,size=...
         self.log_settings = LogSettings()
-        # Unary requests started and not yet answered, all models (read and written on
-        # the loop): how busy the server is, for choices that pay off only when idle.
-        self.unary_in_flight = 0
+        # Requests started and not yet given their final response, all models and
+        # front ends (read and written on the loop): how busy the server is, for
+        # choices that pay off only when it is nearly idle.
+        self.requests_in_flight = 0
 
     # --- health and metadata ---
 
@@ -108,10 +109,12 @@ class InferenceService:
     # --- inference ---
 
     def infer(self, request: InferenceRequest) -> ResponseStream:
-        """Validate and schedule; the returned stream yields the responses."""
-        request.stream = ResponseStream(self.loop or asyncio.get_running_loop())
-        self._start(request, "")
-        return request.stream
+        """Validate and schedule (on the event loop); the returned stream yields the
+        responses."""
+        stream = ResponseStream(self.loop or asyncio.get_running_loop(), self._answered)
+        request.stream = stream
+        self._start_counted(request, "", stream)
+        return stream
 
     def start_unary(self, request: InferenceRequest, endpoint: str,
                     on_final=None) -> asyncio.Future | None:
@@ -119,18 +122,22 @@ class InferenceService:
         point", "ModelInfer RPC"), on the event loop. Its final response goes to
         `on_final` (called on the loop) or, without one, to the future returned.
         Refusals before scheduling are raised."""
-        answer = FinalAnswer(asyncio.get_running_loop(), on_final, self._unary_answered)
+        answer = FinalAnswer(asyncio.get_running_loop(), on_final, self._answered)
         request.stream = answer
-        self.unary_in_flight += 1
+        self._start_counted(request, endpoint, answer)
+        return answer.future
+
+    def _start_counted(self, request: InferenceRequest, endpoint: str, stream) -> None:
+        """`_start`, counting the request in flight until `stream` settles."""
+        self.requests_in_flight += 1
         try:
             self._start(request, endpoint)
         except BaseException:
-            answer.settle()
+            stream.settle()  # refused: no response will come
             raise
-        return answer.future
 
-    def _unary_answered(self) -> None:
-        self.unary_in_flight -= 1
+    def _answered(self) -> None:
+        self.requests_in_flight -= 1
 
     def _start(self, request: InferenceRequest, endpoint: str) -> None:
         """Check, prepare and submit `request`, whose `stream` is set. A unary

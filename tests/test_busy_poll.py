@@ -1,7 +1,7 @@
 """A lightly loaded Python model's worker polls for its next batch before sleeping
 and the server's loop polls for its reply (backends/python/wire.PollBudget): the
 budget's adaptation, the link's polling read, the `busy_poll_us` parameter, and the
-server's count of open unary requests that decides whether it is lightly loaded."""
+server's count of open requests that decides whether it is lightly loaded."""
 
 from __future__ import annotations
 
@@ -139,15 +139,35 @@ def test_models_serve_with_and_without_polling_and_the_open_count_returns_to_zer
                               ("broken", [wrong])):
             with pytest.raises(InferenceServerException):
                 client.client.infer(model, inputs)
+        if protocol == "grpc":  # streamed requests are counted too
+            stream_through(client, data, wrong)
     finally:
         client.client.close()
-    # Every unary request started has been answered: the count that tells a lightly
+    # Every request started has been answered: the count that tells a lightly
     # loaded server is back at zero (a leak would stop polling for good).
     service = served.server.service
     deadline = time.monotonic() + 5
-    while service.unary_in_flight and time.monotonic() < deadline:
+    while service.requests_in_flight and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert service.unary_in_flight == 0
+    assert service.requests_in_flight == 0
+
+
+def stream_through(client, data, wrong) -> None:
+    """Requests over one gRPC stream, good and refused; every answer arrives."""
+    import queue
+
+    answers: queue.Queue = queue.Queue()
+    client.client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        good = client.module.InferInput("INPUT0", [1, 6], "FP32")
+        good.set_data_from_numpy(data)
+        for model, inputs in (("polling", [good]), ("polling", [wrong]),
+                              ("no_such_model", [good]), ("polling", [good])):
+            client.client.async_stream_infer(model, inputs)
+        outcomes = [answers.get(timeout=10) for _ in range(4)]
+    finally:
+        client.client.stop_stream()
+    assert sorted(error is None for _, error in outcomes) == [False, False, True, True]
 
 
 def test_a_busy_poll_that_is_not_a_number_is_a_load_error(served):

@@ -33,13 +33,20 @@ class InferenceResponse:
 class ResponseStream:
     """Responses of one request, pushed from any thread, read on the event loop."""
 
-    __slots__ = ("_loop", "_items", "_waiter", "_done")
+    __slots__ = ("_loop", "_items", "_waiter", "_done", "on_settled")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_settled=None):
         self._loop = loop
         self._items: collections.deque = collections.deque()
         self._waiter: asyncio.Future | None = None
         self._done = False
+        self.on_settled = on_settled  # called once, on the loop, with the final response
+
+    def settle(self) -> None:
+        """The request has its final response (or never will): call `on_settled`, once."""
+        on_settled, self.on_settled = self.on_settled, None
+        if on_settled is not None:
+            on_settled()
 
     def put(self, response: InferenceResponse) -> None:
         """Thread-safe: hand a response to the reader on the loop."""
@@ -55,6 +62,8 @@ class ResponseStream:
             self._loop.call_soon_threadsafe(self._push, response)
 
     def _push(self, response: InferenceResponse) -> None:
+        if response.final:
+            self.settle()
         self._items.append(response)
         waiter = self._waiter
         if waiter is not None and not waiter.done():

@@ -237,10 +237,10 @@ class ProcessInstance(ModelInstance):
         """Send a batch without waiting (on the event loop); `on_end(timing)` is called
         once the worker is done with it, or it failed (on the loop, or on the thread
         that saw the worker die). `light`: the model has nothing else waiting or
-        executing. If the whole server has no other unary request open either, the
+        executing. If the whole server has no other request open either, the
         worker may poll for its next batch, and the loop polls for this one's reply
         (wire.PollBudget): nothing else is there for it to do meanwhile."""
-        idle = light and getattr(self.bridge.service, "unary_in_flight", 0) <= 1
+        idle = light and getattr(self.bridge.service, "requests_in_flight", 0) <= 1
         batch = self._send(requests, on_end, self.settings.busy_poll_ns if idle else 0)
         if idle and batch is not None and self.reply_poll.limit_ns:
             self.loop.call_soon(self._poll_for_reply, batch)
