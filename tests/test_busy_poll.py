@@ -14,6 +14,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from conftest import server_settings
+from test_python_backend import IDENTITY
 from mini_triton.backends.python.wire import Link, PollBudget
 from mini_triton.server import ServerThread
 
@@ -82,22 +83,10 @@ def test_the_link_reads_a_message_while_polling_and_after_sleeping():
         receiver.close()
 
 
-MODEL = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
-            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests]
-'''
-
-
 def write_model(repository, name: str, poll: str) -> None:
     folder = repository / name
     (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.py").write_text(MODEL)
+    (folder / "1" / "model.py").write_text(IDENTITY)
     (folder / "config.pbtxt").write_text(f'''
 name: "{name}"
 backend: "python"
