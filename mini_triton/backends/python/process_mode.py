@@ -260,17 +260,12 @@ class ProcessInstance(ModelInstance):
             return
         until = self.reply_poll.deadline()
         self.awaited = (batch.id, until != 0)
-        clock, yield_cpu = time.perf_counter_ns, os.sched_yield
-        while clock() < until:
-            try:
-                messages = self.link.poll()
-            except (EOFError, OSError):
-                return  # the reader sees the worker gone
-            if messages:
-                for message in messages:
-                    self._handle(message)
-                return
-            yield_cpu()
+        try:
+            arrived = self.link.poll_until(until)
+        except (EOFError, OSError):
+            return  # the reader sees the worker gone
+        if arrived:
+            self._readable()
 
     def _overdue(self, batch: _Batch, timeout: float) -> None:
         if not batch.ended:

@@ -211,13 +211,13 @@ class Link:
             message = self._parse()
             if message is not None:
                 return message
-            if not (poll_until_ns and self._poll(poll_until_ns)):
+            if not self.poll_until(poll_until_ns):
                 self._fill(blocking=True)
 
-    def _poll(self, until_ns: int) -> bool:
-        """Read without sleeping until something arrives (True) or `until_ns` passes.
-        Each round yields the CPU to any other process ready to run on it: polling
-        uses only time no one else wants."""
+    def poll_until(self, until_ns: int) -> bool:
+        """Read without sleeping until something arrives (True) or `until_ns`
+        (time.perf_counter_ns) passes. Each round yields the CPU to any other process
+        ready to run on it: polling uses only time no one else wants."""
         clock, yield_cpu = time.perf_counter_ns, os.sched_yield
         while clock() < until_ns:
             if self._fill(blocking=False):
