@@ -1074,3 +1074,25 @@ def test_a_unary_call_answered_from_its_begin_is_written_in_that_same_call():
     trailers = [f for f in written if f.kind == HEADERS and f.stream == 1 and f.flags & END_STREAM]
     assert trailers and written.index(trailers[0]) > written.index(data[0])
     assert stopped == [True]
+
+
+def test_grpcio_transport_survives_a_deadline_passing_before_the_answer(tmp_path):
+    """On grpc.aio the call's coroutine is cancelled when the deadline passes; the
+    model's answer arriving later must find nothing to give it to, not an error."""
+    (tmp_path / "slow" / "1").mkdir(parents=True)
+    (tmp_path / "slow" / "config.pbtxt").write_text(SLOW)
+    running = start("--model-repository", str(tmp_path), "--grpc-transport", "grpcio")
+    try:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{running.ports['grpc']}")
+        data = np.ones(4, np.float32)
+        request = grpcclient.InferInput("INPUT0", [4], "FP32")
+        request.set_data_from_numpy(data)
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            client.infer("slow", [request], client_timeout=0.1)
+        time.sleep(0.6)  # the 400 ms execute ends and answers the abandoned call
+        result = client.infer("slow", [request])
+        assert np.array_equal(result.as_numpy("OUTPUT0"), data)
+        client.close()
+    finally:
+        assert running.stop() == 0
+    assert "Traceback" not in running.output, running.output

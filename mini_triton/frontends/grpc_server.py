@@ -252,7 +252,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         """The coroutine form (grpc.aio), on top of `begin_ModelInfer`."""
         answer = asyncio.get_running_loop().create_future()
         try:
-            cancel = self.begin_ModelInfer(request, context, answer.set_result)
+            cancel = self.begin_ModelInfer(request, context, functools.partial(_settle, answer))
             result = await answer
         except grpc_transport.AbortError as error:
             await context.abort(error.code, error.details)
@@ -319,6 +319,12 @@ def _stream_error(message, error: TritonError) -> pb.ModelStreamInferResponse:
     response.infer_response.model_version = message.model_version
     response.infer_response.id = message.id
     return response
+
+
+def _settle(future: asyncio.Future, result) -> None:
+    """Give `future` its result unless its waiter was cancelled meanwhile."""
+    if not future.done():
+        future.set_result(result)
 
 
 def _infer_result(response):
