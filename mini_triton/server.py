@@ -111,8 +111,9 @@ class Server:
         if self.settings.model_control_mode == "poll":
             self._poller = asyncio.create_task(self._poll_repository())
         if self.settings.allow_metrics:
-            self.ports["metrics"] = await self._listen(
-                serve_async(self._serve_metrics), self.settings.metrics_address, self.settings.metrics_port)
+            self.ports["metrics"] = await self._listen(serve_async(self._serve_metrics),
+                                                       self.settings.metrics_address,
+                                                       self.settings.metrics_port)
             log.info("Started Metrics Service at %s:%d", self.settings.metrics_address,
                      self.ports["metrics"])
 

@@ -116,16 +116,13 @@ class InferenceService:
         self._start_counted(request, "", stream)
         return stream
 
-    def start_unary(self, request: InferenceRequest, endpoint: str,
-                    on_final=None) -> asyncio.Future | None:
+    def start_unary(self, request: InferenceRequest, endpoint: str, on_final) -> None:
         """Validate and schedule a request of a unary front end (`endpoint`: "HTTP end
         point", "ModelInfer RPC"), on the event loop. Its final response goes to
-        `on_final` (called on the loop) or, without one, to the future returned.
-        Refusals before scheduling are raised."""
+        `on_final`, called on the loop. Refusals before scheduling are raised."""
         answer = FinalAnswer(asyncio.get_running_loop(), on_final, self._answered)
         request.stream = answer
         self._start_counted(request, endpoint, answer)
-        return answer.future
 
     def _start_counted(self, request: InferenceRequest, endpoint: str, stream) -> None:
         """`_start`, counting the request in flight until `stream` settles."""

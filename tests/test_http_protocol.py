@@ -166,7 +166,8 @@ def test_stopping_listener_sends_the_replies_under_way_then_closes():
             await release.wait()
             return HttpReply(200, b'{"done":true}')
 
-        listener, port = await start_server(serve_async(app), lambda status, message: HttpReply(status),
+        listener, port = await start_server(serve_async(app),
+                                             lambda status, message: HttpReply(status),
                                              "127.0.0.1", 0, 4096)
         busy_reader, busy_writer = await asyncio.open_connection("127.0.0.1", port)
         idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
@@ -274,6 +275,7 @@ def test_an_app_that_raises_gets_a_500_and_the_connection_keeps_serving():
         exchange.answer(HttpReply(200, b"fine"))
 
     protocol, transport = protocol_with(app)
-    protocol.data_received(b"GET /bug HTTP/1.1\r\nHost: x\r\n\r\nGET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+    protocol.data_received(b"GET /bug HTTP/1.1\r\nHost: x\r\n\r\n"
+                           b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
     assert transport.written.startswith(b"HTTP/1.1 500 ")
     assert transport.written.endswith(b"fine") and not transport.closed

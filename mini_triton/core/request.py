@@ -96,22 +96,20 @@ class ResponseStream:
 
 
 class FinalAnswer:
-    """The final response of a unary request, for the front end on the event loop:
-    a future, or a callback (`on_final`) that writes the reply from the very call
-    that delivers the response.
+    """The final response of a unary request, handed to the front end's `on_final` on
+    the event loop, which writes the reply from the very call that delivers it.
 
     Created on the loop's thread; responses may be put from any thread. A
     unary front end needs only the final response, so this skips the
     stream's queue and its reader coroutine.
     """
 
-    __slots__ = ("loop", "thread", "future", "on_final", "on_settled")
+    __slots__ = ("loop", "thread", "on_final", "on_settled")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_final=None, on_settled=None):
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_final, on_settled=None):
         self.loop = loop
         self.thread = threading.get_ident()
         self.on_final = on_final
-        self.future: asyncio.Future | None = None if on_final else loop.create_future()
         self.on_settled = on_settled  # called once, on the loop, when the answer is given
 
     def settle(self) -> None:
@@ -122,7 +120,7 @@ class FinalAnswer:
 
     def delivers_now(self) -> bool:
         """Whether a final response put now is answered within the `put` call."""
-        return self.on_final is not None and threading.get_ident() == self.thread
+        return threading.get_ident() == self.thread
 
     def put(self, response: InferenceResponse) -> None:
         if not response.final:
@@ -134,11 +132,9 @@ class FinalAnswer:
 
     def _set(self, response: InferenceResponse) -> None:
         self.settle()
-        if self.on_final is not None:
-            on_final, self.on_final = self.on_final, None
+        on_final, self.on_final = self.on_final, None
+        if on_final is not None:
             on_final(response)
-        elif not self.future.done():  # the waiter may have been cancelled
-            self.future.set_result(response)
 
 
 @dataclass

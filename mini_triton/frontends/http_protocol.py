@@ -89,14 +89,20 @@ class Exchange:
         task = asyncio.ensure_future(self._complete(handler, request))
         self.cancel = task.cancel
 
+    def fail(self, error: Exception) -> None:
+        """A bug while handling the request: log it and answer 500 (never let a bug
+        take the connection down silently)."""
+        log.exception("error while handling %s %s", self.method, self.path)
+        self.answer(self.protocol.router_error(500, f"internal error: {error}"))
+
     async def _complete(self, handler: Handler, request: HttpRequest) -> None:
         try:
             reply = await handler(request)
         except asyncio.CancelledError:
             raise  # the client is gone: there is no one to answer
-        except Exception as error:  # never let a bug take the connection down silently
-            log.exception("error while handling %s %s", self.method, self.path)
-            reply = self.protocol.router_error(500, f"internal error: {error}")
+        except Exception as error:
+            self.fail(error)
+            return
         self.answer(reply)
 
 
@@ -269,9 +275,8 @@ class HttpProtocol(asyncio.Protocol):
                 return
         try:
             self.app(HttpRequest(method, path, headers, body), exchange)
-        except Exception as error:  # never let a bug take the connection down silently
-            log.exception("error while handling %s %s", method, path)
-            exchange.answer(self.router_error(500, f"internal error: {error}"))
+        except Exception as error:
+            exchange.fail(error)
 
     def close_when_replied(self) -> None:
         """Close now if no reply is under way, else once the last one is written (a
