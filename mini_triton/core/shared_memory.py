@@ -8,12 +8,15 @@ sends can reach outside the registered range.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 import threading
 from dataclasses import dataclass
 
 from .errors import Code, TritonError, invalid_arg, not_found
+from .names import printable
 
 
 @dataclass
@@ -56,11 +59,18 @@ def check_bounds(name: str, region_size: int, offset: int, byte_size: int, what:
             f"{region_size} of shared memory region '{name}'")
 
 
+SHM_DIR = "/dev/shm"
+
+
 def _shm_path(key: str) -> str:
+    """The file of a POSIX shared-memory key, as `shm_open` names it: one component
+    directly inside /dev/shm (an optional leading '/'), nothing that could reach
+    another folder."""
     name = key[1:] if key.startswith("/") else key
-    if not name or "/" in name or name in (".", ".."):
-        raise invalid_arg(f"invalid shared memory key '{key}'")
-    return os.path.join("/dev/shm", name)
+    if not name or "/" in name or "\0" in name or name in (".", "..") \
+            or len(name.encode("utf-8", "surrogatepass")) > 255:
+        raise invalid_arg(f"invalid shared memory key '{printable(key)}'")
+    return os.path.join(SHM_DIR, name)
 
 
 class RegionRegistry:
@@ -115,22 +125,40 @@ class SharedMemoryRegistry(RegionRegistry):
                                        _map(key, name, offset, byte_size)))
 
 
+# Opened as shm_open does, and no further: a link in /dev/shm is refused rather
+# than followed (it could point at any file the server can write), a FIFO or
+# device cannot block the open, and the descriptor never leaks into a child.
+_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 def _map(key: str, name: str, offset: int, byte_size: int) -> mmap.mmap:
     path = _shm_path(key)
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         raise invalid_arg(f"Unable to open shared memory region '{name}': key '{key}' does "
                           "not exist") from None
     except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise invalid_arg(f"Unable to open shared memory region '{name}': key '{key}' "
+                              "is a symbolic link, not a shared memory object") from None
         raise invalid_arg(f"Unable to open shared memory region '{name}' (key '{key}'): "
                           f"{error.strerror}") from None
     try:
-        size = os.fstat(fd).st_size
-        if offset + byte_size > size:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_dev != _shm_device():
+            raise invalid_arg(f"Unable to open shared memory region '{name}': key '{key}' is "
+                              "not a shared memory object")
+        if offset + byte_size > info.st_size:
             raise invalid_arg(
                 f"shared memory region '{name}': offset {offset} + byte size {byte_size} "
-                f"exceeds the size {size} of the shared memory object '{key}'")
-        return mmap.mmap(fd, size)
+                f"exceeds the size {info.st_size} of the shared memory object '{key}'")
+        return mmap.mmap(fd, info.st_size)
     finally:
         os.close(fd)
+
+
+def _shm_device() -> int:
+    """The file system /dev/shm is on: an object must live there, not be a hard link
+    or mount reaching elsewhere."""
+    return os.stat(SHM_DIR).st_dev

@@ -22,11 +22,12 @@ from ..config import ConfigError, parse_config_file
 from ..config.autofill import AutofillError, check_config, complete_platform, fill_defaults
 from ..config.json_format import config_from_json
 from ..core.errors import TritonError, invalid_arg, not_found, unavailable
+from ..core.names import check_model_name
 from ..core.stats import ModelStats
 from ..core.validate import ModelSignature
 from ..scheduling import create_scheduler
 from . import scan
-from .overrides import remove_private_model, write_private_model
+from .overrides import remove_private_model, remove_private_root, write_private_model
 
 log = logging.getLogger("mini_triton.repository")
 
@@ -162,6 +163,7 @@ class ModelRepositoryManager:
         """Load or reload `name`; raises TritonError when it does not become READY."""
         if check_mode:
             self.check_control_allowed()
+        check_model_name(name)
         with self.lock:
             private_dir = None
             if files:
@@ -191,6 +193,7 @@ class ModelRepositoryManager:
     def unload(self, name: str, unload_dependents: bool = False, check_mode: bool = True) -> None:
         if check_mode:
             self.check_control_allowed()
+        check_model_name(name)
         with self.lock:
             if name not in self.records and name not in self.model_folders():
                 raise invalid_arg(f"failed to unload '{name}': model '{name}' is not found")
@@ -218,7 +221,7 @@ class ModelRepositoryManager:
         """The version that serves `name`/`version` ('' = latest ready), with Triton's errors."""
         record = self.records.get(name)
         if record is None:
-            raise not_found(f"Request for unknown model: '{name}' is not found")
+            raise _unknown_model(name)
         if version:
             loaded = record.versions.get(_version_number(version, name))
             if loaded is None:
@@ -238,7 +241,7 @@ class ModelRepositoryManager:
     def record(self, name: str) -> ModelRecord:
         record = self.records.get(name)
         if record is None:
-            raise not_found(f"Request for unknown model: '{name}' is not found")
+            raise _unknown_model(name)
         return record
 
     def is_ready(self, name: str, version: str = "") -> bool:
@@ -274,6 +277,7 @@ class ModelRepositoryManager:
         for record in records:
             _stop_versions(record, timeout)
             remove_private_model(record)
+        remove_private_root()
 
     # --- internals ---
 
@@ -391,6 +395,13 @@ def _config_override(name: str, config_json: str) -> mc.ModelConfig:
     except (ConfigError, ValueError) as error:
         raise invalid_arg(f"failed to load '{name}': invalid 'config' parameter: {error}") \
             from None
+
+
+def _unknown_model(name: str) -> TritonError:
+    """A name with no record: refused by the name rule (every served name passed it,
+    so the check costs nothing on the path of a known model), else NOT_FOUND."""
+    check_model_name(name)
+    return not_found(f"Request for unknown model: '{name}' is not found")
 
 
 def _version_number(version: str, name: str) -> int:

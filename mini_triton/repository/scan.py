@@ -3,23 +3,36 @@ folders, which versions a policy loads, and a fingerprint to detect changes."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..core.names import model_name_problem, printable
+
+log = logging.getLogger("mini_triton.repository")
+
 CONFIG_FILENAME = "config.pbtxt"
 
 
 def model_dirs(repository: Path) -> dict[str, Path]:
-    """Model name → folder, for every visible sub-folder of the repository."""
+    """Model name → folder, for every visible sub-folder of the repository whose
+    name passes the model-name rule (a folder that fails it is skipped, with a
+    warning: no API could name it)."""
     if not repository.is_dir():
         return {}
-    return {
-        entry.name: entry
-        for entry in sorted(repository.iterdir(), key=lambda p: p.name)
-        if entry.is_dir() and not entry.name.startswith(".")
-    }
+    folders = {}
+    for entry in sorted(repository.iterdir(), key=lambda p: p.name):
+        if not entry.is_dir() or entry.name.startswith("."):
+            continue
+        problem = model_name_problem(entry.name)
+        if problem is not None:
+            log.warning("skipping folder '%s' in model repository %s: %s",
+                        printable(entry.name), repository, problem)
+            continue
+        folders[entry.name] = entry
+    return folders
 
 
 def parse_version(name: str) -> int | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.errors import invalid_arg
+from ..core.names import model_name_problem, printable
 
 
 @dataclass
@@ -96,6 +97,10 @@ def _build_graph(config: mc.ModelConfig) -> dict[str, _Tensor]:
         where = f"step {index} of ensemble '{name}'"
         if not step.model_name:
             raise invalid_arg(f"must specify 'model_name' in {where}")
+        problem = model_name_problem(step.model_name)
+        if problem is not None:
+            raise invalid_arg(f"invalid 'model_name' '{printable(step.model_name)}' in "
+                              f"{where}: {problem}")
         if not step.input_map:
             raise invalid_arg(f"must specify 'input_map' in {where}")
         if not step.output_map:
