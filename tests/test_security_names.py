@@ -324,3 +324,49 @@ def _shared_memory_round_trip(protocol) -> None:
         protocol.client.unregister_system_shared_memory("ok")
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+# --- BLS ---
+
+BLS_BY_NAME = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            target = pb_utils.get_input_tensor_by_name(request, "TARGET").as_numpy()[0]
+            call = pb_utils.InferenceRequest(
+                model_name=target.decode(), requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", np.ones((1, 1), np.float32))])
+            reply = call.exec()
+            message = reply.error().message() if reply.has_error() else "ok"
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("MESSAGE", np.array([message.encode()], dtype=object))]))
+        return responses
+'''
+
+BLS_CONFIG = '''name: "bls_by_name"
+backend: "python"
+input [ { name: "TARGET", data_type: TYPE_STRING, dims: [ 1 ] } ]
+output [ { name: "MESSAGE", data_type: TYPE_STRING, dims: [ 1 ] } ]
+'''
+
+
+def test_bls_call_to_an_escaping_name_is_refused(tmp_path):
+    repository = tmp_path / "repo"
+    write_model(repository, "m")
+    (repository / "bls_by_name" / "1").mkdir(parents=True)
+    (repository / "bls_by_name" / "1" / "model.py").write_text(BLS_BY_NAME)
+    (repository / "bls_by_name" / "config.pbtxt").write_text(BLS_CONFIG)
+    with ServerThread(server_settings(repository)) as server:
+        protocol = connect("http", server)
+        for target, expected in [("m", "ok"), ("../m", "invalid model name '../m'"),
+                                 ("/etc/m", "invalid model name '/etc/m'")]:
+            tensor = protocol.module.InferInput("TARGET", [1], "BYTES")
+            tensor.set_data_from_numpy(np.array([target.encode()], dtype=object))
+            result = protocol.client.infer("bls_by_name", [tensor])
+            assert expected in result.as_numpy("MESSAGE")[0].decode()
+        protocol.client.close()
