@@ -11,6 +11,7 @@ from pathlib import Path
 from .core.response_cache import parse_cache_config
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
 from .frontends.restrictions import parse_restrictions
+from .frontends.tls import TlsFiles
 from .server import Settings, run
 
 _TRUE = ("true", "1", "yes", "on", "t")
@@ -93,7 +94,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="response cache, e.g. local,size=1048576 (models opt in with response_cache)")
     add("--response-cache-byte-size", type=non_negative, default=None,
         help="deprecated form of --cache-config local,size=BYTES")
+    add_tls_flags(parser)
     return parser
+
+
+# TLS: tritonserver's gRPC flags, and the same for HTTPS (which Triton leaves to a proxy).
+TLS_PORTS = (("grpc", "gRPC"), ("http", "HTTP"))
+
+
+def add_tls_flags(parser: argparse.ArgumentParser) -> None:
+    for prefix, port_name in TLS_PORTS:
+        add = parser.add_argument
+        add(f"--{prefix}-use-ssl", type=boolean, default=False,
+            help=f"serve {port_name} over TLS only")
+        add(f"--{prefix}-use-ssl-mutual", type=boolean, default=False,
+            help=f"{port_name} over TLS, and clients must present a certificate that "
+                 f"chains to --{prefix}-root-cert")
+        add(f"--{prefix}-server-cert", default="", metavar="PEM")
+        add(f"--{prefix}-server-key", default="", metavar="PEM")
+        add(f"--{prefix}-root-cert", default="", metavar="PEM")
+
+
+def tls_files(args: argparse.Namespace, prefix: str, port_name: str) -> TlsFiles | None:
+    """The port's TLS settings, or None for plaintext (mutual TLS implies TLS)."""
+    mutual = getattr(args, f"{prefix}_use_ssl_mutual")
+    if not (getattr(args, f"{prefix}_use_ssl") or mutual):
+        return None
+    return TlsFiles(port_name, getattr(args, f"{prefix}_server_cert"),
+                    getattr(args, f"{prefix}_server_key"),
+                    getattr(args, f"{prefix}_root_cert"), mutual)
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -116,6 +145,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         grpc_transport=args.grpc_transport,
         response_cache_bytes=parse_cache_config(args.cache_config,
                                                 args.response_cache_byte_size),
+        grpc_tls=tls_files(args, "grpc", "gRPC"),
+        http_tls=tls_files(args, "http", "HTTP"),
     )
 
 

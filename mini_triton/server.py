@@ -16,6 +16,7 @@ from .core.response_cache import ResponseCache
 from .frontends import grpc_server
 from .frontends.http_protocol import HttpReply, HttpRequest, serve_async, start_server
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
+from .frontends.tls import TlsError, TlsFiles, server_context
 from .metrics import Metrics, MetricsOptions
 from .repository.manager import ModelRepositoryManager, ServerOptions
 from .service import InferenceService
@@ -68,6 +69,8 @@ class Settings:
     grpc_restricted: dict = field(default_factory=dict)
     grpc_transport: str = "native"
     response_cache_bytes: int = 0  # --cache-config local,size=N; 0: no response cache
+    grpc_tls: TlsFiles | None = None  # --grpc-use-ssl and its certificate flags
+    http_tls: TlsFiles | None = None  # --http-use-ssl (HTTPS on the HTTP port)
 
 
 class StartupError(RuntimeError):
@@ -99,13 +102,14 @@ class Server:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.service.loop = loop
+        http_tls = self._check_tls()
         await loop.run_in_executor(None, self._load_models)
         if self.settings.allow_grpc:
             await self._start_grpc()
         if self.settings.allow_http:
             frontend = HttpFrontend(self.service, self.settings.http_restricted)
             self.ports["http"] = await self._listen(frontend.handle, self.settings.http_address,
-                                                    self.settings.http_port)
+                                                    self.settings.http_port, http_tls)
             log.info("Started HTTPService at %s:%d", self.settings.http_address,
                      self.ports["http"])
         if self.settings.model_control_mode == "poll":
@@ -116,6 +120,18 @@ class Server:
                                                        self.settings.metrics_port)
             log.info("Started Metrics Service at %s:%d", self.settings.metrics_address,
                      self.ports["metrics"])
+
+    def _check_tls(self):
+        """Read the certificates before anything else starts (a bad file stops the
+        server in one line, never a plaintext port); the HTTP port's SSLContext."""
+        try:
+            if self.settings.grpc_tls is not None:
+                self.settings.grpc_tls.check()
+            if self.settings.http_tls is not None:
+                return server_context(self.settings.http_tls, ["http/1.1"])
+        except TlsError as error:
+            raise StartupError(str(error)) from None
+        return None
 
     def _load_models(self) -> None:
         failures = self.manager.load_startup(self.settings.load_models)
@@ -129,17 +145,19 @@ class Server:
         try:
             server, port = await grpc_server.start_server(
                 self.service, address, port, self.settings.grpc_restricted,
-                self.settings.grpc_transport)
+                self.settings.grpc_transport, self.settings.grpc_tls)
+        except TlsError as error:
+            raise StartupError(str(error)) from None
         except RuntimeError as error:
             raise StartupError(f"gRPC cannot listen on {address}:{port}: {error}") from None
         self._grpc = server
         self.ports["grpc"] = port
         log.info("Started GRPCInferenceService at %s:%d", self.settings.grpc_address, port)
 
-    async def _listen(self, app, address: str, port: int) -> int:
+    async def _listen(self, app, address: str, port: int, ssl_context=None) -> int:
         try:
             server, bound = await start_server(app, error_reply, address, port,
-                                               self.settings.http_max_input_size)
+                                               self.settings.http_max_input_size, ssl_context)
         except OSError as error:
             raise StartupError(f"cannot listen on {address}:{port}: {error.strerror}") from None
         self._listeners.append(server)

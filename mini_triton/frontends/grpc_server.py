@@ -15,6 +15,7 @@ from ..service import InferenceService
 from . import grpc_codec, grpc_transport
 from .errors import grpc_status
 from .restrictions import GRPC_PREFIX, Restriction, grpc_refusal
+from .tls import TlsFiles, server_context
 
 MAX_MESSAGE_SIZE = 2**31 - 1  # INT32_MAX, as tritonserver sets it
 
@@ -340,28 +341,34 @@ def _infer_result(response):
 
 async def start_server(service: InferenceService, address: str, port: int,
                        restricted: dict[str, Restriction] | None = None,
-                       transport: str = "native"):
+                       transport: str = "native", tls: TlsFiles | None = None):
     """The gRPC front end listening on address:port; returns it (with `stop(grace)`)
-    and the bound port. `native` is our own HTTP/2 transport, `grpcio` grpc.aio."""
+    and the bound port. `native` is our own HTTP/2 transport, `grpcio` grpc.aio;
+    `tls` puts TLS on the port (either transport)."""
     frontend = GrpcFrontend(service, restricted)
     if transport == "grpcio":
-        server, bound = create_grpcio_server(frontend, address, port)
+        server, bound = create_grpcio_server(frontend, address, port, tls)
         await server.start()
         return server, bound
     server = grpc_transport.GrpcServer(grpc_transport.methods_of(
         frontend, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], pb))
+    context = server_context(tls, ["h2"]) if tls is not None else None
     try:
-        bound = await server.listen(address, port)
+        bound = await server.listen(address, port, context)
     except OSError as error:
         raise RuntimeError(error.strerror) from None
     return server, bound
 
 
-def create_grpcio_server(frontend: GrpcFrontend, address: str,
-                         port: int) -> tuple[grpc.aio.Server, int]:
+def create_grpcio_server(frontend: GrpcFrontend, address: str, port: int,
+                         tls: TlsFiles | None = None) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server bound to address:port; returns it with the bound port."""
     server = grpc.aio.server(options=SERVER_OPTIONS,
                              compression=grpc.Compression.NoCompression)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(frontend, server)
-    bound = server.add_insecure_port(f"{address}:{port}")
-    return server, bound
+    if tls is None:
+        return server, server.add_insecure_port(f"{address}:{port}")
+    cert, key, root = tls.pem()
+    credentials = grpc.ssl_server_credentials([(key, cert)], root_certificates=root,
+                                              require_client_auth=tls.mutual)
+    return server, server.add_secure_port(f"{address}:{port}", credentials)

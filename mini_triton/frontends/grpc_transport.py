@@ -806,11 +806,12 @@ class GrpcServer:
         self.closing = False
         self._server: asyncio.AbstractServer | None = None
 
-    async def listen(self, address: str, port: int) -> int:
+    async def listen(self, address: str, port: int, ssl_context=None) -> int:
         # The address as given, as the HTTP service binds it: no host would bind one
         # socket per address family, each with its own port when the port is 0.
         self._server = await self.loop.create_server(lambda: GrpcConnection(self), address,
-                                                     port, reuse_address=True, backlog=1024)
+                                                     port, reuse_address=True, backlog=1024,
+                                                     ssl=ssl_context)
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self, grace: float | None = None) -> None:

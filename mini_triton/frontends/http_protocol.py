@@ -347,11 +347,13 @@ class Listener:
 
 
 async def start_server(app: App, router_error: Callable[[int, str], HttpReply],
-                       host: str, port: int, max_body: int) -> tuple[Listener, int]:
-    """Listen on host:port (0 = any free port); returns the listener and the bound port."""
+                       host: str, port: int, max_body: int,
+                       ssl_context=None) -> tuple[Listener, int]:
+    """Listen on host:port (0 = any free port); returns the listener and the bound port.
+    With `ssl_context` the port speaks HTTPS only."""
     loop = asyncio.get_running_loop()
     listener = Listener()
     listener.server = await loop.create_server(
         lambda: HttpProtocol(app, router_error, max_body, listener.connections),
-        host, port, reuse_address=True, backlog=1024)
+        host, port, reuse_address=True, backlog=1024, ssl=ssl_context)
     return listener, listener.server.sockets[0].getsockname()[1]
