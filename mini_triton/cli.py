@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 from .core.response_cache import parse_cache_config
+from .frontends.grpc_server import MAX_MESSAGE_SIZE
+from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
+                                      DEFAULT_MAX_URL_SIZE)
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
 from .frontends.restrictions import parse_restrictions
 from .frontends.tls import TlsFiles
@@ -37,6 +40,20 @@ def port(value: str) -> int:
 def non_negative(value: str) -> int:
     number = int(value)
     if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+def message_size(value: str) -> int:
+    number = int(value)
+    if not 0 <= number <= MAX_MESSAGE_SIZE:
+        raise argparse.ArgumentTypeError(f"must be 0-{MAX_MESSAGE_SIZE}, got {value}")
+    return number
+
+
+def non_negative_seconds(value: str) -> float:
+    number = float(value)
+    if not number >= 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return number
 
@@ -83,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-info", type=boolean, default=True)
     add("--disable-auto-complete-config", action="store_true")
     add("--http-max-input-size", type=non_negative, default=DEFAULT_MAX_INPUT_SIZE)
+    add("--http-max-url-size", type=non_negative, default=DEFAULT_MAX_URL_SIZE,
+        metavar="BYTES", help="longest request URL; longer is refused with 414")
+    add("--http-max-header-size", type=non_negative, default=DEFAULT_MAX_HEADER_SIZE,
+        metavar="BYTES", help="most bytes of request header fields, all together; more is "
+        "refused with 431")
+    add("--http-header-timeout-secs", type=non_negative_seconds,
+        default=DEFAULT_HEADER_TIMEOUT_SECS, metavar="SECONDS",
+        help="time a request head may take to arrive (0: no limit); then 408 and close")
     add("--metrics-config", action="append", type=key_value, default=[],
         help="KEY=VALUE, e.g. summary_latencies=true")
     add("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
@@ -90,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--grpc-restricted-protocol", action="append", default=[], metavar="APIS:KEY=VALUE")
     add("--grpc-transport", type=str.lower, choices=("native", "grpcio"), default="native",
         help="gRPC over our own HTTP/2 transport (native) or over grpcio's grpc.aio")
+    add("--grpc-max-receive-message-size", type=message_size, default=MAX_MESSAGE_SIZE,
+        metavar="BYTES", help="largest gRPC request message, after inflating a compressed "
+        "one; larger is RESOURCE_EXHAUSTED")
     add("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
         help="response cache, e.g. local,size=1048576 (models opt in with response_cache)")
     add("--response-cache-byte-size", type=non_negative, default=None,
@@ -139,10 +167,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
         log_verbose=args.log_verbose,
         disable_auto_complete_config=args.disable_auto_complete_config,
         http_max_input_size=args.http_max_input_size,
+        http_max_url_size=args.http_max_url_size,
+        http_max_header_size=args.http_max_header_size,
+        http_header_timeout_secs=args.http_header_timeout_secs,
         metrics_config=dict(args.metrics_config),
         http_restricted=parse_restrictions(args.http_restricted_api),
         grpc_restricted=parse_restrictions(args.grpc_restricted_protocol),
         grpc_transport=args.grpc_transport,
+        grpc_max_receive_message_size=args.grpc_max_receive_message_size,
         response_cache_bytes=parse_cache_config(args.cache_config,
                                                 args.response_cache_byte_size),
         grpc_tls=tls_files(args, "grpc", "gRPC"),

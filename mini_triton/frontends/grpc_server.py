@@ -17,13 +17,15 @@ from .errors import grpc_status
 from .restrictions import GRPC_PREFIX, Restriction, grpc_refusal
 from .tls import TlsFiles, server_context
 
-MAX_MESSAGE_SIZE = 2**31 - 1  # INT32_MAX, as tritonserver sets it
+MAX_MESSAGE_SIZE = grpc_transport.MAX_MESSAGE_SIZE  # INT32_MAX, as tritonserver sets it
 
-SERVER_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
-    ("grpc.so_reuseport", 0),
-]
+
+def server_options(max_receive_message_size: int = MAX_MESSAGE_SIZE) -> list:
+    """grpc.aio's options; grpc core bounds a received message, inflated or not, by
+    max_receive_message_length."""
+    return [("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", max_receive_message_size),
+            ("grpc.so_reuseport", 0)]
 
 
 def aborts_on_error(method):
@@ -341,17 +343,21 @@ def _infer_result(response):
 
 async def start_server(service: InferenceService, address: str, port: int,
                        restricted: dict[str, Restriction] | None = None,
-                       transport: str = "native", tls: TlsFiles | None = None):
+                       transport: str = "native", tls: TlsFiles | None = None,
+                       max_receive_message_size: int = MAX_MESSAGE_SIZE):
     """The gRPC front end listening on address:port; returns it (with `stop(grace)`)
     and the bound port. `native` is our own HTTP/2 transport, `grpcio` grpc.aio;
-    `tls` puts TLS on the port (either transport)."""
+    `tls` puts TLS on the port (either transport). A request message larger than
+    `max_receive_message_size` (after inflating) is RESOURCE_EXHAUSTED on either."""
     frontend = GrpcFrontend(service, restricted)
     if transport == "grpcio":
-        server, bound = create_grpcio_server(frontend, address, port, tls)
+        server, bound = create_grpcio_server(frontend, address, port, tls,
+                                             max_receive_message_size)
         await server.start()
         return server, bound
     server = grpc_transport.GrpcServer(grpc_transport.methods_of(
-        frontend, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], pb))
+        frontend, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], pb),
+        max_receive_message_size)
     context = server_context(tls, ["h2"]) if tls is not None else None
     try:
         bound = await server.listen(address, port, context)
@@ -361,9 +367,11 @@ async def start_server(service: InferenceService, address: str, port: int,
 
 
 def create_grpcio_server(frontend: GrpcFrontend, address: str, port: int,
-                         tls: TlsFiles | None = None) -> tuple[grpc.aio.Server, int]:
+                         tls: TlsFiles | None = None,
+                         max_receive_message_size: int = MAX_MESSAGE_SIZE,
+                         ) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server bound to address:port; returns it with the bound port."""
-    server = grpc.aio.server(options=SERVER_OPTIONS,
+    server = grpc.aio.server(options=server_options(max_receive_message_size),
                              compression=grpc.Compression.NoCompression)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(frontend, server)
     if tls is None:

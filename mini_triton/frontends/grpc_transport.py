@@ -60,6 +60,8 @@ OUR_FRAME_SIZE = 2**24 - 1  # the largest allowed: big messages arrive in few fr
 LARGE_MESSAGE = 64 * 1024
 # Received bytes are given back to the peer's windows in steps this large, not per frame.
 WINDOW_REFILL = 2**24
+# The largest request message by default, inflated or not: INT32_MAX, as tritonserver.
+MAX_MESSAGE_SIZE = 2**31 - 1
 
 # The client's deadline, `grpc-timeout: <digits><unit>`, in seconds per unit.
 TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
@@ -799,8 +801,10 @@ def _strip_padding(flags: int, payload: bytes) -> bytes:
 class GrpcServer:
     """Listens, owns the connections, stops gracefully (grpc.aio's `stop(grace)`)."""
 
-    def __init__(self, methods: dict[bytes, Method]):
+    def __init__(self, methods: dict[bytes, Method],
+                 max_receive_message_size: int = MAX_MESSAGE_SIZE):
         self.methods = methods
+        self.max_receive_message_size = max_receive_message_size
         self.loop = asyncio.get_running_loop()
         self.connections: set[GrpcConnection] = set()
         self.closing = False
