@@ -10,6 +10,8 @@ from pathlib import Path
 
 from .core.response_cache import parse_cache_config
 from .frontends.grpc_server import MAX_MESSAGE_SIZE
+from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
+                                      DEFAULT_MAX_URL_SIZE)
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
 from .frontends.restrictions import parse_restrictions
 from .frontends.tls import TlsFiles
@@ -46,6 +48,13 @@ def message_size(value: str) -> int:
     number = int(value)
     if not 0 <= number <= MAX_MESSAGE_SIZE:
         raise argparse.ArgumentTypeError(f"must be 0-{MAX_MESSAGE_SIZE}, got {value}")
+    return number
+
+
+def non_negative_seconds(value: str) -> float:
+    number = float(value)
+    if not number >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return number
 
 
@@ -91,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-info", type=boolean, default=True)
     add("--disable-auto-complete-config", action="store_true")
     add("--http-max-input-size", type=non_negative, default=DEFAULT_MAX_INPUT_SIZE)
+    add("--http-max-url-size", type=non_negative, default=DEFAULT_MAX_URL_SIZE,
+        metavar="BYTES", help="longest request URL; longer is refused with 414")
+    add("--http-max-header-size", type=non_negative, default=DEFAULT_MAX_HEADER_SIZE,
+        metavar="BYTES", help="most bytes of request header fields, all together; more is "
+        "refused with 431")
+    add("--http-header-timeout-secs", type=non_negative_seconds,
+        default=DEFAULT_HEADER_TIMEOUT_SECS, metavar="SECONDS",
+        help="time a request head may take to arrive (0: no limit); then 408 and close")
     add("--metrics-config", action="append", type=key_value, default=[],
         help="KEY=VALUE, e.g. summary_latencies=true")
     add("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
@@ -150,6 +167,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         log_verbose=args.log_verbose,
         disable_auto_complete_config=args.disable_auto_complete_config,
         http_max_input_size=args.http_max_input_size,
+        http_max_url_size=args.http_max_url_size,
+        http_max_header_size=args.http_max_header_size,
+        http_header_timeout_secs=args.http_header_timeout_secs,
         metrics_config=dict(args.metrics_config),
         http_restricted=parse_restrictions(args.http_restricted_api),
         grpc_restricted=parse_restrictions(args.grpc_restricted_protocol),

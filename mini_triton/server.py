@@ -14,7 +14,9 @@ from pathlib import Path
 from .core.collector import settle_garbage_collector
 from .core.response_cache import ResponseCache
 from .frontends import grpc_server
-from .frontends.http_protocol import HttpReply, HttpRequest, serve_async, start_server
+from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
+                                      DEFAULT_MAX_URL_SIZE, HeadLimits, HttpReply,
+                                      HttpRequest, serve_async, start_server)
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
 from .frontends.tls import TlsError, TlsFiles, server_context
 from .metrics import Metrics, MetricsOptions
@@ -64,6 +66,9 @@ class Settings:
     log_verbose: int = 0
     disable_auto_complete_config: bool = False
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
+    http_max_url_size: int = DEFAULT_MAX_URL_SIZE
+    http_max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+    http_header_timeout_secs: float = DEFAULT_HEADER_TIMEOUT_SECS  # 0: no timeout
     metrics_config: dict = field(default_factory=dict)
     http_restricted: dict = field(default_factory=dict)  # API group → Restriction
     grpc_restricted: dict = field(default_factory=dict)
@@ -159,11 +164,17 @@ class Server:
     async def _listen(self, app, address: str, port: int, ssl_context=None) -> int:
         try:
             server, bound = await start_server(app, error_reply, address, port,
-                                               self.settings.http_max_input_size, ssl_context)
+                                               self.settings.http_max_input_size, ssl_context,
+                                               self._head_limits())
         except OSError as error:
             raise StartupError(f"cannot listen on {address}:{port}: {error.strerror}") from None
         self._listeners.append(server)
         return bound
+
+    def _head_limits(self) -> HeadLimits:
+        settings = self.settings
+        return HeadLimits(settings.http_max_url_size, settings.http_max_header_size,
+                          settings.http_header_timeout_secs)
 
     async def _serve_metrics(self, request: HttpRequest) -> HttpReply:
         if request.path != "/metrics":

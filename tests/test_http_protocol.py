@@ -209,10 +209,11 @@ class RecordingTransport:
 
 
 def protocol_with(app):
-    from mini_triton.frontends.http_protocol import HttpProtocol, HttpReply
+    from mini_triton.frontends.http_protocol import HeadLimits, HttpProtocol, HttpReply
 
+    # No running event loop here, so no header timer.
     protocol = HttpProtocol(app, lambda status, message: HttpReply(status, message.encode()),
-                            4096, set())
+                            4096, set(), HeadLimits(header_timeout_secs=0))
     transport = RecordingTransport()
     protocol.connection_made(transport)
     return protocol, transport
