@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import SERVER_NAME, __version__
+from . import TRITON_NAME, TRITON_VERSION
 from .core.classification import classify, read_labels
 from .core.cuda_shared_memory import CudaSharedMemoryRegistry
 from .core.errors import Code, TritonError, invalid_arg, unsupported
+from .core.names import check_model_name
 from .core.request import FinalAnswer, InferenceRequest, InferenceResponse, ResponseStream
 from .core.response_cache import ResponseCache
 from .core.shared_memory import SharedMemoryRegistry
@@ -28,9 +29,10 @@ SHM_REGION = "shared_memory_region"
 SHM_SIZE = "shared_memory_byte_size"
 SHM_OFFSET = "shared_memory_offset"
 
-# The protocol extensions this server implements end to end.
+# The protocol extensions this server implements end to end, in Triton's order.
 EXTENSIONS = (
     "classification",
+    "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
     "schedule_policy",
@@ -76,7 +78,7 @@ class InferenceService:
         return self.manager.all_ready() if self.strict_readiness else True
 
     def server_metadata(self) -> dict:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+        return {"name": TRITON_NAME, "version": TRITON_VERSION, "extensions": list(EXTENSIONS)}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.manager.is_ready(name, version)
@@ -297,14 +299,22 @@ class InferenceService:
     # --- statistics ---
 
     def model_statistics(self, name: str = "", version: str = "") -> list[dict]:
-        if name:
+        versions = self._serving_versions(name, version) if name \
+            else self.manager.loaded_versions()
+        return [_statistics(v) for v in sorted(versions, key=lambda v: (v.name, v.version))]
+
+    def _serving_versions(self, name: str, version: str) -> list[LoadedVersion]:
+        """The versions whose statistics a request names; Triton's one INVALID_ARG for
+        a model (or version) that is unknown, failed or unloaded."""
+        check_model_name(name)
+        try:
             versions = ([self.manager.get(name, version)] if version
                         else list(self.manager.record(name).versions.values()))
-            if not versions:
-                self.manager.get(name, version)  # raises Triton's error
-        else:
-            versions = self.manager.loaded_versions()
-        return [_statistics(v) for v in sorted(versions, key=lambda v: (v.name, v.version))]
+        except TritonError:
+            versions = []
+        if not versions:
+            raise invalid_arg(f"requested model '{name}' is not available")
+        return versions
 
 
 def _apply_plan(tensor: Tensor, plan, loaded: LoadedVersion, batched: bool) -> Tensor:

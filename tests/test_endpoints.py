@@ -18,14 +18,33 @@ def test_server_live_and_ready(proto):
     assert proto.client.is_server_ready()
 
 
-def test_server_metadata_names_working_extensions(proto):
+# What Triton 2.51 answers on GET /v2 (the extensions in its order): NVIDIA's example
+# clients check the name.
+TRITON_EXTENSIONS = ["classification", "sequence", "model_repository",
+                     "model_repository(unload_dependents)", "schedule_policy",
+                     "model_configuration", "system_shared_memory", "cuda_shared_memory",
+                     "binary_tensor_data", "parameters", "statistics", "trace", "logging"]
+
+
+def test_server_metadata_answers_as_triton(proto):
     metadata = proto.client.get_server_metadata()
     if proto.name == "grpc":
-        name, extensions = metadata.name, list(metadata.extensions)
+        name, version, extensions = metadata.name, metadata.version, list(metadata.extensions)
     else:
-        name, extensions = metadata["name"], metadata["extensions"]
-    assert name == "mini_triton"
-    assert "binary_tensor_data" in extensions and "statistics" in extensions
+        name, version, extensions = metadata["name"], metadata["version"], \
+            metadata["extensions"]
+    assert (name, version) == ("triton", "2.51.0")
+    assert extensions == TRITON_EXTENSIONS
+
+
+def test_version_flag_names_the_project():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "mini_triton", "--version"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0
+    assert done.stdout.strip() == "mini_triton 0.1.0 (serves the API of Triton 2.51.0)"
 
 
 def test_model_ready(proto):

@@ -126,14 +126,21 @@ class ModelRepositoryManager:
         """Load what the mode loads at start-up (explicit: only `names`, '*' = all);
         returns the records that failed."""
         folders = self.model_folders()
+        never_loaded = []  # named models with no record: not found, or refused by name
         if self.mode == "explicit":
             wanted = folders if "*" in (names or []) else {n: None for n in names or []}
             for name in wanted:
-                self.load(name, check_mode=False)
+                try:
+                    self.load(name, check_mode=False)
+                except TritonError as error:  # one failure must not stop the others
+                    if name not in self.records:
+                        log.error("%s", error.message)
+                        never_loaded.append(ModelRecord(name, None, reason=error.message))
         else:
             for name in _dependencies_first(folders, self._peek_steps):
                 self._load_folder(name, folders[name])
-        return [r for r in self.records.values() if r.state != State.READY and not r.unloaded]
+        return [r for r in self.records.values()
+                if r.state != State.READY and not r.unloaded] + never_loaded
 
     def load_all(self) -> list[ModelRecord]:
         return self.load_startup(["*"])
@@ -196,7 +203,7 @@ class ModelRepositoryManager:
         check_model_name(name)
         with self.lock:
             if name not in self.records and name not in self.model_folders():
-                raise invalid_arg(f"failed to unload '{name}': model '{name}' is not found")
+                return  # nothing to unload: success, as Triton, so "unload, load" scripts work
             self._unload(name, "unloaded")
             if unload_dependents:
                 for dependent in self._dependents(name):
@@ -234,8 +241,8 @@ class ModelRepositoryManager:
                     "state")
             return loaded
         versions = record.versions
-        if not versions:
-            raise unavailable(f"Request for unknown model: '{name}' has no available versions")
+        if not versions:  # failed or unloaded: NOT_FOUND, as Triton (clients retry a 503)
+            raise not_found(f"Request for unknown model: '{name}' has no available versions")
         return versions[max(versions)]
 
     def record(self, name: str) -> ModelRecord:

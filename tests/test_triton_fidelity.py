@@ -1,0 +1,73 @@
+"""Answers that match Triton 2.51's on the same repository (each checked against a
+real Triton): failed and unloaded models, unloading what is not there, statistics of
+models that are not serving, and an explicit start-up where one model fails."""
+
+from __future__ import annotations
+
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from conftest import STATUS, connect, server_settings
+from mini_triton.server import ServerThread
+from test_lifecycle import echo, write_model
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repository = tmp_path_factory.mktemp("fidelity")
+    write_model(repository, "good")
+    write_model(repository, "gone")
+    (repository / "broken" / "1").mkdir(parents=True)
+    (repository / "broken" / "config.pbtxt").write_text(
+        'name: "broken"\nbackend: "no_such_backend"\n')
+    settings = server_settings(repository, model_control_mode="explicit", exit_on_error=False,
+                               load_models=["good", "gone", "broken", "not_in_repository"])
+    with ServerThread(settings) as running:
+        yield running
+
+
+@pytest.fixture(params=["http", "grpc"])
+def client(request, server):
+    protocol = connect(request.param, server)
+    yield protocol
+    protocol.client.close()
+
+
+def test_explicit_start_up_serves_the_models_that_loaded(client):
+    """--exit-on-error=false: one failed --load-model does not stop the others."""
+    echo(client, "good")
+    assert not client.client.is_model_ready("broken")
+
+
+def test_a_model_that_failed_to_load_is_not_found(client):
+    for call in (lambda: client.client.get_model_metadata("broken"),
+                 lambda: client.client.get_model_config("broken")):
+        with pytest.raises(InferenceServerException) as caught:
+            call()
+        assert client.status_of(caught.value) == STATUS[client.name]["NOT_FOUND"]
+        assert "Request for unknown model: 'broken' has no available versions" in \
+            caught.value.message()
+
+
+def test_an_unloaded_model_is_not_found(client):
+    client.client.load_model("gone")
+    client.client.unload_model("gone")
+    with pytest.raises(InferenceServerException) as caught:
+        client.client.get_model_metadata("gone")
+    assert client.status_of(caught.value) == STATUS[client.name]["NOT_FOUND"]
+
+
+def test_unloading_a_model_that_is_not_there_succeeds(client):
+    client.client.unload_model("never_heard_of_it")
+    client.client.unload_model("never_heard_of_it")
+    client.client.load_model("good")  # "unload, then load" scripts go on
+    echo(client, "good")
+
+
+@pytest.mark.parametrize("name, version", [("broken", ""), ("never_heard_of_it", ""),
+                                           ("good", "9")])
+def test_statistics_of_a_model_not_serving_is_invalid(client, name, version):
+    with pytest.raises(InferenceServerException) as caught:
+        client.client.get_inference_statistics(name, version)
+    assert client.status_of(caught.value) == STATUS[client.name]["INVALID_ARG"]
+    assert f"requested model '{name}' is not available" in caught.value.message()
