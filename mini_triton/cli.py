@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from . import TRITON_VERSION, __version__
 from .core.response_cache import parse_cache_config
 from .frontends.grpc_server import MAX_MESSAGE_SIZE
 from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
@@ -72,11 +73,16 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def version_line() -> str:
+    return f"mini_triton {__version__} (serves the API of Triton {TRITON_VERSION})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="mini-triton", description=(
         "A Triton-compatible inference server. Subcommand: "
         "'mini-triton check-config PATH...' checks config.pbtxt files."))
     add = parser.add_argument
+    add("--version", action="version", version=version_line())
     add("--model-repository", "--model-store", action="append", type=Path,
         dest="model_repository", help="model repository folder (repeatable)")
     add("--http-port", type=port, default=8000)

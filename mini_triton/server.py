@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import TRITON_VERSION, __version__
 from .core.collector import settle_garbage_collector
 from .core.response_cache import ResponseCache
 from .frontends import grpc_server
@@ -108,6 +109,7 @@ class Server:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.service.loop = loop
+        log.info("mini_triton %s (serves the API of Triton %s)", __version__, TRITON_VERSION)
         http_tls = self._check_tls()
         await loop.run_in_executor(None, self._load_models)
         if self.settings.allow_grpc:
