@@ -738,16 +738,19 @@ def test_grpc_message_is_percent_encoded_utf8(server):
 
 
 def test_long_trailers_are_split_into_continuation_frames(server):
-    name = "m" * 40_000  # its error message does not fit one 16 KiB frame
+    name = "i" * 40_000  # an input's name, echoed in an error that does not fit 16 KiB
+    request = pb.ModelInferRequest(model_name="identity_fp32")
+    request.inputs.add(name=name, datatype="FP32", shape=[1, 2])
+    request.raw_input_contents.append(np.zeros(2, np.float32).tobytes())
     with H2(server.ports["grpc"]) as client:
-        client.call(1, INFER, infer_request(VALUES, model=name))
+        client.call(1, INFER, request.SerializeToString())
         response = client.response(1)
         assert [(f.kind, f.flags) for f in response.frames] == \
             [(HEADERS, END_STREAM), (CONTINUATION, 0), (CONTINUATION, END_HEADERS)]
         assert [len(f.payload) for f in response.frames[:2]] == [16_384, 16_384]
         assert response.trailers == [
-            ("grpc-status", "5"),
-            ("grpc-message", f"Request for unknown model: '{name}' is not found")]
+            ("grpc-status", "3"),
+            ("grpc-message", f"unexpected inference input '{name}' for model 'identity_fp32'")]
         client.call(3, INFER, infer_request(VALUES))  # the HPACK state is still in step
         assert_identity(client.response(3), VALUES)
 
