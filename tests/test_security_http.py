@@ -6,6 +6,7 @@ limit, and the server must go on serving a stock client afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import select
@@ -219,11 +220,58 @@ def test_one_endless_header_value_is_431_before_the_client_finished_sending(serv
     assert_serves_normally(server.ports["http"])
 
 
+def chunked(*parts: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts)
+
+
+def test_one_endless_trailer_is_431_before_the_client_finished_sending(server):
+    """Trailers after a chunked body are header fields too, gathered by httptools
+    the same way."""
+    start = (f"POST {INFER_PATH} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+             .encode() + chunked(b"{}") + b"0\r\nX-Endless: ")
+    with connect(server.ports["http"]) as sock:
+        sent = send_until_answered(sock, start, iter(lambda: b"v" * 8192, None))
+        status, _, body = parse_reply(read_until_closed(sock))
+    assert sent < ATTACK_BUDGET // 4, "the server read on instead of refusing the trailer"
+    assert status == 431 and "--http-max-header-size" in error_of(body)
+    assert_serves_normally(server.ports["http"])
+
+
+def test_a_chunked_body_of_large_chunks_in_small_pieces_is_served(server):
+    """Chunk sizes, chunk data and a trailer sent apart: only the trailer's bytes
+    count as header bytes."""
+    document = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
+                                       "data": [1, 2]}], "pad": "p" * (MAX_BODY // 2)}).encode()
+    middle = len(document) // 2
+    message = (f"POST {INFER_PATH} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+               "Connection: close\r\n\r\n".encode()
+               + chunked(document[:middle], document[middle:]) + b"0\r\nX-Trailer: t\r\n\r\n")
+    with connect(server.ports["http"]) as sock:
+        for offset in range(0, len(message), 65536):
+            sock.sendall(message[offset:offset + 65536])
+        status, _, reply = parse_reply(read_until_closed(sock))
+    assert status == 200, reply
+
+
 def test_a_header_block_over_the_limit_in_one_piece_is_431(server):
     with connect(server.ports["http"]) as sock:
         sock.sendall(HEAD_START + b"X-Big: " + b"v" * 2 * MAX_HEADERS + b"\r\n\r\n")
         status, _, body = parse_reply(read_until_closed(sock))
     assert status == 431 and "--http-max-header-size" in error_of(body)
+
+
+def test_the_router_remembers_only_short_paths():
+    """Matched paths are cached for speed; long ones (no model name is longer than 255
+    bytes) would let junk URLs hold megabytes for good."""
+    from mini_triton.frontends.http_protocol import HttpReply, Router
+
+    router = Router(lambda message: HttpReply(404))
+    router.add("GET", "/v2/models/{model}/ready", lambda request: None)
+    for number in range(100):
+        handler, params, _ = router.resolve("GET", f"/v2/models/{number:04}{'m' * 4000}/ready")
+        assert handler is not None and params["model"].startswith(f"{number:04}")
+    router.resolve("GET", "/v2/models/short/ready")
+    assert list(router.matched) == ["/v2/models/short/ready"]
 
 
 def test_heads_just_within_the_limits_are_served(server):
@@ -333,6 +381,54 @@ def test_the_chunk_a_head_begins_in_is_not_counted_against_it():
                            + body + b"GET /second HTTP/1.1\r\nHo")
     protocol.data_received(b"st: x\r\n\r\n")
     assert paths == ["/first", "/second"]
+
+
+class HalfClosingTransport:
+    """A transport that can close for writing, and refuses writes after that."""
+
+    def __init__(self):
+        self.written = bytearray()
+        self.eof = self.closed = False
+
+    def writelines(self, chunks) -> None:
+        assert not self.eof and not self.closed, "written after the connection ended"
+        for chunk in chunks:
+            self.written += chunk
+
+    def write(self, data) -> None:
+        self.writelines([data])
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_data_after_a_connection_close_request_ends_with_that_reply():
+    """The client asked to close after its request: its reply is written, then the
+    connection closes, and the refusal of what followed is never written."""
+    from mini_triton.frontends.http_protocol import HeadLimits, HttpProtocol, HttpReply
+
+    async def scenario():
+        exchanges = []
+        protocol = HttpProtocol(lambda request, exchange: exchanges.append(exchange),
+                                lambda status, message: HttpReply(status, message.encode()),
+                                4096, set(), HeadLimits(header_timeout_secs=0))
+        transport = HalfClosingTransport()
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET /slow HTTP/1.1\r\nConnection: close\r\n\r\nMORE")
+        exchanges[0].answer(HttpReply(200, b"done"))
+        assert transport.written.startswith(b"HTTP/1.1 200 ") and transport.closed
+        assert transport.written.endswith(b"done")
+
+    asyncio.run(scenario())
 
 
 # --- 100-continue ---

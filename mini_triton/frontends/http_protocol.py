@@ -163,8 +163,11 @@ class Router:
     """Exact paths in a dict, parameterised paths as anchored regexes."""
 
     # Paths matched by a pattern are remembered (an inference path would otherwise be
-    # tried against several patterns per request), up to this many.
+    # tried against several patterns per request), up to this many, and only paths up
+    # to this long: no model name is longer than 255 bytes, and long junk paths must
+    # not hold memory after their requests.
     MATCHED_PATHS = 4096
+    MATCHED_PATH_LENGTH = 512
 
     def __init__(self, not_found: Callable[[str], HttpReply]):
         self.exact: dict[str, dict[str, Handler]] = {}
@@ -203,11 +206,15 @@ class Router:
             match = pattern.match(path)
             if match:
                 params = {k: unquote(v) for k, v in match.groupdict().items()}
-                if len(self.matched) >= self.MATCHED_PATHS:
-                    self.matched.clear()
-                self.matched[path] = (methods, params)
+                if len(path) <= self.MATCHED_PATH_LENGTH:
+                    self._remember(path, methods, params)
                 return methods, params
         return None, {}
+
+    def _remember(self, path: str, methods: dict[str, Handler], params: dict) -> None:
+        if len(self.matched) >= self.MATCHED_PATHS:
+            self.matched.clear()
+        self.matched[path] = (methods, params)
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -233,9 +240,12 @@ class HttpProtocol(asyncio.Protocol):
         self._too_large = False
         self._exchanges: collections.deque[Exchange] = collections.deque()  # unwritten
         self._closing = False  # the server stops: close once the replies under way are out
-        self._head_open = False  # a request head has begun and not ended
-        # Raw bytes of the open head seen in chunks after the one it began in (-1: it
-        # began in the chunk being parsed).
+        self._head_open = False  # a request head has begun and not ended (timed)
+        # Header fields are being read, in a head or in the trailers after a chunked
+        # body: their raw bytes are counted (see _count_head_chunk).
+        self._in_fields = False
+        # Raw bytes of those fields seen in chunks after the one they began in (-1:
+        # they began in the chunk being parsed).
         self._head_bytes = 0
         self._heads_begun = 0
         self._head_timer: asyncio.TimerHandle | None = None
@@ -268,7 +278,7 @@ class HttpProtocol(asyncio.Protocol):
         except httptools.HttpParserError as error:
             self._refuse(400, f"malformed HTTP request: {error}")
             return
-        if self._head_open:
+        if self._in_fields:
             self._count_head_chunk(len(data))
 
     def connection_lost(self, exc) -> None:
@@ -288,7 +298,8 @@ class HttpProtocol(asyncio.Protocol):
         self._url, self._headers, self._body, self._size = b"", {}, [], 0
         self._too_large = False
         self._header_bytes = 0
-        self._head_open, self._head_bytes = True, -1
+        self._head_open = self._in_fields = True
+        self._head_bytes = -1
         self._heads_begun += 1
         if self._head_timer is None or self._heads_begun == 1:
             self._time_this_head()
@@ -307,14 +318,19 @@ class HttpProtocol(asyncio.Protocol):
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        self._head_open = False
+        self._head_open = self._in_fields = False
         if self._headers.get("expect", "").lower() == "100-continue":
             # A body that will be refused is not asked for.
             if _declared_length(self._headers) > self.max_body:
                 raise _Refusal(413, self._body_too_large())
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
+    def on_chunk_header(self) -> None:
+        # Trailers may follow (after the last chunk's size line): count until data.
+        self._in_fields, self._head_bytes = True, -1
+
     def on_body(self, body: bytes) -> None:
+        self._in_fields = False  # chunk data, not trailers
         self._size += len(body)
         if self._size > self.max_body:
             self._too_large = True
@@ -323,6 +339,7 @@ class HttpProtocol(asyncio.Protocol):
             self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_fields = False  # the trailers, if any, have ended
         method = self.parser.get_method().decode()
         path = httptools.parse_url(self._url).path.decode("latin-1")
         headers = self._headers
@@ -368,10 +385,10 @@ class HttpProtocol(asyncio.Protocol):
 
     def _count_head_chunk(self, size: int) -> None:
         """httptools gathers a header's name and value out of our sight until the
-        header ends, so the bytes of a head that spans chunks are counted here too:
-        one endless header is refused like many. The chunk a head began in is not
-        counted (part of it may be the message before), so a head is cut off at most
-        one chunk past the limit."""
+        header ends, so the bytes of header fields that span chunks are counted here
+        too: one endless header (or trailer) is refused like many. The chunk they
+        began in is not counted (part of it may be the message or chunk before), so
+        they are cut off at most one chunk past the limit."""
         if self._head_bytes < 0:
             self._head_bytes = 0
             return
@@ -423,7 +440,7 @@ class HttpProtocol(asyncio.Protocol):
     def _refuse(self, status: int, message: str) -> None:
         """Answer `status` after the replies before it, read nothing more, and close."""
         self._refused = True
-        self._head_open = False
+        self._head_open = self._in_fields = False
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -433,9 +450,11 @@ class HttpProtocol(asyncio.Protocol):
 
     def _end_connection(self) -> None:
         """Close after the last reply; after a refusal, close for writing now and
-        fully once the client has read (or LINGER_SECS passed)."""
+        fully once the client has read (or LINGER_SECS passed). A reply that closes
+        the connection while the refusal waits behind it closes it at once: the
+        client asked to close, and the refusal is of what it sent after asking."""
         transport = self.transport
-        if self._refused and transport.can_write_eof():
+        if self._refused and not self._exchanges and transport.can_write_eof():
             transport.write_eof()
             self._linger_timer = asyncio.get_running_loop().call_later(LINGER_SECS,
                                                                        transport.close)
