@@ -242,11 +242,11 @@ class HttpProtocol(asyncio.Protocol):
         self._closing = False  # the server stops: close once the replies under way are out
         self._head_open = False  # a request head has begun and not ended (timed)
         # Header fields are being read, in a head or in the trailers after a chunked
-        # body: their raw bytes are counted (see _count_head_chunk).
+        # body: their raw bytes are counted (see _count_raw_fields).
         self._in_fields = False
         # Raw bytes of those fields seen in chunks after the one they began in (-1:
         # they began in the chunk being parsed).
-        self._head_bytes = 0
+        self._raw_field_bytes = 0
         self._heads_begun = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False  # a refusal is queued: nothing more is parsed
@@ -279,7 +279,7 @@ class HttpProtocol(asyncio.Protocol):
             self._refuse(400, f"malformed HTTP request: {error}")
             return
         if self._in_fields:
-            self._count_head_chunk(len(data))
+            self._count_raw_fields(len(data))
 
     def connection_lost(self, exc) -> None:
         self.transport = None
@@ -299,7 +299,7 @@ class HttpProtocol(asyncio.Protocol):
         self._too_large = False
         self._header_bytes = 0
         self._head_open = self._in_fields = True
-        self._head_bytes = -1
+        self._raw_field_bytes = -1
         self._heads_begun += 1
         if self._head_timer is None or self._heads_begun == 1:
             self._time_this_head()
@@ -327,7 +327,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_chunk_header(self) -> None:
         # Trailers may follow (after the last chunk's size line): count until data.
-        self._in_fields, self._head_bytes = True, -1
+        self._in_fields, self._raw_field_bytes = True, -1
 
     def on_body(self, body: bytes) -> None:
         self._in_fields = False  # chunk data, not trailers
@@ -383,17 +383,17 @@ class HttpProtocol(asyncio.Protocol):
                                               f"unable to decode the request body: {error}"))
         return None
 
-    def _count_head_chunk(self, size: int) -> None:
+    def _count_raw_fields(self, size: int) -> None:
         """httptools gathers a header's name and value out of our sight until the
         header ends, so the bytes of header fields that span chunks are counted here
         too: one endless header (or trailer) is refused like many. The chunk they
         began in is not counted (part of it may be the message or chunk before), so
         they are cut off at most one chunk past the limit."""
-        if self._head_bytes < 0:
-            self._head_bytes = 0
+        if self._raw_field_bytes < 0:
+            self._raw_field_bytes = 0
             return
-        self._head_bytes += size
-        if self._head_bytes > self.max_head_bytes:
+        self._raw_field_bytes += size
+        if self._raw_field_bytes > self.max_head_bytes:
             self._refuse(431, self._headers_too_large())
 
     def _time_this_head(self) -> None:
