@@ -2,7 +2,10 @@
 # Install what tests/test_deploy.py runs for real: docker-compose (to render
 # and check docker-compose.yml), Prometheus and promtool (to check the config
 # and to scrape a live server), kubernetes-validate (Kubernetes schemas) and
-# hatchling (to build the wheel from the Docker build context).
+# hatchling (to build the wheel from the Docker build context); and the
+# independent HTTP/2 stacks the interop tests drive: h2load (nghttp2-client)
+# and Node with @grpc/grpc-js (npm ci in tests/interop, versions from its
+# package-lock.json).
 #
 # Debian, as root; safe to run again. No container engine is installed or
 # started: docker-compose only renders the file here.
@@ -28,6 +31,9 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
     missing+=(prometheus)
 fi
+command -v h2load >/dev/null 2>&1 || missing+=(nghttp2-client)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if ((${#missing[@]})); then
     if [[ "$(id -u)" != 0 ]]; then
@@ -50,7 +56,14 @@ fi
 "${python}" -m pip install -q --disable-pip-version-check \
     "kubernetes-validate>=1.28" "hatchling>=1.21"
 
+# Exactly the locked versions; no install scripts (none of these packages needs one).
+(cd "${here}/tests/interop" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+
 docker-compose version --short
 promtool --version 2>&1 | head -n 1
 prometheus --version 2>&1 | head -n 1
+h2load --version
+echo "node $(node --version)"
+(cd "${here}/tests/interop" \
+    && node -e "console.log('@grpc/grpc-js', require('@grpc/grpc-js/package.json').version)")
 "${python}" -c "import hatchling; from kubernetes_validate.version import __version__ as v; print('kubernetes-validate', v)"
