@@ -84,6 +84,17 @@ class StartupError(RuntimeError):
     """The server cannot serve (a model failed to load with --exit-on-error)."""
 
 
+def check_repositories(repositories: list[Path]) -> None:
+    """Each --model-repository must be a folder: a typo stops the server at start-up
+    with Triton's words, instead of serving no models and reporting ready."""
+    for repository in repositories:
+        if not Path(repository).exists():
+            raise StartupError(f"creating server: Internal - failed to stat file {repository}")
+        if not Path(repository).is_dir():
+            raise StartupError("creating server: Invalid argument - repository path is not "
+                               "a valid directory")
+
+
 class Server:
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -111,6 +122,7 @@ class Server:
         self.service.loop = loop
         log.info("mini_triton %s (serves the API of Triton %s)", __version__, TRITON_VERSION)
         http_tls = self._check_tls()
+        check_repositories(self.settings.model_repositories)
         await loop.run_in_executor(None, self._load_models)
         if self.settings.allow_grpc:
             await self._start_grpc()

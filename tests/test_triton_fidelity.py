@@ -71,3 +71,21 @@ def test_statistics_of_a_model_not_serving_is_invalid(client, name, version):
         client.client.get_inference_statistics(name, version)
     assert client.status_of(caught.value) == STATUS[client.name]["INVALID_ARG"]
     assert f"requested model '{name}' is not available" in caught.value.message()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: tmp / "typo", "creating server: Internal - failed to stat file {path}"),
+    (lambda tmp: (tmp / "file").write_text("") or tmp / "file",
+     "creating server: Invalid argument - repository path is not a valid directory"),
+])
+def test_a_repository_that_is_not_a_folder_stops_the_server(tmp_path, make, message):
+    import subprocess
+    import sys
+
+    path = make(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "mini_triton", f"--model-repository={path}",
+                           "--http-port=0", "--grpc-port=0", "--metrics-port=0"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert message.format(path=path) in done.stderr
+    assert "Started" not in done.stderr
