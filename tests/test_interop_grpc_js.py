@@ -150,8 +150,9 @@ def test_32_mib_messages(run):
         assert round_["shape"] == [1, elements]
         assert round_["bytes"] == len(expected)
         assert round_["equal"] and round_["sha256"] == digest
-    # grpc-js's own 4 MiB receive limit, unchanged, refuses the 32 MiB answer.
-    assert result["default_limit"]["code"] == RESOURCE_EXHAUSTED
+    # grpc-js's own 4 MiB receive limit, unchanged, refuses the 32 MiB answer midway;
+    # the next call on that connection is answered.
+    assert result["default_limit"] == {"code": RESOURCE_EXHAUSTED, "after": [9.0]}
 
 
 def test_compressed_messages(run):
@@ -172,10 +173,10 @@ def test_deadlines(run):
     assert result["unary"]["code"] == DEADLINE_EXCEEDED
     stream = result["stream"]
     assert stream["code"] == DEADLINE_EXCEEDED
-    # 150 ms apart against 400 ms: the first responses arrive, the call ends on time.
-    assert repeated(stream["responses"], "d") == [(10, 0), (11, 1)][:len(stream["responses"])]
-    assert 1 <= len(stream["responses"]) <= 3
-    assert stream["ms"] < 2000
+    # Responses at 50 and 1050 ms against 500 ms: only the first arrives, the call ends
+    # at its deadline, not with the model.
+    assert repeated(stream["responses"], "d") == [(10, 0)]
+    assert stream["ms"] < 1000
     assert values_of(result["within_deadline"]) == {"OUTPUT0": f32([3] * 4),
                                                     "OUTPUT1": f32([-1] * 4)}
     assert result["live_after"] is True
@@ -227,8 +228,7 @@ def test_bidi_stream_to_decoupled_model(run):
     assert [(r["id"], r["outputs"]) for r in finals] == [("b", {})]
     b = [r for r in responses if r["id"] == "b"]
     assert b[-1]["final"] is True
-    assert all(r["final"] is False for r in responses
-               if r["id"] in "ac" and not r["error"])
+    assert all(r["final"] is False for r in responses if r["id"] in ("a", "c"))
     # A failed request is reported in the stream, which goes on.
     errors = [r for r in responses if r["error"]]
     assert [(r["id"], r["error"]) for r in errors] == [

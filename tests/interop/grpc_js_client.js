@@ -283,14 +283,17 @@ const scenarios = {
         sha256: crypto.createHash('sha256').update(output).digest('hex'),
       });
     }
-    // A client that keeps grpc-js's default 4 MiB receive limit refuses the answer itself.
+    // A client that keeps grpc-js's default 4 MiB receive limit resets the stream in the
+    // middle of the 32 MiB answer; the connection goes on.
     const small = connect();
     const refused = await outcome(unary(small, 'ModelInfer', request));
+    const afterReset = await unary(small, 'ModelInfer', identityRequest('identity_fp32', [9]));
     small.close();
     client.close();
     return { request_bytes: input.length,
              input_sha256: crypto.createHash('sha256').update(input).digest('hex'),
-             rounds, default_limit: { code: refused.code } };
+             rounds, default_limit: { code: refused.code,
+                                      after: decode(afterReset.raw_output_contents[0], 'FP32') } };
   },
 
   async gzip() {
@@ -328,10 +331,10 @@ const scenarios = {
     const unaryLate = await outcome(unary(client, 'ModelInfer',
                                           identityRequest('batched_identity_delay', [1, 2]),
                                           { deadline: 2 }));
-    // Five responses 150 ms apart against a 400 ms deadline.
+    // One response at 50 ms, the next at 1050 ms, against a 500 ms deadline.
     const started = Date.now();
-    const stream = openStream(client, { deadline: 400 });
-    stream.call.write(repeatRequest([10, 11, 12, 13, 14], [150, 150, 150, 150, 150], 'd'));
+    const stream = openStream(client, { deadline: 500 });
+    stream.call.write(repeatRequest([10, 11, 12], [50, 1000, 1000], 'd'));
     const end = await stream.ended;
     const streamMs = Date.now() - started;
     const roomy = await unary(client, 'ModelInfer', addSubRequest([1, 1, 1, 1], [2, 2, 2, 2]),
@@ -349,14 +352,17 @@ const scenarios = {
 
   async cancel() {
     const client = connect();
-    // A call cancelled while its neighbour on the same connection goes on.
-    const call = unary(client, 'ModelInfer', identityRequest('batched_identity_delay', [3]));
-    const unaryCall = client.ModelInfer(identityRequest('batched_identity_delay', [4]),
-                                        (error) => { unaryCall.cancelledWith = error; });
-    unaryCall.cancel();
-    await new Promise((resolve) => setImmediate(resolve));
-    const first = await call;
-    await new Promise((resolve) => setTimeout(resolve, 50));
+    // A call cancelled after it was sent (its answer takes 10 ms or more), while its
+    // neighbour on the same connection goes on. Node runs due timers before it reads
+    // the socket, so the cancel always comes first.
+    const neighbour = unary(client, 'ModelInfer', identityRequest('batched_identity_delay', [3]));
+    const cancelled = new Promise((resolve) => {
+      const call = client.ModelInfer(identityRequest('batched_identity_delay', [4]),
+                                     (error) => resolve(error));
+      setTimeout(() => call.cancel(), 2);
+    });
+    const cancelledWith = await cancelled;
+    const neighbourAnswer = await neighbour;
 
     const values = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9];
     const stream = openStream(client);
@@ -373,8 +379,8 @@ const scenarios = {
     const afterEnd = await after.ended;
     client.close();
     return {
-      unary: { code: unaryCall.cancelledWith && unaryCall.cancelledWith.code,
-               uncancelled_neighbour: outputsOf(first) },
+      unary: { code: cancelledWith ? cancelledWith.code : Status.OK,
+               uncancelled_neighbour: outputsOf(neighbourAnswer) },
       stream: { code: end.code, ms: streamMs, received: stream.responses.length,
                 first: streamSummary(stream.responses[0]) },
       after: { code: afterEnd.code, responses: after.responses.map(streamSummary) },
