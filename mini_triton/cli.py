@@ -16,6 +16,10 @@ from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_H
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
 from .frontends.restrictions import parse_restrictions
 from .frontends.tls import TlsFiles
+from .logsettings import FORMATS as LOG_FORMATS
+from .tracing import Tracer
+from .triton_flags import (NOT_APPLICABLE, accepted_flags_given, add_accepted_flags,
+                           grouped_adder)
 from .server import Settings, run
 
 _TRUE = ("true", "1", "yes", "on", "t")
@@ -78,10 +82,13 @@ def version_line() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="mini-triton", description=(
+    parser = OneLineParser(prog="mini-triton", usage="mini-triton [FLAGS]", description=(
         "A Triton-compatible inference server. Subcommand: "
-        "'mini-triton check-config PATH...' checks config.pbtxt files."))
-    add = parser.add_argument
+        "'mini-triton check-config PATH...' checks config.pbtxt files. Every flag of "
+        "tritonserver 2.51 is accepted; those marked 'accepted' are not honoured here, and "
+        "say why."), add_help=False)
+    add = grouped_adder(parser)
+    add("--help", "-h", action="help", help="print this help and exit")
     add("--version", action="version", version=version_line())
     add("--model-repository", "--model-store", action="append", type=Path,
         dest="model_repository", help="model repository folder (repeatable)")
@@ -102,9 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--strict-readiness", type=boolean, default=True)
     add("--exit-on-error", type=boolean, default=True)
     add("--exit-timeout-secs", type=non_negative, default=30)
+    add("--id", default="triton", help="the server's name in the server metadata API")
     add("--log-verbose", type=non_negative, default=0)
     add("--log-info", type=boolean, default=True)
+    add("--log-warning", type=boolean, default=True)
+    add("--log-error", type=boolean, default=True)
+    add("--log-format", choices=("default", "ISO8601"), default="default")
+    add("--log-file", default="", help="log to this file instead of the console")
     add("--disable-auto-complete-config", action="store_true")
+    add("--strict-model-config", type=boolean, default=None,
+        help="deprecated: true is --disable-auto-complete-config")
     add("--http-max-input-size", type=non_negative, default=DEFAULT_MAX_INPUT_SIZE)
     add("--http-max-url-size", type=non_negative, default=DEFAULT_MAX_URL_SIZE,
         metavar="BYTES", help="longest request URL; longer is refused with 414")
@@ -128,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="response cache, e.g. local,size=1048576 (models opt in with response_cache)")
     add("--response-cache-byte-size", type=non_negative, default=None,
         help="deprecated form of --cache-config local,size=BYTES")
-    add_tls_flags(parser)
+    add_tls_flags(add)
+    add_trace_flags(add)
+    add_accepted_flags(parser, add)
     return parser
 
 
@@ -136,9 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
 TLS_PORTS = (("grpc", "gRPC"), ("http", "HTTP"))
 
 
-def add_tls_flags(parser: argparse.ArgumentParser) -> None:
+def add_tls_flags(add) -> None:
     for prefix, port_name in TLS_PORTS:
-        add = parser.add_argument
         add(f"--{prefix}-use-ssl", type=boolean, default=False,
             help=f"serve {port_name} over TLS only")
         add(f"--{prefix}-use-ssl-mutual", type=boolean, default=False,
@@ -159,6 +174,55 @@ def tls_files(args: argparse.Namespace, prefix: str, port_name: str) -> TlsFiles
                     getattr(args, f"{prefix}_root_cert"), mutual)
 
 
+def add_trace_flags(add) -> None:
+    add("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+        help="trace settings: file, level, rate, count, log-frequency, mode (repeatable)")
+    for name in ("trace-file", "trace-rate", "trace-count", "trace-log-frequency"):
+        add(f"--{name}", default=None, help=f"deprecated: --trace-config {name[6:]}=...")
+    add("--trace-level", action="append", default=[],
+        help="deprecated: --trace-config level=... (repeatable)")
+
+
+# --trace-config's settings → the trace API's keys (tracing.DEFAULTS).
+TRACE_KEYS = {"file": "trace_file", "level": "trace_level", "rate": "trace_rate",
+              "count": "trace_count", "log-frequency": "log_frequency", "mode": "trace_mode"}
+
+
+def trace_settings(args: argparse.Namespace) -> dict:
+    """The global trace settings the command line sets, as the trace API takes them.
+    The deprecated flags first, so that --trace-config wins, as in tritonserver."""
+    given = [(name[6:], value) for name, value in (
+        ("trace-file", args.trace_file), ("trace-rate", args.trace_rate),
+        ("trace-count", args.trace_count), ("trace-log-frequency", args.trace_log_frequency))
+        if value is not None]
+    given += [("level", level) for level in args.trace_level]
+    for item in args.trace_config:
+        setting, equals, value = item.partition("=")
+        mode, _, setting = setting.rpartition(",")
+        if mode and mode != "triton":
+            raise ValueError(f"--trace-config: trace mode '{mode}' is not supported (only "
+                             "'triton')")
+        if not equals or setting not in TRACE_KEYS:
+            raise ValueError(f"--trace-config: expected [MODE,]SETTING=VALUE with SETTING one "
+                             f"of {', '.join(TRACE_KEYS)}, got '{item}'")
+        given.append((setting, value))
+    settings: dict = {}
+    for setting, value in given:
+        key = TRACE_KEYS[setting]
+        if key == "trace_level":
+            settings.setdefault(key, []).append(value.upper())
+        else:
+            settings[key] = value
+    Tracer().update(settings)  # a bad value is the command line's error (ValueError)
+    return settings
+
+
+def log_settings(args: argparse.Namespace) -> dict:
+    return {"log_info": args.log_info, "log_warning": args.log_warning,
+            "log_error": args.log_error, "log_verbose_level": args.log_verbose,
+            "log_format": args.log_format, "log_file": args.log_file}
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         model_repositories=args.model_repository or [Path("model_repository")],
@@ -171,7 +235,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error, exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose,
-        disable_auto_complete_config=args.disable_auto_complete_config,
+        disable_auto_complete_config=args.disable_auto_complete_config
+        or bool(args.strict_model_config),
+        server_id=args.id, log_settings=log_settings(args), trace_settings=trace_settings(args),
         http_max_input_size=args.http_max_input_size,
         http_max_url_size=args.http_max_url_size,
         http_max_header_size=args.http_max_header_size,
@@ -188,11 +254,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
-def configure_logging(verbose: int, info: bool) -> None:
+def configure_logging(verbose: int, info: bool, log_format: str = "default") -> None:
     level = logging.DEBUG if verbose else (logging.INFO if info else logging.WARNING)
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(levelname).1s%(asctime)s %(process)d] %(message)s",
-                        datefmt="%m%d %H:%M:%S")
+    fmt, datefmt = LOG_FORMATS[log_format]
+    logging.basicConfig(level=level, stream=sys.stderr, format=fmt, datefmt=datefmt)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,8 +274,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     if args.load_model and args.model_control_mode != "explicit":
         parser.error("--load-model requires --model-control-mode=explicit")
-    configure_logging(args.log_verbose, args.log_info)
+    configure_logging(args.log_verbose, args.log_info, args.log_format)
+    log_accepted_flags(args)
     return run(settings)
+
+
+def log_accepted_flags(args: argparse.Namespace) -> None:
+    """Name, once, each tritonserver flag given that this server accepts but does not
+    honour: never silently ignored."""
+    log = logging.getLogger("mini_triton")
+    for flag, status, reason in accepted_flags_given(args):
+        if status == NOT_APPLICABLE:
+            log.info("%s is not applicable here (%s); ignored", flag, reason)
+        else:
+            log.warning("%s is accepted but not yet honoured: %s", flag, reason)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ DEFAULTS = {"log_file": "", "log_info": True, "log_warning": True, "log_error": 
             "log_verbose_level": 0, "log_format": "default"}
 _TYPES = {"log_file": str, "log_info": bool, "log_warning": bool, "log_error": bool,
           "log_verbose_level": int, "log_format": str}
-_FORMATS = {
+FORMATS = {
     "default": ("%(levelname).1s%(asctime)s %(process)d] %(message)s", "%m%d %H:%M:%S"),
     "ISO8601": ("%(asctime)s %(levelname).1s %(process)d] %(message)s", "%Y-%m-%dT%H:%M:%SZ"),
 }
@@ -69,7 +69,7 @@ class LogSettings:
         elif not path:
             self._set_file_handler(None)
         if self._file_handler is not None:
-            fmt, datefmt = _FORMATS[self.values["log_format"]]
+            fmt, datefmt = FORMATS[self.values["log_format"]]
             self._file_handler.setFormatter(logging.Formatter(fmt, datefmt))
 
     def _set_file_handler(self, handler: logging.Handler | None) -> None:
@@ -91,6 +91,6 @@ def _checked(key: str, value):
         raise ValueError(f"logging setting '{key}' must be a non-negative integer")
     if kind is not int and not isinstance(value, kind):
         raise ValueError(f"logging setting '{key}' must be a {kind.__name__}")
-    if key == "log_format" and value not in _FORMATS:
-        raise ValueError(f"log_format must be one of {', '.join(_FORMATS)}")
+    if key == "log_format" and value not in FORMATS:
+        raise ValueError(f"log_format must be one of {', '.join(FORMATS)}")
     return value

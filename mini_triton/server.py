@@ -66,6 +66,9 @@ class Settings:
     exit_timeout_secs: float = 30.0
     log_verbose: int = 0
     disable_auto_complete_config: bool = False
+    server_id: str = "triton"  # --id: the name the server metadata API answers
+    log_settings: dict = field(default_factory=dict)  # --log-*: the logging extension's keys
+    trace_settings: dict = field(default_factory=dict)  # --trace-config: the trace API's keys
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     http_max_url_size: int = DEFAULT_MAX_URL_SIZE
     http_max_header_size: int = DEFAULT_MAX_HEADER_SIZE
@@ -105,6 +108,8 @@ class Server:
         self.manager = ModelRepositoryManager(settings.model_repositories, options,
                                               mode=settings.model_control_mode)
         self.service = InferenceService(self.manager, settings.strict_readiness)
+        self.service.server_id = settings.server_id
+        self.service.tracer.update(settings.trace_settings)
         self.manager.server = self.service
         self.metrics = Metrics(self.manager, config=settings.metrics_config)
         self.service.metrics = self.metrics  # backends add their own families (custom metrics)
@@ -122,6 +127,7 @@ class Server:
         self.service.loop = loop
         log.info("mini_triton %s (serves the API of Triton %s)", __version__, TRITON_VERSION)
         http_tls = self._check_tls()
+        self._apply_log_settings()
         check_repositories(self.settings.model_repositories)
         await loop.run_in_executor(None, self._load_models)
         if self.settings.allow_grpc:
@@ -140,6 +146,12 @@ class Server:
                                                        self.settings.metrics_port)
             log.info("Started Metrics Service at %s:%d", self.settings.metrics_address,
                      self.ports["metrics"])
+
+    def _apply_log_settings(self) -> None:
+        try:
+            self.service.log_settings.update(self.settings.log_settings)
+        except (ValueError, OSError) as error:
+            raise StartupError(f"logging: {error}") from None
 
     def _check_tls(self):
         """Read the certificates before anything else starts (a bad file stops the

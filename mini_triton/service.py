@@ -57,6 +57,7 @@ class InferenceService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics = None  # the server's Metrics, where backends may add families
         self.accepting = True
+        self.server_id = TRITON_NAME  # --id
         self.system_shm = SharedMemoryRegistry()
         self.cuda_shm = CudaSharedMemoryRegistry()
         self.tracer = Tracer()
@@ -78,7 +79,8 @@ class InferenceService:
         return self.manager.all_ready() if self.strict_readiness else True
 
     def server_metadata(self) -> dict:
-        return {"name": TRITON_NAME, "version": TRITON_VERSION, "extensions": list(EXTENSIONS)}
+        return {"name": self.server_id, "version": TRITON_VERSION,
+                "extensions": list(EXTENSIONS)}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.manager.is_ready(name, version)
