@@ -37,6 +37,9 @@ class ModelContext:
     repository: Path
     server: Any = None  # the InferenceService, for backends that call models (BLS)
     options: dict = field(default_factory=dict)  # server-wide settings (auto-complete, ...)
+    # The config.pbtxt the config was read from (None: an override), for load errors that
+    # name the place a field was written (config/locate.py).
+    config_source: Path | None = None
 
     @property
     def version_dir(self) -> Path:

@@ -26,6 +26,7 @@ from ..core.names import check_model_name
 from ..core.stats import ModelStats
 from ..core.validate import ModelSignature
 from ..scheduling import create_scheduler
+from ..scheduling.warmup import warm_up, warmup_samples
 from . import scan
 from .overrides import remove_private_model, remove_private_root, write_private_model
 
@@ -78,6 +79,7 @@ class ModelRecord:
     fingerprint: tuple = ()
     unloaded: bool = False  # unloaded on purpose: not counted for readiness
     private_dir: Path | None = None  # a directory written from load-API file overrides
+    config_source: Path | None = None  # the config.pbtxt read (None: an override or none)
 
     def ensemble_steps(self) -> set[str]:
         if self.config is None or self.config.platform != "ensemble":
@@ -445,6 +447,8 @@ def load_record(name: str, folder: Path, options: ServerOptions, server=None,
     except TritonError as error:
         record.reason = f"failed to load '{name}': {error.message}"
         return record
+    if override is None and (folder / scan.CONFIG_FILENAME).is_file():
+        record.config_source = folder / scan.CONFIG_FILENAME
     versions = scan.versions_to_load(scan.available_versions(folder),
                                      record.config.version_policy)
     if not versions:
@@ -514,7 +518,8 @@ def _load_version(record: ModelRecord, version: int, options: ServerOptions, ser
     config = mc.ModelConfig()
     config.CopyFrom(record.config)
     context = ModelContext(record.name, version, config, record.model_dir,
-                           record.model_dir.parent, server, options=vars(options))
+                           record.model_dir.parent, server, options=vars(options),
+                           config_source=record.config_source)
     try:
         loaded = _start_version(context)
     except TritonError as error:
@@ -532,6 +537,7 @@ def _load_version(record: ModelRecord, version: int, options: ServerOptions, ser
 
 def _start_version(context: ModelContext) -> LoadedVersion:
     config = context.config
+    samples = warmup_samples(context)  # a sample that does not fit fails before any instance
     backend = backend_class(backend_name(config))(context)
     stats = ModelStats(context.name, str(context.version),
                        summaries=context.options.get("latency_summaries", False))
@@ -543,6 +549,7 @@ def _start_version(context: ModelContext) -> LoadedVersion:
             for index in range(group.count):
                 instances.append(
                     backend.create_instance(len(instances), kind, devices[index % len(devices)]))
+                warm_up(instances[-1], samples, context, len(instances) - 1)
         scheduler = create_scheduler(context, backend, instances, stats)
     except BaseException:
         for instance in instances:
