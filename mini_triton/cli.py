@@ -17,6 +17,7 @@ from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
 from .frontends.restrictions import parse_restrictions
 from .frontends.tls import TlsFiles
 from .logsettings import FORMATS as LOG_FORMATS
+from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
 from .tracing import Tracer
 from .triton_flags import (NOT_APPLICABLE, accepted_flags_given, add_accepted_flags,
                            grouped_adder)
@@ -59,6 +60,16 @@ def message_size(value: str) -> int:
 def non_negative_seconds(value: str) -> float:
     number = float(value)
     if not number >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+def non_negative_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{value}'") from None
+    if number < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return number
 
@@ -128,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-header-timeout-secs", type=non_negative_seconds,
         default=DEFAULT_HEADER_TIMEOUT_SECS, metavar="SECONDS",
         help="time a request head may take to arrive (0: no limit); then 408 and close")
+    add("--allow-cpu-metrics", type=boolean, default=True)
+    add("--metrics-interval-ms", type=non_negative_float, default=DEFAULT_METRICS_INTERVAL_MS,
+        help="how often the CPU gauges are sampled")
     add("--metrics-config", action="append", type=key_value, default=[],
         help="KEY=VALUE, e.g. summary_latencies=true")
     add("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
@@ -243,6 +257,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         http_max_header_size=args.http_max_header_size,
         http_header_timeout_secs=args.http_header_timeout_secs,
         metrics_config=dict(args.metrics_config),
+        allow_cpu_metrics=args.allow_cpu_metrics, metrics_interval_ms=args.metrics_interval_ms,
         http_restricted=parse_restrictions(args.http_restricted_api),
         grpc_restricted=parse_restrictions(args.grpc_restricted_protocol),
         grpc_transport=args.grpc_transport,

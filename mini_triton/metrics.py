@@ -118,6 +118,11 @@ LOAD_DURATION = Family("nv_model_load_duration_secs", "gauge", "Model load time 
 CPU_UTILIZATION = Family("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]")
 CPU_TOTAL = Family("nv_cpu_memory_total_bytes", "gauge", "CPU total memory (RAM), in bytes")
 CPU_USED = Family("nv_cpu_memory_used_bytes", "gauge", "CPU used memory (RAM), in bytes")
+PINNED_TOTAL = Family("nv_pinned_memory_pool_total_bytes", "gauge",
+                      "Pinned memory pool total memory size, in bytes")
+PINNED_USED = Family("nv_pinned_memory_pool_used_bytes", "gauge",
+                     "Pinned memory pool used memory size, in bytes")
+DEFAULT_INTERVAL_MS = 2000.0  # tritonserver's --metrics-interval-ms
 
 
 def _labels(values: dict) -> str:
@@ -206,15 +211,21 @@ def _parse_quantiles(text: str) -> tuple:
 class Metrics:
     """The server's metrics, read from each loaded model's statistics on scrape."""
 
-    def __init__(self, manager, extra_sources=(), config: dict | None = None):
+    def __init__(self, manager, extra_sources=(), config: dict | None = None,
+                 allow_cpu: bool = True, interval_ms: float = DEFAULT_INTERVAL_MS):
         self.manager = manager
+        self.allow_cpu = allow_cpu  # --allow-cpu-metrics
+        # --metrics-interval-ms: the CPU gauges are sampled at most this often, as
+        # Triton polls them, so a scrape reads the utilisation over the last interval.
+        self.interval_s = max(0.0, interval_ms) / 1000.0
+        self._cpu_samples: list[float] = []
         self.extra_sources = list(extra_sources)  # callables adding families to a MetricsText
         # The models' statistics keep latency windows only when summaries are asked
         # for (ServerOptions.latency_summaries, read from the same config).
         self.options = MetricsOptions.from_config(config)
         self.cache_counters = False  # the server has a response cache
         psutil.cpu_percent(None)  # prime the utilisation counter
-        self._cpu_at = time.monotonic()
+        self._cpu_at = -math.inf
 
     def add_source(self, source) -> None:
         self.extra_sources.append(source)
@@ -223,7 +234,10 @@ class Metrics:
         text = MetricsText()
         stats = [v.stats for v in self.manager.loaded_versions()]
         self._model_families(text, stats)
-        self._cpu_families(text)
+        text.family(PINNED_TOTAL, [({}, 0)])  # no pinned memory pool on a CPU server
+        text.family(PINNED_USED, [({}, 0)])
+        if self.allow_cpu:
+            self._cpu_families(text)
         for source in self.extra_sources:
             source(text)
         return text.render()
@@ -259,12 +273,17 @@ class Metrics:
         text.family(PENDING, [(l, s["pending"]) for l, s in snapshots])
         text.family(LOAD_DURATION, [(l, stat.load_duration_secs) for l, stat in labelled])
 
-    @staticmethod
-    def _cpu_families(text: MetricsText) -> None:
-        memory = psutil.virtual_memory()
-        text.family(CPU_UTILIZATION, [({}, psutil.cpu_percent(None) / 100.0)])
-        text.family(CPU_TOTAL, [({}, memory.total)])
-        text.family(CPU_USED, [({}, memory.total - memory.available)])
+    def _cpu_families(self, text: MetricsText) -> None:
+        now = time.monotonic()
+        if now - self._cpu_at >= self.interval_s:
+            memory = psutil.virtual_memory()
+            self._cpu_samples = [psutil.cpu_percent(None) / 100.0, memory.total,
+                                 memory.total - memory.available]
+            self._cpu_at = now
+        utilization, total, used = self._cpu_samples
+        text.family(CPU_UTILIZATION, [({}, utilization)])
+        text.family(CPU_TOTAL, [({}, total)])
+        text.family(CPU_USED, [({}, used)])
 
 
 def _snapshot(stats: ModelStats) -> dict:

@@ -20,6 +20,7 @@ from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_H
                                       HttpRequest, serve_async, start_server)
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
 from .frontends.tls import TlsError, TlsFiles, server_context
+from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
 from .metrics import Metrics, MetricsOptions
 from .repository.manager import ModelRepositoryManager, ServerOptions
 from .service import InferenceService
@@ -74,6 +75,8 @@ class Settings:
     http_max_header_size: int = DEFAULT_MAX_HEADER_SIZE
     http_header_timeout_secs: float = DEFAULT_HEADER_TIMEOUT_SECS  # 0: no timeout
     metrics_config: dict = field(default_factory=dict)
+    allow_cpu_metrics: bool = True
+    metrics_interval_ms: float = DEFAULT_METRICS_INTERVAL_MS
     http_restricted: dict = field(default_factory=dict)  # API group → Restriction
     grpc_restricted: dict = field(default_factory=dict)
     grpc_transport: str = "native"
@@ -111,7 +114,9 @@ class Server:
         self.service.server_id = settings.server_id
         self.service.tracer.update(settings.trace_settings)
         self.manager.server = self.service
-        self.metrics = Metrics(self.manager, config=settings.metrics_config)
+        self.metrics = Metrics(self.manager, config=settings.metrics_config,
+                               allow_cpu=settings.allow_cpu_metrics,
+                               interval_ms=settings.metrics_interval_ms)
         self.service.metrics = self.metrics  # backends add their own families (custom metrics)
         if settings.response_cache_bytes:
             self.service.response_cache = ResponseCache(settings.response_cache_bytes)

@@ -135,8 +135,6 @@ NOT_HONOURED: dict[str, tuple[str, str]] = {
     "vertex-ai-port": (NOT_YET, "no Vertex AI front end"),
     "vertex-ai-thread-count": (NOT_APPLICABLE, "a thread pool of Triton's HTTP library"),
     "vertex-ai-default-model": (NOT_YET, "no Vertex AI front end"),
-    "allow-cpu-metrics": (NOT_YET, "no nv_cpu_* metrics"),
-    "metrics-interval-ms": (NOT_YET, "metrics are computed when scraped"),
     "backend-config": (NOT_YET, "backend settings come from each model's config"),
     "rate-limit": (NOT_YET, "no rate limiter"),
     "rate-limit-resource": (NOT_YET, "no rate limiter"),

@@ -26,7 +26,9 @@ COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure",
             "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
             "nv_inference_compute_output_duration_us")
 GAUGES = ("nv_inference_pending_request_count", "nv_model_load_duration_secs",
-          "nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes")
+          "nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes",
+          "nv_pinned_memory_pool_total_bytes", "nv_pinned_memory_pool_used_bytes")
+CPU_GAUGES = ("nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes")
 SUMMARIES = ("nv_inference_request_summary_us", "nv_inference_queue_summary_us",
              "nv_inference_compute_input_summary_us", "nv_inference_compute_infer_summary_us",
              "nv_inference_compute_output_summary_us")
@@ -168,3 +170,26 @@ def test_summary_window_slides_while_count_and_sum_accumulate():
     assert window.quantiles((0.5,), now_ns=61 * second) == [1000.0]
     assert window.count == 101 and window.total == 5050.0 + 1000.0
     assert all(v != v for v in LatencyWindow().quantiles((0.5, 0.9)))  # empty: NaN
+
+
+def test_cpu_metrics_off_and_sampled_at_the_interval(tmp_path_factory):
+    """--allow-cpu-metrics=false drops the nv_cpu_* gauges; --metrics-interval-ms
+    samples them at most that often (two scrapes within it read the same sample)."""
+    off = start_server(tmp_path_factory, allow_cpu_metrics=False)
+    try:
+        families = {f.name for f in text_string_to_metric_families(scrape(off))}
+        assert not families & set(CPU_GAUGES)
+        assert "nv_pinned_memory_pool_total_bytes" in families
+    finally:
+        off.stop()
+    slow = start_server(tmp_path_factory, metrics_interval_ms=3_600_000)
+    try:
+        first, second = (_cpu_samples(scrape(slow)) for _ in range(2))
+        assert first == second
+    finally:
+        slow.stop()
+
+
+def _cpu_samples(text: str) -> dict:
+    return {f.name: f.samples[0].value for f in text_string_to_metric_families(text)
+            if f.name in CPU_GAUGES}
