@@ -224,3 +224,26 @@ def accepted_flags_given(args) -> list[tuple[str, str, str]]:
         if value is not None and value is not False:
             given.append((f"--{name}", status, reason))
     return given
+
+
+def status_rows(parser) -> list[tuple[str, str, str, str]]:
+    """(group, flag, status, note) for every tritonserver flag, for the migration
+    page: honoured flags carry their help text, the others why they are not."""
+    helps = {option: action.help or "" for action in parser._actions
+             for option in action.option_strings}
+    rows = []
+    for flag in TRITON_FLAGS:
+        if flag.name in NOT_HONOURED:
+            status, reason = NOT_HONOURED[flag.name]
+            rows.append((flag.group or "General", f"--{flag.name}", status, reason))
+        else:
+            rows.append((flag.group or "General", f"--{flag.name}", "honoured",
+                         helps.get(f"--{flag.name}", "")))
+    return rows
+
+
+def markdown_table(parser) -> str:
+    lines = ["| group | flag | here | note |", "|---|---|---|---|"]
+    for group, flag, status, note in status_rows(parser):
+        lines.append(f"| {group} | `{flag}` | {status} | {note.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"

@@ -214,3 +214,11 @@ def test_help_groups_the_flags_as_tritonserver_does():
                 if line.endswith(" options:")]
     assert headings[:4] == ["General", "Server", "Logging", "Model Repository"]
     assert "accepted; not applicable here: CUDA pinned memory" in done.stdout
+
+
+def test_the_migration_page_lists_every_flag_as_the_code_does():
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from update_flag_table import PAGE, page_with_table
+
+    text = PAGE.read_text()
+    assert text == page_with_table(text), "run: python scripts/update_flag_table.py"
