@@ -20,6 +20,7 @@ from ..backends.base import Backend, ModelContext
 from ..backends.registry import backend_class
 from ..config import ConfigError, parse_config_file
 from ..config.autofill import AutofillError, check_config, complete_platform, fill_defaults
+from ..config.coverage import load_warnings
 from ..config.json_format import config_from_json
 from ..core.errors import TritonError, invalid_arg, not_found, unavailable
 from ..core.names import check_model_name
@@ -537,6 +538,8 @@ def _load_version(record: ModelRecord, version: int, options: ServerOptions, ser
 
 def _start_version(context: ModelContext) -> LoadedVersion:
     config = context.config
+    for warning in load_warnings(config, context.options.get("gpu_available", False)):
+        log.warning("%s", warning)  # never silent about a field we do not honour
     samples = warmup_samples(context)  # a sample that does not fit fails before any instance
     backend = backend_class(backend_name(config))(context)
     stats = ModelStats(context.name, str(context.version),
