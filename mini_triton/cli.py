@@ -13,6 +13,8 @@ from .core.response_cache import parse_cache_config
 from .frontends.grpc_server import MAX_MESSAGE_SIZE
 from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
                                       DEFAULT_MAX_URL_SIZE)
+from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
+                                    DEFAULT_MAX_PIPELINED_REQUESTS)
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
 from .frontends.restrictions import parse_restrictions
 from .frontends.tls import TlsFiles
@@ -47,6 +49,13 @@ def non_negative(value: str) -> int:
     number = int(value)
     if number < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+def positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return number
 
 
@@ -139,6 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-header-timeout-secs", type=non_negative_seconds,
         default=DEFAULT_HEADER_TIMEOUT_SECS, metavar="SECONDS",
         help="time a request head may take to arrive (0: no limit); then 408 and close")
+    add("--http-keepalive-timeout-secs", type=non_negative_seconds,
+        default=DEFAULT_KEEPALIVE_TIMEOUT_SECS, metavar="SECONDS",
+        help="a connection with nothing received or sent this long is closed when idle, "
+        "408 mid-request, reset when its client reads nothing (0: no limit)")
+    add("--http-max-pipelined-requests", type=positive,
+        default=DEFAULT_MAX_PIPELINED_REQUESTS, metavar="N",
+        help="requests of one connection under way at once; past it the connection is not "
+        "read until a reply is written")
+    add("--http-max-connections", type=non_negative, default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N", help="open connections per HTTP port; more are answered 503 and "
+        "closed (0: no limit)")
     add("--allow-cpu-metrics", type=boolean, default=True)
     add("--metrics-interval-ms", type=non_negative_float, default=DEFAULT_METRICS_INTERVAL_MS,
         help="how often the CPU gauges are sampled")
@@ -256,6 +276,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         http_max_url_size=args.http_max_url_size,
         http_max_header_size=args.http_max_header_size,
         http_header_timeout_secs=args.http_header_timeout_secs,
+        http_keepalive_timeout_secs=args.http_keepalive_timeout_secs,
+        http_max_pipelined_requests=args.http_max_pipelined_requests,
+        http_max_connections=args.http_max_connections,
         metrics_config=dict(args.metrics_config),
         allow_cpu_metrics=args.allow_cpu_metrics, metrics_interval_ms=args.metrics_interval_ms,
         http_restricted=parse_restrictions(args.http_restricted_api),

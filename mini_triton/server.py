@@ -17,7 +17,10 @@ from .core.response_cache import ResponseCache
 from .frontends import grpc_server
 from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
                                       DEFAULT_MAX_URL_SIZE, HeadLimits, HttpReply,
-                                      HttpRequest, serve_async, start_server)
+                                      HttpRequest, serve_async)
+from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
+                                    DEFAULT_MAX_PIPELINED_REQUESTS, ConnectionLimits)
+from .frontends.http_listener import start_server
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
 from .frontends.tls import TlsError, TlsFiles, server_context
 from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
@@ -74,6 +77,9 @@ class Settings:
     http_max_url_size: int = DEFAULT_MAX_URL_SIZE
     http_max_header_size: int = DEFAULT_MAX_HEADER_SIZE
     http_header_timeout_secs: float = DEFAULT_HEADER_TIMEOUT_SECS  # 0: no timeout
+    http_keepalive_timeout_secs: float = DEFAULT_KEEPALIVE_TIMEOUT_SECS  # 0: no timeout
+    http_max_pipelined_requests: int = DEFAULT_MAX_PIPELINED_REQUESTS
+    http_max_connections: int = DEFAULT_MAX_CONNECTIONS  # per HTTP port; 0: no limit
     metrics_config: dict = field(default_factory=dict)
     allow_cpu_metrics: bool = True
     metrics_interval_ms: float = DEFAULT_METRICS_INTERVAL_MS
@@ -196,7 +202,8 @@ class Server:
         try:
             server, bound = await start_server(app, error_reply, address, port,
                                                self.settings.http_max_input_size, ssl_context,
-                                               self._head_limits())
+                                               self._head_limits(),
+                                               self._connection_limits())
         except OSError as error:
             raise StartupError(f"cannot listen on {address}:{port}: {error.strerror}") from None
         self._listeners.append(server)
@@ -206,6 +213,12 @@ class Server:
         settings = self.settings
         return HeadLimits(settings.http_max_url_size, settings.http_max_header_size,
                           settings.http_header_timeout_secs)
+
+    def _connection_limits(self) -> ConnectionLimits:
+        settings = self.settings
+        return ConnectionLimits(settings.http_keepalive_timeout_secs,
+                                settings.http_max_pipelined_requests,
+                                settings.http_max_connections)
 
     async def _serve_metrics(self, request: HttpRequest) -> HttpReply:
         if request.path != "/metrics":

@@ -155,7 +155,8 @@ def test_stopping_listener_sends_the_replies_under_way_then_closes():
     whose request is being answered gets its reply first, then closes."""
     import asyncio
 
-    from mini_triton.frontends.http_protocol import HttpReply, serve_async, start_server
+    from mini_triton.frontends.http_listener import start_server
+    from mini_triton.frontends.http_protocol import HttpReply, serve_async
 
     async def scenario():
         release = asyncio.Event()
@@ -209,11 +210,13 @@ class RecordingTransport:
 
 
 def protocol_with(app):
-    from mini_triton.frontends.http_protocol import HeadLimits, HttpProtocol, HttpReply
+    from mini_triton.frontends.http_protocol import (ConnectionLimits, HeadLimits, HttpProtocol,
+                                                     HttpReply)
 
-    # No running event loop here, so no header timer.
+    # No running event loop here, so no header timer and no keep-alive timer.
     protocol = HttpProtocol(app, lambda status, message: HttpReply(status, message.encode()),
-                            4096, set(), HeadLimits(header_timeout_secs=0))
+                            4096, set(), HeadLimits(header_timeout_secs=0),
+                            ConnectionLimits(keepalive_timeout_secs=0))
     transport = RecordingTransport()
     protocol.connection_made(transport)
     return protocol, transport

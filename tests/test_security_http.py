@@ -365,7 +365,8 @@ def test_the_chunk_a_head_begins_in_is_not_counted_against_it():
     chunk, is within its limits: only its own bytes count."""
     from test_http_protocol import RecordingTransport
 
-    from mini_triton.frontends.http_protocol import HeadLimits, HttpProtocol, HttpReply
+    from mini_triton.frontends.http_protocol import (ConnectionLimits, HeadLimits, HttpProtocol,
+                                                     HttpReply)
 
     paths = []
 
@@ -374,7 +375,8 @@ def test_the_chunk_a_head_begins_in_is_not_counted_against_it():
         exchange.answer(HttpReply(200, b"ok"))
 
     protocol = HttpProtocol(app, lambda status, message: HttpReply(status, message.encode()),
-                            1 << 16, set(), HeadLimits(100, 200, 0))
+                            1 << 16, set(), HeadLimits(100, 200, 0),
+                            ConnectionLimits(keepalive_timeout_secs=0))
     protocol.connection_made(RecordingTransport())
     body = b"b" * 8000  # far more than the head limits, well within the body limit
     protocol.data_received(b"POST /first HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body)

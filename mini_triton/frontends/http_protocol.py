@@ -8,9 +8,14 @@ connections alive, answers pipelined requests in order, handles
 `Expect: 100-continue`, chunked bodies, gzip/deflate request bodies and
 response compression when the client accepts it.
 
-Every buffer a client fills is bounded (see HeadLimits and `max_body`), and a head
-must arrive within the header timeout: what is refused is answered with the status
-that says why, and the connection is closed once that answer is out.
+Every buffer a client fills is bounded (see http_limits.py and `max_body`): a head must
+arrive within the header timeout; a connection's requests under way are capped, and
+past the cap (or while its replies wait unsent) it is not read, so a client that does
+not read its replies fills its own socket buffers, not the server's memory; a
+connection with nothing moving for the keep-alive timeout is closed; a listening port
+holds a capped number of connections. What is refused is answered with the status that
+says why, and the connection is closed once that answer is out. A client that closes
+its side after its requests still gets their replies.
 """
 
 from __future__ import annotations
@@ -18,15 +23,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import re
+import socket
+import struct
 import zlib
-from dataclasses import dataclass, field
-from typing import Awaitable, Callable
-from urllib.parse import unquote
+from typing import Callable
 
 import httptools
 
+from .. import SERVER_NAME, __version__
 from .http_encoding import InflatedTooLarge, compress, inflate
+from .http_exchange import (App, Exchange, Handler, HttpReply, HttpRequest,  # noqa: F401
+                            serve_async)
+from .http_limits import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,  # noqa: F401
+                          DEFAULT_MAX_URL_SIZE, ConnectionLimits, HeadLimits)
+from .http_router import Router  # noqa: F401 (where it used to live)
 
 log = logging.getLogger("mini_triton.http")
 
@@ -35,14 +45,17 @@ _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
             413: "Payload Too Large", 414: "URI Too Long",
             431: "Request Header Fields Too Large", 499: "Client Closed Request",
             500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
+# A reply's first lines: its status line and our name (Triton sends no Server header),
+# one constant string per status.
+_SERVER_HEADER = f"Server: {SERVER_NAME}/{__version__}\r\n"
+_STATUS_LINES = {status: f"HTTP/1.1 {status} {reason}\r\n{_SERVER_HEADER}"
+                 for status, reason in _REASONS.items()}
 
-# The URL limit is nginx's request-line buffer (8 KiB); the header limit leaves more
-# room than Node's and uvicorn's 16 KiB head (long tokens in custom headers); the
-# timeout is below nginx's 60 s, as the heads of this API are small and are sent in
-# one write.
-DEFAULT_MAX_URL_SIZE = 8 * 1024
-DEFAULT_MAX_HEADER_SIZE = 64 * 1024
-DEFAULT_HEADER_TIMEOUT_SECS = 10.0
+
+def _status_lines(status: int) -> str:
+    return f"HTTP/1.1 {status} Unknown\r\n{_SERVER_HEADER}"
+
+
 # After a refusal the connection is closed for writing at once, while what the client
 # still sends is read and dropped for up to this long: closing a socket with unread
 # data resets the connection, and the reset can destroy the refusal before the
@@ -55,17 +68,6 @@ _HEADER_LINE_FRAMING = 4
 _HEAD_FRAMING = 1024
 
 
-@dataclass(frozen=True)
-class HeadLimits:
-    """What a request head may take: URL bytes, header bytes (names, values and
-    framing, all headers together), and seconds from its first byte until its last
-    (0: no timeout)."""
-
-    max_url_size: int = DEFAULT_MAX_URL_SIZE
-    max_header_size: int = DEFAULT_MAX_HEADER_SIZE
-    header_timeout_secs: float = DEFAULT_HEADER_TIMEOUT_SECS
-
-
 class _Refusal(Exception):
     """Raised from a parser callback to stop parsing and answer `status`."""
 
@@ -74,154 +76,12 @@ class _Refusal(Exception):
         self.status = status
 
 
-@dataclass
-class HttpRequest:
-    method: str
-    path: str
-    headers: dict[str, str]  # lower-case names
-    body: bytes = b""
-    params: dict[str, str] = field(default_factory=dict)  # from the route pattern
-
-
-@dataclass
-class HttpReply:
-    status: int = 200
-    body: bytes | list = b""  # bytes, or a list of byte chunks written in order
-    content_type: str = "application/json"
-    headers: dict[str, str] = field(default_factory=dict)
-    # Only inference responses are compressed (when the client accepts it), as in
-    # Triton: clients such as tritonclient's aiohttp-based one send Accept-Encoding
-    # on every call but decompress only inference responses.
-    compressible: bool = False
-
-
-Handler = Callable[[HttpRequest], Awaitable[HttpReply]]
-
-
-class Exchange:
-    """One request of a connection and, once there, its reply. Replies are written in
-    the order their requests arrived, each as soon as it and those before it are
-    ready: an answer that comes while its connection waits for nothing else is
-    written at once, in the caller's own call (no task, no extra loop round)."""
-
-    __slots__ = ("protocol", "method", "path", "keep_alive", "accept_encoding", "reply",
-                 "cancel")
-
-    def __init__(self, protocol: "HttpProtocol", method: str, path: str, keep_alive: bool,
-                 accept_encoding: str):
-        self.protocol = protocol
-        self.method = method
-        self.path = path
-        self.keep_alive = keep_alive
-        self.accept_encoding = accept_encoding
-        self.reply: HttpReply | None = None
-        # Called if the connection is lost before the reply is ready: the work the
-        # request started should stop (set by whoever started it).
-        self.cancel: Callable[[], None] | None = None
-
-    def answer(self, reply: HttpReply) -> None:
-        """The reply (on the event loop's thread); a second answer is ignored."""
-        if self.reply is not None:
-            return
-        self.reply = reply
-        self.cancel = None
-        self.protocol._flush()
-
-    def run(self, handler: Handler, request: HttpRequest) -> None:
-        """Answer with what the coroutine handler returns, in a task of its own."""
-        task = asyncio.ensure_future(self._complete(handler, request))
-        self.cancel = task.cancel
-
-    def fail(self, error: Exception) -> None:
-        """A bug while handling the request: log it and answer 500 (never let a bug
-        take the connection down silently)."""
-        log.exception("error while handling %s %s", self.method, self.path)
-        self.answer(self.protocol.router_error(500, f"internal error: {error}"))
-
-    async def _complete(self, handler: Handler, request: HttpRequest) -> None:
-        try:
-            reply = await handler(request)
-        except asyncio.CancelledError:
-            raise  # the client is gone: there is no one to answer
-        except Exception as error:
-            self.fail(error)
-            return
-        self.answer(reply)
-
-
-# What a connection hands each complete request to: it answers through the exchange,
-# now or later.
-App = Callable[[HttpRequest, Exchange], None]
-
-
-def serve_async(handler: Handler) -> App:
-    """An App answering every request with a coroutine handler."""
-    return lambda request, exchange: exchange.run(handler, request)
-
-
-class Router:
-    """Exact paths in a dict, parameterised paths as anchored regexes."""
-
-    # Paths matched by a pattern are remembered (an inference path would otherwise be
-    # tried against several patterns per request), up to this many, and only paths up
-    # to this long: no model name is longer than 255 bytes, and long junk paths must
-    # not hold memory after their requests.
-    MATCHED_PATHS = 4096
-    MATCHED_PATH_LENGTH = 512
-
-    def __init__(self, not_found: Callable[[str], HttpReply]):
-        self.exact: dict[str, dict[str, Handler]] = {}
-        self.patterns: list[tuple[re.Pattern, dict[str, Handler]]] = []
-        self.not_found = not_found
-        self.matched: dict[str, tuple[dict[str, Handler], dict]] = {}
-
-    def add(self, method: str, path: str, handler: Handler) -> None:
-        if "{" not in path:
-            self.exact.setdefault(path, {})[method] = handler
-            return
-        regex = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path) + "$")
-        for pattern, methods in self.patterns:
-            if pattern.pattern == regex.pattern:
-                methods[method] = handler
-                return
-        self.patterns.append((regex, {method: handler}))
-
-    def resolve(self, method: str, path: str) -> tuple[Handler | None, dict, HttpReply | None]:
-        """(handler, path parameters, None) or (None, {}, the 404/405 reply)."""
-        methods, params = self.exact.get(path), {}
-        if methods is None:
-            methods, params = self.matched.get(path) or self._match(path)
-        if methods is None:
-            return None, {}, self.not_found(f"Not Found: {path}")
-        handler = methods.get(method)
-        if handler is None:
-            reply = self.not_found(f"Method {method} not allowed for {path}")
-            reply.status = 405
-            reply.headers["Allow"] = ", ".join(sorted(methods))
-            return None, {}, reply
-        return handler, params, None
-
-    def _match(self, path: str) -> tuple[dict[str, Handler] | None, dict]:
-        for pattern, methods in self.patterns:
-            match = pattern.match(path)
-            if match:
-                params = {k: unquote(v) for k, v in match.groupdict().items()}
-                if len(path) <= self.MATCHED_PATH_LENGTH:
-                    self._remember(path, methods, params)
-                return methods, params
-        return None, {}
-
-    def _remember(self, path: str, methods: dict[str, Handler], params: dict) -> None:
-        if len(self.matched) >= self.MATCHED_PATHS:
-            self.matched.clear()
-        self.matched[path] = (methods, params)
-
-
 class HttpProtocol(asyncio.Protocol):
     """One connection; requests are answered in the order they arrived."""
 
     def __init__(self, app: App, router_error: Callable[[int, str], HttpReply],
-                 max_body: int, connections: set, limits: HeadLimits = HeadLimits()):
+                 max_body: int, connections: set, limits: HeadLimits = HeadLimits(),
+                 connection_limits: ConnectionLimits = ConnectionLimits()):
         self.app = app
         self.connections = connections
         self.router_error = router_error
@@ -230,7 +90,13 @@ class HttpProtocol(asyncio.Protocol):
         self.max_headers = limits.max_header_size
         self.max_head_bytes = limits.max_url_size + limits.max_header_size + _HEAD_FRAMING
         self.header_timeout = limits.header_timeout_secs
+        self.keepalive_timeout = connection_limits.keepalive_timeout_secs
+        self.max_in_progress = max(1, connection_limits.max_pipelined_requests)
+        self.max_connections = connection_limits.max_connections
         self.parser = httptools.HttpRequestParser(self)
+        # Content-Length beside Transfer-Encoding is served by the chunked framing (and
+        # the connection closed after it, see _check_framing); llhttp refuses it else.
+        self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
         self.transport: asyncio.Transport | None = None
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -238,9 +104,17 @@ class HttpProtocol(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._too_large = False
+        self._last_request = False  # Content-Length came with chunked: the last request
         self._exchanges: collections.deque[Exchange] = collections.deque()  # unwritten
-        self._closing = False  # the server stops: close once the replies under way are out
-        self._head_open = False  # a request head has begun and not ended (timed)
+        # Requests parsed while the connection has max_in_progress under way, or while
+        # its replies wait unwritten: not started, the connection not read meanwhile.
+        self._held: collections.deque[tuple[HttpRequest, Exchange]] = collections.deque()
+        self._write_paused = False  # the transport's buffer is past its high-water mark
+        self._reading_paused = False
+        self._starting_held = False
+        self._closing = False  # close once the replies under way are out
+        self._in_message = False  # a request has begun and not ended
+        self._head_open = False  # its head has not ended (timed)
         # Header fields are being read, in a head or in the trailers after a chunked
         # body: their raw bytes are counted (see _count_raw_fields).
         self._in_fields = False
@@ -249,27 +123,39 @@ class HttpProtocol(asyncio.Protocol):
         self._raw_field_bytes = 0
         self._heads_begun = 0
         self._head_timer: asyncio.TimerHandle | None = None
-        self._refused = False  # a refusal is queued: nothing more is parsed
+        self._refused = False  # a refusal is queued, or the last request is in
         self._linger_timer: asyncio.TimerHandle | None = None
+        # The keep-alive watch: whether bytes moved since it last looked, and the bytes
+        # it saw waiting unsent then (see _watch).
+        self._active = False
+        self._unsent = 0
+        self._watch_timer: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol ---
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.max_connections and len(self.connections) >= self.max_connections:
+            self._refuse(503, f"the server has its limit of {self.max_connections} "
+                              f"connections open (--http-max-connections); try again later")
+            return  # not counted: it closes once the refusal is out
         self.connections.add(self)
         if self.header_timeout:
             self._arm_head_timer()  # the first head, too, must come in time
+        if self.keepalive_timeout:
+            self._arm_watch()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # read and dropped while the refusal goes out (see LINGER_SECS)
+        self._active = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as error:
             refusal = error.__context__
             if isinstance(refusal, _Refusal):
                 self._refuse(refusal.status, str(refusal))
-            else:
+            elif not isinstance(refusal, _LastRequest):
                 self._refuse(400, f"malformed HTTP request: {error}")
             return
         except httptools.HttpParserUpgrade:
@@ -281,16 +167,35 @@ class HttpProtocol(asyncio.Protocol):
         if self._in_fields:
             self._count_raw_fields(len(data))
 
+    def eof_received(self) -> bool | None:
+        """The client closed its side (shutdown(SHUT_WR)) after its requests: they are
+        still answered, then the connection is closed. A request cut short by the EOF
+        is dropped. TLS has no half-close in asyncio: there the connection ends now."""
+        self._in_message = self._head_open = self._in_fields = False
+        if not self._exchanges or self.transport.get_extra_info("sslcontext") is not None:
+            return None  # the transport closes itself
+        self._closing = True
+        return True
+
     def connection_lost(self, exc) -> None:
         self.transport = None
         self.connections.discard(self)
-        for timer in (self._head_timer, self._linger_timer):
+        for timer in (self._head_timer, self._linger_timer, self._watch_timer):
             if timer is not None:
                 timer.cancel()
+        self._held.clear()
         exchanges, self._exchanges = self._exchanges, collections.deque()
         for exchange in exchanges:  # the client is gone: stop what it asked for
             if exchange.cancel is not None:
                 exchange.cancel()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._held:
+            self._start_held()
 
     # --- httptools callbacks ---
 
@@ -298,7 +203,7 @@ class HttpProtocol(asyncio.Protocol):
         self._url, self._headers, self._body, self._size = b"", {}, [], 0
         self._too_large = False
         self._header_bytes = 0
-        self._head_open = self._in_fields = True
+        self._in_message = self._head_open = self._in_fields = True
         self._raw_field_bytes = -1
         self._heads_begun += 1
         if self._head_timer is None or self._heads_begun == 1:
@@ -319,9 +224,12 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._head_open = self._in_fields = False
-        if self._headers.get("expect", "").lower() == "100-continue":
+        headers = self._headers
+        if "transfer-encoding" in headers:
+            self._check_framing(headers)
+        if headers.get("expect", "").lower() == "100-continue":
             # A body that will be refused is not asked for.
-            if _declared_length(self._headers) > self.max_body:
+            if _declared_length(headers) > self.max_body:
                 raise _Refusal(413, self._body_too_large())
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -339,26 +247,27 @@ class HttpProtocol(asyncio.Protocol):
             self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self._in_fields = False  # the trailers, if any, have ended
+        self._in_fields = self._in_message = False  # the trailers, if any, have ended
         method = self.parser.get_method().decode()
         path = httptools.parse_url(self._url).path.decode("latin-1")
         headers = self._headers
-        exchange = Exchange(self, method, path, self.parser.should_keep_alive(),
-                            headers.get("accept-encoding", ""))
-        self._exchanges.append(exchange)
+        keep_alive = self.parser.should_keep_alive() and not self._last_request
+        exchange = Exchange(self, method, path, keep_alive, headers.get("accept-encoding", ""))
+        exchanges = self._exchanges
+        exchanges.append(exchange)
+        if self._last_request:
+            self._refused = True  # what follows is read and dropped (see LINGER_SECS)
         if self._too_large:
             exchange.answer(self.router_error(413, self._body_too_large()))
-            return
-        body = b"".join(self._body) if len(self._body) != 1 else self._body[0]
-        encoding = headers.get("content-encoding", "").lower()
-        if encoding and encoding != "identity":
-            body = self._decoded(body, encoding, exchange)
-            if body is None:
-                return
-        try:
-            self.app(HttpRequest(method, path, headers, body), exchange)
-        except Exception as error:
-            exchange.fail(error)
+        else:
+            body = b"".join(self._body) if len(self._body) != 1 else self._body[0]
+            request = HttpRequest(method, path, headers, body)
+            if self._held or self._write_paused or len(exchanges) > self.max_in_progress:
+                self._hold(request, exchange)
+            else:
+                self._start(request, exchange)
+        if self._last_request:
+            raise _LastRequest
 
     def close_when_replied(self) -> None:
         """Close now if no reply is under way, else once the last one is written (a
@@ -367,7 +276,60 @@ class HttpProtocol(asyncio.Protocol):
         if not self._exchanges and self.transport is not None:
             self.transport.close()
 
+    # --- starting requests ---
+
+    def _start(self, request: HttpRequest, exchange: Exchange) -> None:
+        encoding = request.headers.get("content-encoding", "").lower()
+        if encoding and encoding != "identity":
+            body = self._decoded(request.body, encoding, exchange)
+            if body is None:
+                return
+            request.body = body
+        try:
+            self.app(request, exchange)
+        except Exception as error:
+            exchange.fail(error)
+
+    def _hold(self, request: HttpRequest, exchange: Exchange) -> None:
+        """Keep a parsed request (still compressed, if it is) until one under way is
+        written, and read nothing more meanwhile: the client's own socket buffers
+        fill, and it waits."""
+        self._held.append((request, exchange))
+        if not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _start_held(self) -> None:
+        """Start held requests while there is room; read again once none is held. One
+        loop, never re-entered: a request answered in its own call writes its reply
+        (and frees its room) before the next one starts."""
+        if self._starting_held:
+            return
+        self._starting_held = True
+        held, exchanges = self._held, self._exchanges
+        try:
+            while held and not self._write_paused and \
+                    len(exchanges) - len(held) < self.max_in_progress:
+                self._start(*held.popleft())
+        finally:
+            self._starting_held = False
+        if not held and self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
     # --- limits ---
+
+    def _check_framing(self, headers: dict[str, str]) -> None:
+        """A request body is framed by chunked only if it is the last transfer coding
+        (RFC 9112 6.3). Sent with a Content-Length too, the chunked framing wins and
+        the connection is closed after this request: what follows on it was framed by
+        a client the two framings may have confused (or by a smuggler)."""
+        codings = headers["transfer-encoding"]
+        if codings.rpartition(",")[2].strip().lower() != "chunked":
+            raise _Refusal(400, f"malformed HTTP request: Transfer-Encoding '{codings}' "
+                                f"does not end with chunked")
+        if "content-length" in headers:
+            self._last_request = True
 
     def _decoded(self, body: bytes, encoding: str, exchange: Exchange) -> bytes | None:
         """The body inflated under the body limit, or None once the exchange is
@@ -416,18 +378,62 @@ class HttpProtocol(asyncio.Protocol):
         (or the connection opens) with no timer running, it finds here whether that
         same head is still open. A later head still open gets a full period of its
         own, so a head on a kept-alive connection is cut off between one and two
-        timeouts after its first byte."""
+        timeouts after its first byte. A head the server is not reading (requests
+        held) is not the client's delay."""
         self._head_timer = None
         if self._refused or self.transport is None:
             return
         if self._heads_begun == 0:
             self.transport.close()  # not a byte of a request since the connection opened
-        elif self._head_open and self._heads_begun == heads_begun_when_armed:
+        elif self._head_open and self._heads_begun == heads_begun_when_armed \
+                and not self._reading_paused:
             self._refuse(408, f"request head not received within {self.header_timeout:g} s "
                               f"(--http-header-timeout-secs)")
         elif self._head_open:
             self._arm_head_timer()
         # else between requests: the next head arms the timer again
+
+    def _arm_watch(self) -> None:
+        self._watch_timer = asyncio.get_running_loop().call_later(self.keepalive_timeout,
+                                                                  self._watch)
+
+    def _watch(self) -> None:
+        """The keep-alive timeout, one timer per connection that looks once a period at
+        whether anything moved: a connection with nothing received or sent for a
+        whole period (so, between one and two timeouts) is closed when idle, answered
+        408 when a request of it stopped arriving, and reset when its client read
+        nothing of the replies waiting for it. A request the server is still working
+        on keeps its connection."""
+        self._watch_timer = None
+        transport = self.transport
+        if transport is None or self._linger_timer is not None:
+            return  # closing already
+        unsent = transport.get_write_buffer_size()
+        if self._active or unsent < self._unsent:
+            self._active, self._unsent = False, unsent
+        elif unsent:
+            self._reset(f"its client read nothing of its replies for "
+                        f"{self.keepalive_timeout:g} s")
+            return
+        elif self._in_message and not self._reading_paused:
+            self._refuse(408, f"request not received in full: nothing arrived for "
+                              f"{self.keepalive_timeout:g} s (--http-keepalive-timeout-secs)")
+            return
+        elif not self._exchanges:
+            transport.close()  # idle
+            return
+        self._arm_watch()
+
+    def _reset(self, why: str) -> None:
+        """Drop the connection and what waits unsent for it (in the kernel, too)."""
+        log.info("closing an HTTP connection: %s (--http-keepalive-timeout-secs)", why)
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            try:  # a reset, not a FIN after data the client will never read
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+        self.transport.abort()
 
     def _headers_too_large(self) -> str:
         return (f"request header fields are larger than the limit of {self.max_headers} "
@@ -440,10 +446,13 @@ class HttpProtocol(asyncio.Protocol):
     def _refuse(self, status: int, message: str) -> None:
         """Answer `status` after the replies before it, read nothing more, and close."""
         self._refused = True
-        self._head_open = self._in_fields = False
+        self._head_open = self._in_fields = self._in_message = False
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        if self._reading_paused:  # what the client still sends is read and dropped
+            self._reading_paused = False
+            self.transport.resume_reading()
         exchange = Exchange(self, "", "", False, "")
         self._exchanges.append(exchange)
         exchange.answer(self.router_error(status, message))
@@ -464,17 +473,21 @@ class HttpProtocol(asyncio.Protocol):
     # --- replies ---
 
     def _flush(self) -> None:
-        """Write the replies that are ready, in order, up to the first that is not."""
+        """Write the replies that are ready, in order, up to the first that is not;
+        then start what was held for want of room."""
         exchanges = self._exchanges
         while exchanges and exchanges[0].reply is not None:
             exchange = exchanges.popleft()
             self._write(exchange.reply, exchange.keep_alive, exchange.accept_encoding)
+        if self._held:
+            self._start_held()
         if self._closing and not exchanges and self.transport is not None:
             self.transport.close()
 
     def _write(self, reply: HttpReply, keep_alive: bool, accept_encoding: str) -> None:
         if self.transport is None or self.transport.is_closing():
             return
+        self._active = True
         chunks = reply.body if isinstance(reply.body, list) else [reply.body]
         extra = reply.headers
         if reply.compressible and accept_encoding and sum(len(c) for c in chunks):
@@ -482,7 +495,8 @@ class HttpProtocol(asyncio.Protocol):
             if applied:
                 extra = {**extra, "Content-Encoding": applied}
         length = sum(len(c) for c in chunks)
-        head = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Unknown')}\r\n"
+        status = reply.status
+        head = [f"{_STATUS_LINES.get(status) or _status_lines(status)}"
                 f"Content-Type: {reply.content_type}\r\nContent-Length: {length}\r\n"]
         head += [f"{name}: {value}\r\n" for name, value in extra.items()]
         if not keep_alive:
@@ -493,48 +507,12 @@ class HttpProtocol(asyncio.Protocol):
             self._end_connection()
 
 
+class _LastRequest(Exception):
+    """Raised after the connection's last request to stop parsing what follows."""
+
+
 def _declared_length(headers: dict[str, str]) -> int:
     try:
         return int(headers.get("content-length", "0"))
     except ValueError:
         return 0  # llhttp has refused a malformed one already; chunked bodies have none
-
-
-class Listener:
-    """A listening socket and the connections it accepted."""
-
-    def __init__(self):
-        self.server: asyncio.AbstractServer | None = None
-        self.connections: set[HttpProtocol] = set()
-
-    def close(self) -> None:
-        """Stop accepting; close idle connections now and the others once their replies
-        are written."""
-        if self.server is not None:
-            self.server.close()
-        for connection in list(self.connections):
-            connection.close_when_replied()
-
-    async def drain(self, timeout: float) -> None:
-        """Wait (up to `timeout`) for the connections closing after their replies;
-        close what is left."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self.connections and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.01)
-        for connection in list(self.connections):
-            if connection.transport is not None:
-                connection.transport.close()
-
-
-async def start_server(app: App, router_error: Callable[[int, str], HttpReply],
-                       host: str, port: int, max_body: int,
-                       ssl_context=None, limits: HeadLimits = HeadLimits()
-                       ) -> tuple[Listener, int]:
-    """Listen on host:port (0 = any free port); returns the listener and the bound port.
-    With `ssl_context` the port speaks HTTPS only."""
-    loop = asyncio.get_running_loop()
-    listener = Listener()
-    listener.server = await loop.create_server(
-        lambda: HttpProtocol(app, router_error, max_body, listener.connections, limits),
-        host, port, reuse_address=True, backlog=1024, ssl=ssl_context)
-    return listener, listener.server.sockets[0].getsockname()[1]

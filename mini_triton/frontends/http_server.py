@@ -259,7 +259,10 @@ class HttpFrontend:
         call that delivers it (on the loop), without a task in between."""
         try:
             infer_request, binary_output = self._decode_infer(request)
-
+        except TritonError as error:
+            exchange.answer(self._undecodable(request, error))
+            return
+        try:
             def reply(response) -> None:
                 exchange.answer(_infer_reply(response, infer_request, binary_output))
 
@@ -269,6 +272,16 @@ class HttpFrontend:
             return
         if exchange.reply is None:
             exchange.cancel = lambda: self.service.cancel(infer_request)
+
+    def _undecodable(self, request: HttpRequest, error: TritonError) -> HttpReply:
+        """The reply to a body that does not decode: as in Triton, the model is looked
+        up first (an unknown or failed model is 404 whatever the body), then the body
+        error. Only this failing path pays for the lookup."""
+        try:
+            self.service.model_config(*_model_and_version(request))
+        except TritonError as lookup:
+            error = lookup
+        return error_reply(http_status(error.code), error.message)
 
     def _decode_infer(self, request: HttpRequest):
         """(InferenceRequest, whether outputs default to binary)."""

@@ -1,0 +1,53 @@
+"""The listening side of the HTTP/1.1 server: a socket, the connections it accepted
+(counted against --http-max-connections by each connection itself), and closing them
+when the server stops."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from .http_limits import ConnectionLimits, HeadLimits
+from .http_protocol import App, HttpProtocol, HttpReply
+
+
+class Listener:
+    """A listening socket and the connections it accepted."""
+
+    def __init__(self):
+        self.server: asyncio.AbstractServer | None = None
+        self.connections: set[HttpProtocol] = set()
+
+    def close(self) -> None:
+        """Stop accepting; close idle connections now and the others once their replies
+        are written."""
+        if self.server is not None:
+            self.server.close()
+        for connection in list(self.connections):
+            connection.close_when_replied()
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (up to `timeout`) for the connections closing after their replies;
+        close what is left."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.close()
+
+
+async def start_server(app: App, router_error: Callable[[int, str], HttpReply],
+                       host: str, port: int, max_body: int,
+                       ssl_context=None, limits: HeadLimits = HeadLimits(),
+                       connection_limits: ConnectionLimits = ConnectionLimits()
+                       ) -> tuple[Listener, int]:
+    """Listen on host:port (0 = any free port); returns the listener and the bound port.
+    With `ssl_context` the port speaks HTTPS only."""
+    loop = asyncio.get_running_loop()
+    listener = Listener()
+    listener.server = await loop.create_server(
+        lambda: HttpProtocol(app, router_error, max_body, listener.connections, limits,
+                             connection_limits),
+        host, port, reuse_address=True, backlog=1024, ssl=ssl_context)
+    return listener, listener.server.sockets[0].getsockname()[1]

@@ -1,0 +1,70 @@
+"""Request routing for the HTTP/1.1 server: exact paths in a dict, parameterised paths
+as anchored regexes, matched paths remembered (bounded)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Callable
+from urllib.parse import unquote
+
+if TYPE_CHECKING:
+    from .http_protocol import Handler, HttpReply
+
+
+class Router:
+    """Exact paths in a dict, parameterised paths as anchored regexes."""
+
+    # Paths matched by a pattern are remembered (an inference path would otherwise be
+    # tried against several patterns per request), up to this many, and only paths up
+    # to this long: no model name is longer than 255 bytes, and long junk paths must
+    # not hold memory after their requests.
+    MATCHED_PATHS = 4096
+    MATCHED_PATH_LENGTH = 512
+
+    def __init__(self, not_found: Callable[[str], HttpReply]):
+        self.exact: dict[str, dict[str, Handler]] = {}
+        self.patterns: list[tuple[re.Pattern, dict[str, Handler]]] = []
+        self.not_found = not_found
+        self.matched: dict[str, tuple[dict[str, Handler], dict]] = {}
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        if "{" not in path:
+            self.exact.setdefault(path, {})[method] = handler
+            return
+        regex = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path) + "$")
+        for pattern, methods in self.patterns:
+            if pattern.pattern == regex.pattern:
+                methods[method] = handler
+                return
+        self.patterns.append((regex, {method: handler}))
+
+    def resolve(self, method: str, path: str) -> tuple[Handler | None, dict, HttpReply | None]:
+        """(handler, path parameters, None) or (None, {}, the 404/405 reply)."""
+        methods, params = self.exact.get(path), {}
+        if methods is None:
+            methods, params = self.matched.get(path) or self._match(path)
+        if methods is None:
+            return None, {}, self.not_found(f"Not Found: {path}")
+        handler = methods.get(method)
+        if handler is None:
+            reply = self.not_found(f"Method {method} not allowed for {path}")
+            reply.status = 405
+            reply.headers["Allow"] = ", ".join(sorted(methods))
+            return None, {}, reply
+        return handler, params, None
+
+    def _match(self, path: str) -> tuple[dict[str, Handler] | None, dict]:
+        for pattern, methods in self.patterns:
+            match = pattern.match(path)
+            if match:
+                params = {k: unquote(v) for k, v in match.groupdict().items()}
+                if len(path) <= self.MATCHED_PATH_LENGTH:
+                    self._remember(path, methods, params)
+                return methods, params
+        return None, {}
+
+    def _remember(self, path: str, methods: dict[str, Handler], params: dict) -> None:
+        if len(self.matched) >= self.MATCHED_PATHS:
+            self.matched.clear()
+        self.matched[path] = (methods, params)
+
