@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from . import TRITON_NAME, TRITON_VERSION
 from .core.classification import classify, read_labels
 from .core.cuda_shared_memory import CudaSharedMemoryRegistry
-from .core.errors import Code, TritonError, invalid_arg, unsupported
+from .core.errors import Code, TritonError, invalid_arg, not_found, unsupported
 from .core.names import check_model_name
 from .core.request import FinalAnswer, InferenceRequest, InferenceResponse, ResponseStream
 from .core.response_cache import ResponseCache
@@ -134,6 +134,7 @@ class InferenceService:
         try:
             self._start(request, endpoint)
         except BaseException:
+            request.release_regions()
             stream.settle()  # refused: no response will come
             raise
 
@@ -173,12 +174,12 @@ class InferenceService:
         for tensor in request.inputs:
             if SHM_REGION in tensor.parameters:
                 region, offset, size = self._shm_reference(tensor.parameters,
-                                                           f"input '{tensor.name}'")
+                                                           f"input '{tensor.name}'", request)
                 tensor.raw = region.read(offset, size, f"input '{tensor.name}'")
                 tensor.data = None
 
-    def _shm_reference(self, parameters: dict, what: str):
-        region = self._region(str(parameters.pop(SHM_REGION)))
+    def _shm_reference(self, parameters: dict, what: str, request: InferenceRequest):
+        region = self._hold_region(str(parameters.pop(SHM_REGION)), request)
         size = parameters.pop(SHM_SIZE, None)
         offset = parameters.pop(SHM_OFFSET, 0)
         if not isinstance(size, int) or isinstance(size, bool):
@@ -188,11 +189,20 @@ class InferenceService:
         region.check(offset, size, what)  # now, before any work is done
         return region, offset, size
 
-    def _region(self, name: str):
-        region = self.system_shm.get(name) or self.cuda_shm.get(name)
-        if region is None:
-            raise invalid_arg(f"Unable to find shared memory region: '{name}'")
-        return region
+    def _hold_region(self, name: str, request: InferenceRequest):
+        """The region called `name`, held in use until the request is answered (so
+        that it cannot be unregistered under it), once per request."""
+        held = request.held_regions
+        if held is not None and name in held:
+            return held[name][1]
+        for registry in (self.system_shm, self.cuda_shm):
+            region = registry.hold(name)
+            if region is not None:
+                if request.held_regions is None:
+                    request.held_regions = {}
+                request.held_regions[name] = (registry, region)
+                return region
+        raise not_found(f"Unable to find shared memory region: '{name}'")
 
     def _output_transform(self, request: InferenceRequest, loaded: LoadedVersion):
         """A per-response step writing shared-memory outputs and classifying, or None."""
@@ -200,7 +210,7 @@ class InferenceService:
         for output in request.outputs:
             params = dict(output.parameters)  # kept intact in case the request is re-routed
             if SHM_REGION in params or "classification" in params:
-                shm = (self._shm_reference(params, f"output '{output.name}'")
+                shm = (self._shm_reference(params, f"output '{output.name}'", request)
                        if SHM_REGION in params else None)
                 plans[output.name] = (params.get("classification"), shm)
         if not plans:
@@ -386,6 +396,8 @@ def _completion_recorder(loaded: LoadedVersion, trace=None, lookup: CacheLookup 
 
     def record(request: InferenceRequest, response: InferenceResponse) -> None:
         elapsed = time.monotonic_ns() - request.arrival_ns
+        if request.held_regions is not None:
+            request.release_regions()
         if lookup is not None:
             lookup.record(stats, response)
         if response.error is None:

@@ -78,7 +78,9 @@ def test_out_of_bounds_input_is_refused(proto, regions, offset, size):
     with pytest.raises(InferenceServerException) as caught:
         proto.client.infer("identity_fp32", [shm_input(proto, in_name, size, offset)])
     assert proto.status_of(caught.value) == STATUS[proto.name]["INVALID_ARG"]
-    assert "exceeds the size" in caught.value.message() or "offset" in caught.value.message()
+    assert caught.value.message() in (
+        f"Invalid offset for shared memory region: '{in_name}'",
+        f"Invalid offset + byte size for shared memory region: '{in_name}'")  # Triton's words
 
 
 def test_output_region_too_small_is_refused(proto, regions):
@@ -97,7 +99,8 @@ def test_output_beyond_region_is_refused(proto, regions):
     with pytest.raises(InferenceServerException) as caught:
         proto.client.infer("identity_fp32", [shm_input(proto, in_name, SIZE)],
                            outputs=[shm_output(proto, out_name, SIZE, SIZE * 2 - 8)])
-    assert "exceeds the size" in caught.value.message()
+    assert f"Invalid offset + byte size for shared memory region: '{out_name}'" == \
+        caught.value.message()  # Triton's words
 
 
 def test_register_missing_key_is_refused(proto):
@@ -123,6 +126,17 @@ def test_unknown_region_in_request(proto):
     with pytest.raises(InferenceServerException) as caught:
         proto.client.infer("identity_fp32", [shm_input(proto, "never_registered", SIZE)])
     assert "Unable to find shared memory region: 'never_registered'" in caught.value.message()
+    assert proto.status_of(caught.value) == STATUS[proto.name]["NOT_FOUND"]  # as Triton
+
+
+def test_registering_a_name_twice_is_already_exists(proto, regions):
+    in_name, key, _ = regions["in"]
+    with pytest.raises(InferenceServerException) as caught:
+        proto.client.register_system_shared_memory(in_name, key, SIZE)
+    assert caught.value.message() == f"shared memory region '{in_name}' already in manager"
+    # Triton's statuses: HTTP 400, gRPC ALREADY_EXISTS
+    assert proto.status_of(caught.value) == {"http": "400",
+                                             "grpc": "StatusCode.ALREADY_EXISTS"}[proto.name]
 
 
 def test_cuda_shared_memory_endpoints_without_a_device(proto):
@@ -185,3 +199,47 @@ def test_classification_extension(proto):
     assert classes.shape == (1, 2)
     assert [c.decode() if isinstance(c, bytes) else c for c in classes[0]] == \
         ["0.700000:1", "0.200000:2"]
+
+
+def test_a_region_in_use_cannot_be_unregistered(tmp_path):
+    """Triton refuses to unregister a region while a request reads it; the request
+    then completes and the region can go."""
+    import threading
+    import time
+
+    from conftest import server_settings
+    from mini_triton.server import ServerThread
+    from test_lifecycle import write_model
+
+    repository = tmp_path / "repo"
+    write_model(repository, "slow", extra="parameters { key: \"execute_delay_ms\" "
+                                          "value: { string_value: \"1500\" } }")
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    handle = shm.create_shared_memory_region("busy", "/mt_busy_region", SIZE)
+    shm.set_shared_memory_region(handle, [data])
+    try:
+        with ServerThread(server_settings(repository)) as server:
+            import tritonclient.http as httpclient
+
+            client = httpclient.InferenceServerClient(f"127.0.0.1:{server.ports['http']}",
+                                                      concurrency=2)
+            client.register_system_shared_memory("busy", "/mt_busy_region", SIZE)
+            tensor = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+            tensor.set_shared_memory("busy", SIZE)
+            pending = client.async_infer("slow", [tensor])
+            deadline = time.monotonic() + 10
+            while not server.server.service.system_shm.get("busy").users:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            with pytest.raises(InferenceServerException) as caught:
+                client.unregister_system_shared_memory("busy")
+            assert caught.value.message() == ("Cannot unregister shared memory region 'busy', "
+                                              "it is currently in use.")
+            with pytest.raises(InferenceServerException):
+                client.unregister_system_shared_memory()  # all: refused as a whole
+            np.testing.assert_array_equal(pending.get_result().as_numpy("OUTPUT0"), data)
+            client.unregister_system_shared_memory("busy")
+            assert client.get_system_shared_memory_status() == []
+            client.close()
+    finally:
+        shm.destroy_shared_memory_region(handle)

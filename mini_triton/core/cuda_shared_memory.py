@@ -68,6 +68,7 @@ class CudaRegion:
     byte_size: int
     device_pointer: int
     runtime: object
+    users: int = 0  # requests using it now (RegionRegistry.hold/release)
 
     def status(self) -> dict:
         return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}

@@ -163,6 +163,15 @@ class InferenceRequest:
     transform: Callable[[InferenceResponse], InferenceResponse] | None = None
     timing: object = None  # the ExecutionTiming of the execution that ran it (for traces)
     completed: bool = False  # the final response was sent
+    # Shared-memory regions the request reads or writes, held in use until it is
+    # answered: (registry, region) by region name; None on the plain path.
+    held_regions: dict | None = None
+
+    def release_regions(self) -> None:
+        """Let go of the held regions (once; safe to call again)."""
+        held, self.held_regions = self.held_regions, None
+        for registry, region in (held or {}).values():
+            registry.release(region)
 
     def input(self, name: str) -> Tensor | None:
         for tensor in self.inputs:

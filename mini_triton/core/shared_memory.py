@@ -26,6 +26,7 @@ class Region:
     offset: int
     byte_size: int
     mapping: mmap.mmap
+    users: int = 0  # requests using it now (RegionRegistry.hold/release)
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -52,11 +53,12 @@ class Region:
 
 
 def check_bounds(name: str, region_size: int, offset: int, byte_size: int, what: str) -> None:
-    """INVALID_ARG unless [offset, offset+byte_size) lies inside the region."""
-    if offset < 0 or byte_size < 0 or offset + byte_size > region_size:
-        raise invalid_arg(
-            f"{what}: offset {offset} + byte size {byte_size} exceeds the size "
-            f"{region_size} of shared memory region '{name}'")
+    """INVALID_ARG unless [offset, offset+byte_size) lies inside the region, in
+    Triton's words (clients compare them); `what` is kept for the log."""
+    if offset < 0 or offset >= region_size and byte_size > 0 or offset > region_size:
+        raise invalid_arg(f"Invalid offset for shared memory region: '{name}'")
+    if byte_size < 0 or offset + byte_size > region_size:
+        raise invalid_arg(f"Invalid offset + byte size for shared memory region: '{name}'")
 
 
 SHM_DIR = "/dev/shm"
@@ -92,12 +94,32 @@ class RegionRegistry:
             self.regions[name] = open_region()
 
     def unregister(self, name: str = "") -> None:
-        """Unregister one region, or all when `name` is empty (unknown names are fine)."""
+        """Unregister one region, or all when `name` is empty (unknown names are fine).
+        A region a request is using is refused, as Triton refuses it: its mapping must
+        outlive the request (all-or-nothing when unregistering all)."""
         with self.lock:
-            for region_name in [name] if name else list(self.regions):
+            names = [name] if name else list(self.regions)
+            for region_name in names:
+                region = self.regions.get(region_name)
+                if region is not None and region.users:
+                    raise invalid_arg(f"Cannot unregister shared memory region "
+                                      f"'{region_name}', it is currently in use.")
+            for region_name in names:
                 region = self.regions.pop(region_name, None)
                 if region is not None:
                     region.close()
+
+    def hold(self, name: str):
+        """The region called `name`, marked in use until `release`, or None."""
+        with self.lock:
+            region = self.regions.get(name)
+            if region is not None:
+                region.users += 1
+            return region
+
+    def release(self, region) -> None:
+        with self.lock:
+            region.users -= 1
 
     def status(self, name: str = "") -> list[dict]:
         with self.lock:
@@ -136,23 +158,23 @@ def _map(key: str, name: str, offset: int, byte_size: int) -> mmap.mmap:
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
-        raise invalid_arg(f"Unable to open shared memory region '{name}': key '{key}' does "
-                          "not exist") from None
+        raise invalid_arg(f"Unable to open shared memory region: '{key}' (it does not "
+                          "exist)") from None
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise invalid_arg(f"Unable to open shared memory region '{name}': key '{key}' "
-                              "is a symbolic link, not a shared memory object") from None
-        raise invalid_arg(f"Unable to open shared memory region '{name}' (key '{key}'): "
-                          f"{error.strerror}") from None
+            raise invalid_arg(f"Unable to open shared memory region: '{key}' (a symbolic "
+                              "link, not a shared memory object)") from None
+        raise invalid_arg(f"Unable to open shared memory region: '{key}' "
+                          f"({error.strerror})") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_dev != _shm_device():
-            raise invalid_arg(f"Unable to open shared memory region '{name}': key '{key}' is "
-                              "not a shared memory object")
+            raise invalid_arg(f"Unable to open shared memory region: '{key}' (not a shared "
+                              "memory object)")
         if offset + byte_size > info.st_size:
             raise invalid_arg(
-                f"shared memory region '{name}': offset {offset} + byte size {byte_size} "
-                f"exceeds the size {info.st_size} of the shared memory object '{key}'")
+                f"Invalid shared memory region: '{key}' (offset {offset} + byte size "
+                f"{byte_size} exceeds the size {info.st_size} of the object)")
         return mmap.mmap(fd, info.st_size)
     finally:
         os.close(fd)

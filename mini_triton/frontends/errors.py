@@ -13,7 +13,7 @@ STATUS = {
     Code.UNAVAILABLE: (503, grpc.StatusCode.UNAVAILABLE),
     Code.UNSUPPORTED: (501, grpc.StatusCode.UNIMPLEMENTED),
     Code.INTERNAL: (500, grpc.StatusCode.INTERNAL),
-    Code.ALREADY_EXISTS: (409, grpc.StatusCode.ALREADY_EXISTS),
+    Code.ALREADY_EXISTS: (400, grpc.StatusCode.ALREADY_EXISTS),  # Triton's HTTP code
     Code.CANCELLED: (499, grpc.StatusCode.CANCELLED),
     Code.UNKNOWN: (500, grpc.StatusCode.UNKNOWN),
 }
