@@ -18,6 +18,7 @@ from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
 from .frontends.restrictions import parse_restrictions
 from .frontends.tls import TlsFiles
+from .repository.storage import repository_location
 from .logsettings import FORMATS as LOG_FORMATS
 from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
 from .tracing import Tracer
@@ -110,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     add = grouped_adder(parser)
     add("--help", "-h", action="help", help="print this help and exit")
     add("--version", action="version", version=version_line())
-    add("--model-repository", "--model-store", action="append", type=Path,
-        dest="model_repository", help="model repository folder (repeatable)")
+    add("--model-repository", "--model-store", action="append", type=repository_location,
+        dest="model_repository",
+        help="model repository: a folder, s3://[host:port/]bucket/path, gs://bucket/path "
+        "or as://account/container/path (repeatable)")
     add("--http-port", type=port, default=8000)
     add("--grpc-port", type=port, default=8001)
     add("--metrics-port", type=port, default=8002)

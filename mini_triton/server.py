@@ -26,6 +26,7 @@ from .frontends.tls import TlsError, TlsFiles, server_context
 from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
 from .metrics import Metrics, MetricsOptions
 from .repository.manager import ModelRepositoryManager, ServerOptions
+from .repository.storage import StorageError, is_url
 from .service import InferenceService
 
 log = logging.getLogger("mini_triton")
@@ -52,7 +53,9 @@ def started_service(line: str) -> tuple[str, int] | None:
 class Settings:
     """Everything the command line can set (tritonserver's flags)."""
 
-    model_repositories: list[Path] = field(default_factory=lambda: [Path("model_repository")])
+    # folders, or cloud URLs (s3://, gs://, as://) kept as written
+    model_repositories: list[Path | str] = field(
+        default_factory=lambda: [Path("model_repository")])
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
@@ -98,8 +101,11 @@ class StartupError(RuntimeError):
 
 def check_repositories(repositories: list[Path]) -> None:
     """Each --model-repository must be a folder: a typo stops the server at start-up
-    with Triton's words, instead of serving no models and reporting ready."""
+    with Triton's words, instead of serving no models and reporting ready. A cloud URL
+    is checked by its storage (Server.start)."""
     for repository in repositories:
+        if is_url(repository):
+            continue
         if not Path(repository).exists():
             raise StartupError(f"creating server: Internal - failed to stat file {repository}")
         if not Path(repository).is_dir():
@@ -140,6 +146,10 @@ class Server:
         http_tls = self._check_tls()
         self._apply_log_settings()
         check_repositories(self.settings.model_repositories)
+        try:
+            await loop.run_in_executor(None, self.manager.check_storage)
+        except StorageError as error:
+            raise StartupError(str(error)) from None
         await loop.run_in_executor(None, self._load_models)
         if self.settings.allow_grpc:
             await self._start_grpc()
@@ -177,7 +187,10 @@ class Server:
         return None
 
     def _load_models(self) -> None:
-        failures = self.manager.load_startup(self.settings.load_models)
+        try:
+            failures = self.manager.load_startup(self.settings.load_models)
+        except StorageError as error:  # a cloud repository failed while mirroring
+            raise StartupError(str(error)) from None
         if failures and self.settings.exit_on_error:
             raise StartupError(
                 f"failed to load all models ({len(failures)} failed; see above); exiting "

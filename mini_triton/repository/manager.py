@@ -30,6 +30,7 @@ from ..scheduling import create_scheduler
 from ..scheduling.warmup import warm_up, warmup_samples
 from . import scan
 from .overrides import remove_private_model, remove_private_root, write_private_model
+from .storage import ALL, StorageError, is_url, open_repository
 
 log = logging.getLogger("mini_triton.repository")
 
@@ -106,7 +107,8 @@ class ModelRepositoryManager:
 
     def __init__(self, repositories: list[Path], options: ServerOptions | None = None,
                  server=None, mode: str = "none"):
-        self.repositories = [Path(r) for r in repositories]
+        self.repositories = [r if is_url(r) else Path(r) for r in repositories]
+        self._storages = None  # opened on first use (check_storage at start-up)
         self.options = options or ServerOptions()
         self.server = server
         self.mode = mode
@@ -115,11 +117,26 @@ class ModelRepositoryManager:
 
     # --- discovery ---
 
-    def model_folders(self) -> dict[str, Path]:
-        """Model name → folder over all repositories; the first repository wins."""
+    @property
+    def storages(self) -> list:
+        """One storage per repository: a local folder, or a cloud URL's local mirror."""
+        if self._storages is None:
+            self._storages = [open_repository(r) for r in self.repositories]
+        return self._storages
+
+    def check_storage(self) -> None:
+        """Open every repository and reach the cloud ones (start-up); StorageError
+        names the URL and the cause."""
+        for repository in self.storages:
+            repository.check()
+
+    def model_folders(self, fetch=None, strict: bool = True) -> dict[str, Path]:
+        """Model name → folder over all repositories; the first repository wins.
+        `fetch` (ALL or names) has cloud repositories list again and mirror those
+        models first; without it they answer from their last listing."""
         folders: dict[str, Path] = {}
-        for repository in self.repositories:
-            for name, path in scan.model_dirs(repository).items():
+        for repository in self.storages:
+            for name, path in repository.model_dirs(fetch, strict).items():
                 folders.setdefault(name, path)
         return folders
 
@@ -128,7 +145,8 @@ class ModelRepositoryManager:
     def load_startup(self, names: list[str] | None = None) -> list[ModelRecord]:
         """Load what the mode loads at start-up (explicit: only `names`, '*' = all);
         returns the records that failed."""
-        folders = self.model_folders()
+        explicit_all = self.mode != "explicit" or "*" in (names or [])
+        folders = self.model_folders(fetch=ALL if explicit_all else set(names or []))
         never_loaded = []  # named models with no record: not found, or refused by name
         if self.mode == "explicit":
             wanted = folders if "*" in (names or []) else {n: None for n in names or []}
@@ -151,7 +169,11 @@ class ModelRepositoryManager:
     def poll(self) -> None:
         """Bring the served models in line with the repository folders."""
         with self.lock:
-            folders = self.model_folders()
+            try:
+                folders = self.model_folders(fetch=ALL, strict=False)
+            except StorageError as error:  # an outage is not a deletion: change nothing
+                log.warning("repository poll failed: %s; the models keep serving", error)
+                return
             for name in list(self.records):
                 record = self.records[name]
                 if name not in folders and not record.unloaded and record.private_dir is None:
@@ -182,7 +204,11 @@ class ModelRepositoryManager:
                                       "given with file overrides")
                 folder = private_dir = write_private_model(name, files)
             else:
-                folder = self.model_folders().get(name)
+                try:
+                    folder = self.model_folders(fetch={name}).get(name)
+                except StorageError as error:
+                    raise unavailable(f"failed to load '{name}', failed to poll from model "
+                                      f"repository: {error}") from None
                 if folder is None:
                     raise invalid_arg(f"failed to load '{name}', failed to poll from model "
                                       f"repository: model '{name}' is not found in any "
@@ -288,6 +314,8 @@ class ModelRepositoryManager:
             _stop_versions(record, timeout)
             remove_private_model(record)
         remove_private_root()
+        for repository in self._storages or ():
+            repository.close()  # a cloud repository's local mirror
 
     # --- internals ---
 
