@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""The HTTP/1.1 server's own cost per request, in-process: a kept-alive connection's
+HttpProtocol fed one perf_analyzer-like inference request at a time (16 FP32, binary),
+answered at once by the app with a two-chunk reply, written to a transport that keeps
+nothing. No sockets, no model: parsing, limits, ordering and the reply head only.
+
+Two source trees are timed alternately, each in its own process, so a change to the
+server (e.g. new checks per request) is measured against the commit before it:
+
+    git worktree add /tmp/mt-before HEAD
+    .venv/bin/python perf/bench_http_connection.py /tmp/mt-before . [--rounds 5]
+
+Prints µs per request, every round and the best of each tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROUND = r"""
+import asyncio, json, sys, time
+from mini_triton.frontends.http_protocol import HttpProtocol, HttpReply
+
+HEADER = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
+                                 "parameters": {"binary_data_size": 64}}],
+                     "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]
+                     }).encode()
+BODY = HEADER + bytes(64)
+REQUEST = (b"POST /v2/models/identity_py/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
+           b"Accept: */*\r\nInference-Header-Content-Length: %d\r\nContent-Type: "
+           b"application/octet-stream\r\nContent-Length: %d\r\n\r\n" % (len(HEADER), len(BODY))
+           + BODY)
+REPLY = HttpReply(200, [b'{"model_name":"identity_py","model_version":"1","outputs":[]}',
+                        bytes(64)], "application/octet-stream",
+                  {"Inference-Header-Content-Length": "61"})
+
+
+class NullTransport:
+    def writelines(self, chunks): pass
+    def write(self, data): pass
+    def is_closing(self): return False
+    def get_write_buffer_size(self): return 0
+    def get_extra_info(self, name, default=None): return default
+
+
+def app(request, exchange):
+    exchange.answer(REPLY)
+
+
+async def main(count):
+    protocol = HttpProtocol(app, lambda status, message: HttpReply(status), 1 << 26, set())
+    protocol.connection_made(NullTransport())
+    for _ in range(2000):
+        protocol.data_received(REQUEST)
+    started = time.perf_counter()
+    for _ in range(count):
+        protocol.data_received(REQUEST)
+    return (time.perf_counter() - started) / count * 1e6
+
+print(json.dumps(asyncio.run(main(int(sys.argv[1])))))
+"""
+
+
+def one_round(tree: Path, count: int) -> float:
+    done = subprocess.run([sys.executable, "-c", ROUND, str(count)], cwd=tree,
+                          capture_output=True, text=True, check=True,
+                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+    return json.loads(done.stdout)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trees", nargs=2, type=Path, help="before and after source trees")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--count", type=int, default=50000, help="requests per round")
+    args = parser.parse_args()
+    before, after = (tree.resolve() for tree in args.trees)
+    times: dict[Path, list[float]] = {before: [], after: []}
+    print("| round | before µs/request | after µs/request |\n|---|---|---|")
+    for number in range(1, args.rounds + 1):
+        order = [before, after] if number % 2 else [after, before]
+        for tree in order:
+            times[tree].append(one_round(tree, args.count))
+        print(f"| {number} | {times[before][-1]:.2f} | {times[after][-1]:.2f} |", flush=True)
+    best_before, best_after = min(times[before]), min(times[after])
+    print(f"\nbest: before {best_before:.2f} µs, after {best_after:.2f} µs "
+          f"({best_after - best_before:+.2f} µs, {best_after / best_before:.3f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
