@@ -29,6 +29,9 @@ import grpc
 import hpack
 from google.protobuf.message import DecodeError
 
+from .grpc_hpack import HeaderDecoder
+from .grpc_wire import WINDOW_BITS, MessageTooLarge, inflate, parse_timeout
+
 log = logging.getLogger("mini_triton.grpc")
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -62,13 +65,6 @@ LARGE_MESSAGE = 64 * 1024
 WINDOW_REFILL = 2**24
 # The largest request message by default, inflated or not: INT32_MAX, as tritonserver.
 MAX_MESSAGE_SIZE = 2**31 - 1
-
-# The client's deadline, `grpc-timeout: <digits><unit>`, in seconds per unit.
-TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
-DECOMPRESSORS = {
-    b"gzip": lambda data: zlib.decompress(data, wbits=31),
-    b"deflate": zlib.decompress,
-}
 # Metadata that is the protocol's own, not the caller's (grpc.aio hides it too).
 RESERVED_HEADERS = frozenset({b"te", b"content-type", b"grpc-timeout", b"grpc-encoding",
                               b"grpc-accept-encoding"})
@@ -112,10 +108,13 @@ def _status_block(code: grpc.StatusCode, message: str) -> bytes:
     return block
 
 
-def parse_timeout(value: bytes) -> float | None:
-    if len(value) < 2 or value[-1:] not in TIMEOUT_UNITS or not value[:-1].isdigit():
-        return None
-    return int(value[:-1]) * TIMEOUT_UNITS[value[-1:]]
+# A grpc-timeout that is not one fails its call, in grpc core's words.
+BAD_TIMEOUT_STATUS = _status_block(grpc.StatusCode.INTERNAL,
+                                   "Error parsing 'grpc-timeout' metadata")
+
+
+def _too_large(length: int, limit: int) -> str:
+    return f"Received message larger than max ({length} vs. {limit})"  # grpc core's words
 
 
 def binary_header_value(value: bytes) -> bytes:
@@ -196,51 +195,15 @@ class Stream:
         self.headers_sent = False
 
 
-class HeaderDecoder:
-    """HPACK decoding (hpack's pure-Python decoder) with a memo of header blocks.
-
-    A gRPC client sends the same headers on every call; after the first call they are
-    references to its entries in the connection's dynamic table, so the block is the
-    same bytes each time, and decoding it again cost 25 µs per call. A block is
-    remembered when decoding it left the table unchanged; any change to the table
-    (an entry added, its size changed) shifts the indices and forgets every block.
-    """
-
-    MAX_BLOCKS = 256
-
-    def __init__(self):
-        self.decoder = hpack.Decoder()
-        self.decoder.max_header_list_size = 2**20
-        self.blocks: dict[bytes, list] = {}
-        self.table_changes = 0
-        table = self.decoder.header_table
-        add = table.add
-
-        def counting_add(name: bytes, value: bytes) -> None:
-            self.table_changes += 1
-            add(name, value)
-
-        table.add = counting_add  # hpack adds every indexed literal through this
-
-    def decode(self, block: bytes) -> list:
-        headers = self.blocks.get(block)
-        if headers is not None:
-            return headers
-        before = (self.table_changes, self.decoder.header_table.maxsize)
-        headers = self.decoder.decode(block, raw=True)
-        if (self.table_changes, self.decoder.header_table.maxsize) != before:
-            self.blocks.clear()
-        elif len(self.blocks) < self.MAX_BLOCKS:
-            self.blocks[block] = headers
-        return headers
-
-
 class GrpcConnection(asyncio.Protocol):
     """One client connection: frames in, calls dispatched, frames out."""
 
     def __init__(self, server: "GrpcServer"):
         self.server = server
         self.loop = server.loop
+        self.max_message = server.max_receive_message_size
+        # a unary call's body holds one message: its prefix and at most max_message bytes
+        self.max_unary_body = self.max_message + MESSAGE_PREFIX.size
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.preface_seen = False
@@ -306,6 +269,8 @@ class GrpcConnection(asyncio.Protocol):
             self._go_away(error.code, str(error))
         except hpack.HPACKError as error:
             self._go_away(COMPRESSION_ERROR, f"header block: {error}")
+        except Exception as error:  # a bug where the connection's state is unknown
+            self._fail_connection(error)
 
     # --- frames in ---
 
@@ -401,16 +366,20 @@ class GrpcConnection(asyncio.Protocol):
             raise ProtocolError(PROTOCOL_ERROR, "unexpected CONTINUATION")
         self.header_block += payload
         if flags & END_HEADERS:
+            block, self.header_block = bytes(self.header_block), bytearray()
             self.headers_in_progress = None
-            self._on_header_block(stream, bytes(self.header_block))
+            self._on_header_block(stream, block)
 
     def _on_header_block(self, stream: Stream, block: bytes) -> None:
-        headers = self.decoder.decode(block)
-        if stream.headers is None:
-            stream.headers = headers
-            self._start_call(stream)
-        if stream.ended:  # trailers from the client, or a call with no body
-            self._on_end_of_input(stream)
+        headers = self.decoder.decode(block)  # its errors are the connection's
+        try:
+            if stream.headers is None:
+                stream.headers = headers
+                self._start_call(stream)
+            if stream.ended:  # trailers from the client, or a call with no body
+                self._on_end_of_input(stream)
+        except Exception as error:  # the block is decoded: the connection's state is sound
+            self._fail_stream(stream, error)
 
     def _on_data(self, flags: int, stream_id: int, buffer: bytearray, start: int,
                  end: int) -> None:
@@ -424,14 +393,24 @@ class GrpcConnection(asyncio.Protocol):
             return  # a stream we reset or finished: its data is dropped
         if flags & PADDED:
             start, end = _padded_bounds(buffer, start, end)
+        body = stream.body
+        before = len(body)
         with memoryview(buffer) as view:
-            stream.body += view[start:end]
+            body += view[start:end]
         self._give_back(stream, length)
-        if stream.inbox is not None:
-            self._deliver_messages(stream)
-        if flags & END_STREAM:
-            stream.ended = True
-            self._on_end_of_input(stream)
+        try:
+            if stream.inbox is not None:
+                self._deliver_messages(stream)
+            elif len(body) > self.max_unary_body or \
+                    before < 5 <= len(body) and not flags & END_STREAM:
+                # refused early: past one message, or declared too large at its prefix
+                # (a body ending here is checked whole, by _take_messages)
+                self._check_unary_body(stream)
+            if flags & END_STREAM and not stream.closed:
+                stream.ended = True
+                self._on_end_of_input(stream)
+        except Exception as error:  # the frame is taken: the connection's state is sound
+            self._fail_stream(stream, error)
 
     def _give_back(self, stream: Stream | None, size: int) -> None:
         """Refill the client's send windows in large steps as we take its bytes."""
@@ -451,15 +430,12 @@ class GrpcConnection(asyncio.Protocol):
     # --- calls ---
 
     def _start_call(self, stream: Stream) -> None:
-        path, metadata = None, []
+        path, metadata, timeout = None, [], None
         for name, value in stream.headers:
             if name == b":path":
                 path = value
             elif name == b"grpc-timeout":
-                timeout = parse_timeout(value)
-                if timeout is not None:
-                    stream.deadline = self.loop.call_later(timeout, self._deadline_passed,
-                                                           stream)
+                timeout = value
             elif name == b"grpc-encoding":
                 stream.encoding = value
             elif name[:1] != b":" and name not in RESERVED_HEADERS:
@@ -469,12 +445,14 @@ class GrpcConnection(asyncio.Protocol):
         if self.going_away or self.server.closing:
             self._reset(stream, REFUSED_STREAM)
             return
+        if timeout is not None and not self._start_deadline(stream, timeout):
+            return
         method = self.server.methods.get(path)
         if method is None:
             self._finish(stream, _status_block(grpc.StatusCode.UNIMPLEMENTED,
                                                "Method not found!"))
             return
-        if stream.encoding not in (None, b"identity") and stream.encoding not in DECOMPRESSORS:
+        if stream.encoding not in (None, b"identity") and stream.encoding not in WINDOW_BITS:
             self._finish(stream, _status_block(
                 grpc.StatusCode.UNIMPLEMENTED,
                 f"Compression algorithm '{stream.encoding.decode('latin-1')}' is not supported"))
@@ -485,6 +463,17 @@ class GrpcConnection(asyncio.Protocol):
             stream.inbox = asyncio.Queue()
             stream.started = True
             stream.stop = self.loop.create_task(self._run_streaming(stream)).cancel
+
+    def _start_deadline(self, stream: Stream, value: bytes) -> bool:
+        """End the call when the client's grpc-timeout passes; a value that is not one
+        fails this call only (INTERNAL, grpc core's words), never the connection."""
+        try:
+            seconds = parse_timeout(value)
+        except ValueError:
+            self._finish(stream, BAD_TIMEOUT_STATUS)
+            return False
+        stream.deadline = self.loop.call_later(seconds, self._deadline_passed, stream)
+        return True
 
     def _on_end_of_input(self, stream: Stream) -> None:
         method = stream.method
@@ -514,6 +503,9 @@ class GrpcConnection(asyncio.Protocol):
         body, messages, offset = stream.body, [], 0
         while len(body) - offset >= 5:
             compressed, length = MESSAGE_PREFIX.unpack_from(body, offset)
+            if length > self.max_message:  # refused at its prefix, before it is buffered
+                raise AbortError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 _too_large(length, self.max_message))
             if len(body) - offset - 5 < length:
                 break
             with memoryview(body) as view:
@@ -528,22 +520,40 @@ class GrpcConnection(asyncio.Protocol):
         return messages
 
     def _decompress(self, stream: Stream, message: bytes) -> bytes:
-        decompress = DECOMPRESSORS.get(stream.encoding or b"")
-        if decompress is None:
+        if stream.encoding not in WINDOW_BITS:
             raise AbortError(grpc.StatusCode.INTERNAL,
                              "a compressed message without a grpc-encoding")
         try:
-            return decompress(message)
+            return inflate(message, stream.encoding, self.max_message)
+        except MessageTooLarge as error:
+            raise AbortError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"Decompressed message larger than max ({error})") from None
         except zlib.error as error:
             raise AbortError(grpc.StatusCode.INTERNAL,
                              f"cannot decompress the request message: {error}") from None
 
+    def _check_unary_body(self, stream: Stream) -> None:
+        """A unary call's body as it arrives: its message may not be declared larger
+        than the limit, nor may more than that one message's bytes come."""
+        length = MESSAGE_PREFIX.unpack_from(stream.body)[1]
+        if length > self.max_message:
+            self._finish(stream, _status_block(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                               _too_large(length, self.max_message)))
+        elif len(stream.body) > self.max_unary_body:
+            self._finish(stream, _status_block(grpc.StatusCode.UNIMPLEMENTED,
+                                               "expected one request message, got more"))
+
     def _deliver_messages(self, stream: Stream) -> None:
         try:
-            for message in self._take_messages(stream):
-                stream.inbox.put_nowait(message)
+            messages = self._take_messages(stream)
         except AbortError as error:
-            stream.inbox.put_nowait(error)
+            # the call ends here, as grpc core ends it: the rest of its request is
+            # refused rather than buffered, and its handler stopped
+            self._finish(stream, _status_block(error.code, error.details))
+            self._stop_call(stream)
+            return
+        for message in messages:
+            stream.inbox.put_nowait(message)
 
     def _parse_request(self, stream: Stream, message: bytes):
         """The request message, or None when it does not parse (the call is ended: the
@@ -655,7 +665,27 @@ class GrpcConnection(asyncio.Protocol):
     def _stop_call(stream: Stream) -> None:
         stop, stream.stop = stream.stop, None
         if stop is not None:
-            stop()
+            try:
+                stop()
+            except Exception:  # the call is gone either way; other calls go on
+                log.exception("stopping the gRPC call on stream %d failed", stream.id)
+
+    def _fail_stream(self, stream: Stream, error: Exception) -> None:
+        """An unexpected error in one call (a bug): logged, and that stream reset with
+        INTERNAL_ERROR; the connection's other calls go on."""
+        log.error("gRPC call on stream %d failed; resetting it", stream.id, exc_info=error)
+        if stream.closed:
+            self.streams.pop(stream.id, None)
+        else:
+            self._reset(stream, INTERNAL_ERROR)
+
+    def _fail_connection(self, error: Exception) -> None:
+        """An unexpected error where the connection's state is unknown (a bug): GOAWAY
+        with INTERNAL_ERROR and close, logged once, never a silent abort."""
+        if self.transport is None or self.transport.is_closing():
+            return  # already going: what still arrives is not answered, nor logged again
+        log.error("gRPC connection failed; closing it", exc_info=error)
+        self._send_go_away(INTERNAL_ERROR, "internal error")
 
     # --- frames out ---
 
@@ -755,6 +785,9 @@ class GrpcConnection(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return
         log.info("closing a gRPC connection: %s", reason)
+        self._send_go_away(code, reason)
+
+    def _send_go_away(self, code: int, reason: str) -> None:
         self.transport.write(_frame(GOAWAY, 0, 0, struct.pack(">II", self.last_stream_id, code)
                                     + reason.encode()[:256]))
         self.transport.close()
