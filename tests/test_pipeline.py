@@ -240,6 +240,8 @@ def test_a_bad_image_in_a_batched_request_fails_that_request_naming_the_element(
 
 # --- what guards the fast path: the classifier's config, checked by the server ---
 
+# Triton names the request in the errors of its request checks.
+NO_ID = "[request id: <id_unknown>] "
 NOTE = ("NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
         "dimension to be prepended to each input shape.")
 
@@ -262,7 +264,7 @@ def test_fast_path_guards(proto, array, datatype, message):
     with pytest.raises(InferenceServerException) as failure:
         proto.client.infer("classifier", [tensor])
     assert proto.status_of(failure.value) == STATUS[proto.name]["INVALID_ARG"]
-    assert failure.value.message().startswith(message)
+    assert failure.value.message().startswith(NO_ID + message)
 
 
 def post_binary(server, header: dict, binary: bytes) -> tuple[int, dict]:
@@ -287,10 +289,10 @@ def binary_header(size: int) -> dict:
 
 @pytest.mark.parametrize("declared, sent, message", [
     (INPUT_BYTES - 4, INPUT_BYTES - 4,
-     "input byte size mismatch for input 'input' for model 'classifier'. "
+     NO_ID + "input byte size mismatch for input 'input' for model 'classifier'. "
      "Expected 602112, got 602108"),
     (INPUT_BYTES + 4, INPUT_BYTES + 4,
-     "input byte size mismatch for input 'input' for model 'classifier'. "
+     NO_ID + "input byte size mismatch for input 'input' for model 'classifier'. "
      "Expected 602112, got 602116"),
     (INPUT_BYTES, INPUT_BYTES - 4,
      "unexpected size for input 'input', expecting 602112 bytes but only 602108 bytes "
@@ -315,5 +317,5 @@ def test_fast_path_guards_the_byte_length_of_grpc_raw_contents(default_server):
         with pytest.raises(grpc.RpcError) as failure:
             service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert failure.value.details() == ("input byte size mismatch for input 'input' for model "
+    assert failure.value.details() == (NO_ID + "input byte size mismatch for input 'input' for model "
                                        "'classifier'. Expected 602112, got 602108")

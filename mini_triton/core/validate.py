@@ -14,7 +14,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import datatypes
-from .errors import invalid_arg
+from .errors import TritonError, invalid_arg
 from .request import InferenceRequest
 from .tensor import Tensor
 
@@ -76,10 +76,17 @@ def normalize(request: InferenceRequest, model: ModelSignature) -> None:
     """
     _apply_control_parameters(request)
     inputs_by_name = _index_inputs(request, model.name)
-    _check_input_names(inputs_by_name, model.inputs, model.name)
-    batch_size = _check_batch(request, model)
-    for tensor in request.inputs:
-        _check_input(tensor, model.inputs[tensor.name], model, batch_size)
+    _check_known_inputs(inputs_by_name, model.inputs, model.name)
+    try:
+        _check_required_inputs(inputs_by_name, model.inputs, model.name)
+        batch_size = _check_batch(request, model)
+        for tensor in request.inputs:
+            _check_input(tensor, model.inputs[tensor.name], model, batch_size)
+    except TritonError as error:
+        # Triton's request checks name the request (InferenceRequest::LogRequest).
+        error.message = f"[request id: {request.id or '<id_unknown>'}] {error.message}"
+        error.args = (error.message,)
+        raise
     _check_outputs(request, model)
     request.batch_size = batch_size
 
@@ -140,19 +147,25 @@ def _index_inputs(request: InferenceRequest, model: str) -> dict[str, Tensor]:
     return by_name
 
 
-def _check_input_names(inputs: dict[str, Tensor], configs: dict, model: str) -> None:
+def _check_known_inputs(inputs: dict[str, Tensor], configs: dict, model: str) -> None:
     for input_name in inputs:
         if input_name not in configs:
             raise invalid_arg(f"unexpected inference input '{input_name}' for model '{model}'")
+
+
+def _check_required_inputs(inputs: dict[str, Tensor], configs: dict, model: str) -> None:
     missing = [n for n, ic in configs.items() if n not in inputs and not ic.optional]
-    if missing:
-        got = ",".join(f"'{n}'" for n in inputs)
-        want = ",".join(f"'{n}'" for n in missing)
-        raise invalid_arg(
-            f"expected {len(configs)} inputs but got {len(inputs)} inputs for model "
-            f"'{model}'. Got input(s) [{got}], but missing required input(s) [{want}]. "
-            "Please provide all required input(s)."
-        )
+    if not missing:
+        return
+    got = ",".join(f"'{n}'" for n in inputs)
+    want = ",".join(f"'{n}'" for n in missing)
+    required = sum(1 for ic in configs.values() if not ic.optional)
+    expected = (f"{len(configs)} inputs" if required == len(configs)
+                else f"number of inputs between {required} and {len(configs)}")
+    raise invalid_arg(
+        f"expected {expected} but got {len(inputs)} inputs for model '{model}'. Got input(s) "
+        f"[{got}], but missing required input(s) [{want}]. Please provide all required "
+        "input(s).")
 
 
 def _check_batch(request: InferenceRequest, model: ModelSignature) -> int:
