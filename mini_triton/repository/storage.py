@@ -588,21 +588,30 @@ class GcsStore:
                 self._bucket = client.bucket(self.container)
         return self._bucket
 
+    @staticmethod
+    def _limits() -> dict:
+        """Bounded retries: an endpoint that does not answer is an error in seconds, not
+        after the client's default two minutes."""
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        return {"timeout": (10, 60), "retry": DEFAULT_RETRY.with_timeout(10)}
+
     def check(self, prefix: str) -> bool:
         with self._errors():
-            return any(True for _ in self.bucket().list_blobs(prefix=prefix, max_results=1))
+            blobs = self.bucket().list_blobs(prefix=prefix, max_results=1, **self._limits())
+            return any(True for _ in blobs)
 
     def list(self, prefix: str) -> list[RemoteObject]:
         with self._errors():
             return [RemoteObject(blob.name, str(blob.generation), int(blob.size or 0))
-                    for blob in self.bucket().list_blobs(prefix=prefix)]
+                    for blob in self.bucket().list_blobs(prefix=prefix, **self._limits())]
 
     def download(self, obj: RemoteObject, destination: Path) -> str:
         with self._errors(obj.key):
             generation = int(obj.token) if obj.token.isdigit() else None
             blob = self.bucket().blob(obj.key, generation=generation)
             with open(destination, "xb") as handle:
-                blob.download_to_file(handle)
+                blob.download_to_file(handle, **self._limits())
             return obj.token
 
     @contextmanager
@@ -625,6 +634,9 @@ class GcsStore:
                     if self.anonymous else "check the credentials")
             raise StorageError(f"unable to read model repository {where}: access denied, "
                                f"{hint} (GOOGLE_APPLICATION_CREDENTIALS) ({error})") from None
+        except api.RetryError as error:  # what the retries end in when nothing answers
+            raise StorageError(f"unable to read model repository {where}: not reachable: "
+                               f"{error}") from None
         except api.GoogleAPIError as error:
             raise StorageError(f"unable to read model repository {where}: {error}") from None
         except (ConnectionError, OSError) as error:
@@ -660,9 +672,11 @@ class AzureStore:
 
     def client(self):
         if self._client is None:
-            from azure.storage.blob import BlobServiceClient
+            from azure.storage.blob import BlobServiceClient, LinearRetry
 
-            options = dict(retry_total=2, connection_timeout=10, read_timeout=60)
+            options = dict(connection_timeout=10, read_timeout=60,
+                           retry_policy=LinearRetry(backoff=1, random_jitter_range=0,
+                                                    retry_total=2))
             with self._errors():
                 connection = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
                 if connection:
@@ -747,5 +761,6 @@ class AzureStore:
 
 def _azure_reason(error) -> str:
     code = getattr(error, "error_code", None)
+    code = getattr(code, "value", code)  # the SDK's StorageErrorCode enum, as the wire says it
     message = str(getattr(error, "reason", "") or error).splitlines()[0]
     return f"{code}: {message}" if code else message
