@@ -161,12 +161,9 @@ class InferenceService:
     def _prepare(self, request: InferenceRequest, loaded: LoadedVersion) -> None:
         request.model_version = str(loaded.version)
         request.decoupled = loaded.config.model_transaction_policy.decoupled
-        try:
-            normalize(request, loaded.signature)
-            request.transform = self._output_transform(request, loaded)
-        except TritonError:
-            loaded.stats.record_request(time.monotonic_ns() - request.arrival_ns, False, "OTHER")
-            raise
+        # A request refused here never reached the model: Triton counts it nowhere.
+        normalize(request, loaded.signature)
+        request.transform = self._output_transform(request, loaded)
 
     # --- shared memory and classification outputs ---
 

@@ -249,7 +249,8 @@ def test_statistics_equal_what_was_sent(client):
         client.client.infer("batched_identity_delay", [fp32_input(client.module, "WRONG", bad)])
     after = _stats(client, "batched_identity_delay")
     assert _count(after, "success") - _count(before, "success") == 3
-    assert _count(after, "fail") - _count(before, "fail") == 1
+    # refused before it reached the model: Triton counts it nowhere
+    assert _count(after, "fail") - _count(before, "fail") == 0
     for key in ("queue", "compute_input", "compute_infer", "compute_output"):
         assert _count(after, key) - _count(before, key) == 3
     assert int(after["inference_count"]) - int(before.get("inference_count", 0)) == sum(rows)
