@@ -15,7 +15,6 @@ import asyncio
 import gc
 import logging
 import struct
-import time
 import tracemalloc
 import weakref
 import zlib
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
+import uvloop
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
@@ -32,10 +32,10 @@ from mini_triton.frontends.grpc_hpack import HeaderDecoder
 from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, methods_of
 from mini_triton.frontends.grpc_wire import MessageTooLarge, inflate
 from test_grpc_transport import (CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY,
-                                 H2, HEADERS, INFER, LIVE, PING, PREFACE, RST_STREAM, SETTINGS,
-                                 SLOW, VALUES, WAIT, WINDOW_UPDATE, RecordingTransport,
-                                 Response, assert_identity, frames_in, grpc_message,
-                                 infer_request, start)
+                                 H2, HEADERS, INFER, INITIAL_WINDOW_SIZE, LIVE, MAX_FRAME_SIZE,
+                                 PING, PREFACE, RST_STREAM, SETTINGS, SLOW, VALUES, WAIT,
+                                 WINDOW_UPDATE, RecordingTransport, Response, assert_identity,
+                                 frames_in, grpc_message, infer_request, start)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -90,12 +90,12 @@ class FlowH2(H2):
         return frame
 
     def send_body(self, stream: int, body: bytes, end: bool = True) -> None:
-        frame_size = self.server_settings.get(0x5, 16_384)
-        self.windows.setdefault(stream, self.server_settings.get(0x4, 65_535))
+        frame_size = self.server_settings.get(MAX_FRAME_SIZE, 16_384)
+        self.windows.setdefault(stream, self.server_settings.get(INITIAL_WINDOW_SIZE, 65_535))
         offset = 0
         while offset < len(body):
             size = min(frame_size, len(body) - offset, self.windows[0], self.windows[stream])
-            if size <= 0:  # wait for window; a server that answers early stops us here
+            if size <= 0:  # wait until the server opens its windows
                 frame = self.read_frame()
                 assert frame is not None and frame.kind in (WINDOW_UPDATE, SETTINGS, PING), \
                     f"{frame} while sending"
@@ -133,8 +133,13 @@ def read_responses(client: H2, streams: set[int]) -> dict[int, Response]:
     return responses
 
 
+def reset_peak_memory(pid: int) -> None:
+    with open(f"/proc/{pid}/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # VmHWM starts again from the present resident set
+
+
 def peak_memory(pid: int) -> int:
-    """The process's peak resident set (VmHWM), in bytes."""
+    """The process's peak resident set (VmHWM) since the last reset, in bytes."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
             if line.startswith("VmHWM:"):
@@ -193,6 +198,7 @@ def test_inflating_under_a_large_limit_takes_only_what_the_message_needs():
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 def test_compression_bomb_is_resource_exhausted(either, encoding):
     attack = bomb(256 << 20, encoding)  # 256 KiB on the wire, 256 MiB inflated
+    reset_peak_memory(either.proc.pid)
     before = peak_memory(either.proc.pid)
     with FlowH2(either.ports["grpc"]) as client:
         response = client.unary(1, INFER, attack, [("grpc-encoding", encoding)],
@@ -422,10 +428,12 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=True)
 
 
-def test_header_decoder_dies_with_its_connection():
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_header_decoder_dies_with_its_connection(run):
     """Distinct 900 KiB header blocks on one connection, which then closes: with the
     collector off, the connection and its decoder are freed by reference counting
-    (no cycle keeps them), and a normal call on a fresh connection goes on."""
+    (no cycle keeps them), on either event loop, and a normal call on a fresh
+    connection goes on."""
     async def scenario():
         server = GrpcServer(methods_of(Servicer(),
                                        pb.DESCRIPTOR.services_by_name["GRPCInferenceService"],
@@ -465,7 +473,7 @@ def test_header_decoder_dies_with_its_connection():
     gc.collect()
     gc.disable()
     try:
-        alive = asyncio.run(scenario())
+        alive = run(scenario())
     finally:
         gc.enable()
     assert alive == [False, False]
