@@ -42,7 +42,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Collection, Iterator
+from typing import Iterator
 
 from ..core.names import model_name_problem, printable
 from . import scan
@@ -228,6 +228,10 @@ class MirroredRepository:
     def check(self) -> None:
         """Reach the bucket (start-up): a missing bucket, refused credentials or an
         endpoint that does not answer is a StorageError naming the URL and the cause."""
+        if os.environ.get("TRITON_CLOUD_CREDENTIAL_PATH"):
+            log.warning("TRITON_CLOUD_CREDENTIAL_PATH is not honoured: %s reads its "
+                        "credentials from the environment variables and files of its client",
+                        self.location)
         if not self.store.check(self.key_prefix) and self.prefix:
             raise StorageError(f"failed to stat {self.location}: no object under "
                                f"'{self.key_prefix}' in {self.store.container_word} "
@@ -376,6 +380,8 @@ class MirroredRepository:
             raise StorageError(f"invalid model name '{printable(name)}'")
         root = self.root
         folder = root / name
+        if folder.is_symlink():
+            folder.unlink()  # the mirror makes no links; one in its cache is not followed
         if folder.parent != root or (folder.exists() and not _inside(folder, root)):
             raise StorageError(f"model folder '{printable(name)}' is outside the cache")
         return folder
