@@ -300,6 +300,9 @@ def test_connections_past_the_cap_are_refused_with_503(capped_server):
 # --- half-closed connections ---
 
 def test_a_half_closed_connection_still_gets_its_replies(server):
+    """Answered in order, then closed. Before them comes one interim 100 Continue, the
+    probe that tells a half-close from a client gone for good (tests/test_cancellation.py:
+    a closed connection still cancels its queued request)."""
     requests = [post("/v2/models/batched_identity_delay/infer", infer_body((7, 8))),
                 b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n",
                 post(INFER_PATH, infer_body((3, 4)))]
@@ -307,7 +310,7 @@ def test_a_half_closed_connection_still_gets_its_replies(server):
         sock.sendall(b"".join(requests))
         sock.shutdown(socket.SHUT_WR)
         raw = read_until_closed(sock)
-    assert raw.count(b"HTTP/1.1 200 OK") == 3
+    assert raw.count(b"HTTP/1.1 200 OK") == 3 and raw.count(b"HTTP/1.1 100 Continue") == 1
     assert b'"data":[7.0,8.0]' in raw and b'"data":[3.0,4.0]' in raw
 
 

@@ -61,6 +61,11 @@ def _status_lines(status: int) -> str:
 # data resets the connection, and the reset can destroy the refusal before the
 # client reads it.
 LINGER_SECS = 2.0
+# A client that closes for good after its requests sends the same FIN as one that only
+# closed its side: an interim reply tells them apart (a closed socket answers it with a
+# reset), looked for this long after it was sent, then assumed half-closed.
+_CLOSED_PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_CLOSED_PROBE_CHECKS = (0.01, 0.1, 1.0)
 # Each header line costs its name, its value and ": " CRLF (the counted size).
 _HEADER_LINE_FRAMING = 4
 # The raw bytes of a head may exceed URL and headers by the method, the version and
@@ -130,6 +135,7 @@ class HttpProtocol(asyncio.Protocol):
         self._active = False
         self._unsent = 0
         self._watch_timer: asyncio.TimerHandle | None = None
+        self._probe_timer: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol ---
 
@@ -170,17 +176,27 @@ class HttpProtocol(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         """The client closed its side (shutdown(SHUT_WR)) after its requests: they are
         still answered, then the connection is closed. A request cut short by the EOF
-        is dropped. TLS has no half-close in asyncio: there the connection ends now."""
+        is dropped. TLS has no half-close in asyncio: there the connection ends now.
+
+        A client that closed for good looks the same until something is sent to it:
+        an HTTP/1.1 client gets a 100 Continue (RFC 9110 15.2: clients parse 1xx they
+        did not ask for), which a closed socket answers with a reset, and then the
+        connection is dropped and its requests cancelled as on any lost connection."""
         self._in_message = self._head_open = self._in_fields = False
-        if not self._exchanges or self.transport.get_extra_info("sslcontext") is not None:
+        transport = self.transport
+        if not self._exchanges or transport.get_extra_info("sslcontext") is not None:
             return None  # the transport closes itself
         self._closing = True
+        if self.parser.get_http_version() != "1.0":  # no 1xx to HTTP/1.0 (RFC 9110 15.2)
+            transport.write(_CLOSED_PROBE)
+            self._look_for_reset(0)
         return True
 
     def connection_lost(self, exc) -> None:
         self.transport = None
         self.connections.discard(self)
-        for timer in (self._head_timer, self._linger_timer, self._watch_timer):
+        for timer in (self._head_timer, self._linger_timer, self._watch_timer,
+                      self._probe_timer):
             if timer is not None:
                 timer.cancel()
         self._held.clear()
@@ -423,6 +439,22 @@ class HttpProtocol(asyncio.Protocol):
             transport.close()  # idle
             return
         self._arm_watch()
+
+    def _look_for_reset(self, check: int) -> None:
+        self._probe_timer = asyncio.get_running_loop().call_later(
+            _CLOSED_PROBE_CHECKS[check], self._reset_seen, check)
+
+    def _reset_seen(self, check: int) -> None:
+        """Whether the client answered the probe with a reset (it closed for good)."""
+        self._probe_timer = None
+        transport = self.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None:
+            return
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            transport.abort()  # connection_lost cancels what it asked for
+        elif check + 1 < len(_CLOSED_PROBE_CHECKS):
+            self._look_for_reset(check + 1)
 
     def _reset(self, why: str) -> None:
         """Drop the connection and what waits unsent for it (in the kernel, too)."""
