@@ -710,8 +710,8 @@ def test_gs_unreachable_endpoint_stops_the_server_in_one_line(gcs_emulator):
 
 # --- as:// against Azurite (Azure's own storage emulator, from npm) ---
 #
-# Azurite is an npm package that CI does not install yet: these tests run where
-# `azurite-blob` is on PATH (or AZURITE_BLOB names it) and skip elsewhere, in CI too.
+# Azurite comes from npm with the interop tools (tests/interop/package.json, installed
+# by deploy/install_test_tools.sh): outside CI the tests skip without it, in CI they fail.
 # The client reaches it through AZURE_STORAGE_CONNECTION_STRING; the account-key and
 # managed-identity paths to *.blob.core.windows.net are untested.
 
@@ -724,10 +724,14 @@ AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K
 def azurite(tmp_path_factory):
     import shutil
 
-    program = os.environ.get("AZURITE_BLOB") or shutil.which("azurite-blob")
-    if not program or _spec("azure.storage.blob") is None:
-        pytest.skip("azurite-blob (npm install azurite) or azure-storage-blob "
-                    "(pip install 'mini-triton[azure]') not installed")
+    from interop.tools import HERE as INTEROP, require_tool
+
+    local = INTEROP / "node_modules" / ".bin" / "azurite-blob"
+    program = os.environ.get("AZURITE_BLOB") or (str(local) if local.exists() else None) \
+        or shutil.which("azurite-blob")
+    require_tool(bool(program) and _spec("azure.storage.blob") is not None,
+                 "azurite-blob (npm, tests/interop) or azure-storage-blob "
+                 "(pip install 'mini-triton[azure]') is not installed")
     port = free_port()
     tmp = tmp_path_factory.mktemp("azurite")
     log = open(tmp / "azurite.log", "w")
