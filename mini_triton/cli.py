@@ -19,6 +19,8 @@ from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
 from .frontends.restrictions import parse_restrictions
 from .frontends.tls import TlsFiles
 from .repository.storage import repository_location
+from .scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
+from .scheduling.rate_limiter import parse_resource
 from .logsettings import FORMATS as LOG_FORMATS
 from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
 from .tracing import Tracer
@@ -58,6 +60,13 @@ def positive(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return number
+
+
+def rate_limit_resource(value: str) -> tuple[str, int, int]:
+    try:
+        return parse_resource(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def message_size(value: str) -> int:
@@ -179,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="response cache, e.g. local,size=1048576 (models opt in with response_cache)")
     add("--response-cache-byte-size", type=non_negative, default=None,
         help="deprecated form of --cache-config local,size=BYTES")
+    add("--rate-limit", type=str.lower, choices=RATE_LIMIT_MODES, default="off",
+        help="execution_count: instances with a rate_limiter wait for their resources")
+    add("--rate-limit-resource", action="append", type=rate_limit_resource, default=[],
+        metavar="NAME:COUNT[:DEVICE]", help="copies of a rate limiter resource, on one "
+        "device or (without DEVICE) on each (repeatable)")
     add_tls_flags(add)
     add_trace_flags(add)
     add_accepted_flags(parser, add)
@@ -290,6 +304,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         grpc_max_receive_message_size=args.grpc_max_receive_message_size,
         response_cache_bytes=parse_cache_config(args.cache_config,
                                                 args.response_cache_byte_size),
+        rate_limit=args.rate_limit, rate_limit_resources=args.rate_limit_resource,
         grpc_tls=tls_files(args, "grpc", "gRPC"),
         http_tls=tls_files(args, "http", "HTTP"),
     )

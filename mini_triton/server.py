@@ -27,6 +27,7 @@ from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
 from .metrics import Metrics, MetricsOptions
 from .repository.manager import ModelRepositoryManager, ServerOptions
 from .repository.storage import StorageError, is_url
+from .scheduling.rate_limiter import RateLimiter
 from .service import InferenceService
 
 log = logging.getLogger("mini_triton")
@@ -91,6 +92,8 @@ class Settings:
     grpc_transport: str = "native"
     grpc_max_receive_message_size: int = grpc_server.MAX_MESSAGE_SIZE  # inflated, too
     response_cache_bytes: int = 0  # --cache-config local,size=N; 0: no response cache
+    rate_limit: str = "off"  # --rate-limit: off or execution_count
+    rate_limit_resources: list = field(default_factory=list)  # (name, count, device)
     grpc_tls: TlsFiles | None = None  # --grpc-use-ssl and its certificate flags
     http_tls: TlsFiles | None = None  # --http-use-ssl (HTTPS on the HTTP port)
 
@@ -120,6 +123,8 @@ class Server:
         options = ServerOptions(disable_auto_complete=settings.disable_auto_complete_config,
                                 exit_timeout_secs=settings.exit_timeout_secs,
                                 latency_summaries=metrics_options.summary_latencies)
+        if settings.rate_limit == "execution_count":
+            options.rate_limiter = RateLimiter(settings.rate_limit_resources)
         self.manager = ModelRepositoryManager(settings.model_repositories, options,
                                               mode=settings.model_control_mode)
         self.service = InferenceService(self.manager, settings.strict_readiness)

@@ -136,8 +136,6 @@ NOT_HONOURED: dict[str, tuple[str, str]] = {
     "vertex-ai-thread-count": (NOT_APPLICABLE, "a thread pool of Triton's HTTP library"),
     "vertex-ai-default-model": (NOT_YET, "no Vertex AI front end"),
     "backend-config": (NOT_YET, "backend settings come from each model's config"),
-    "rate-limit": (NOT_YET, "no rate limiter"),
-    "rate-limit-resource": (NOT_YET, "no rate limiter"),
 }
 
 BY_NAME = {flag.name: flag for flag in TRITON_FLAGS}

@@ -139,7 +139,8 @@ FIELDS: dict[str, Coverage] = {
         sequence_batching.state.use_same_buffer_for_input_output
         sequence_batching.state.use_growable_memory
     """),
-    **_table(WARNED, "no rate limiter: instances execute as soon as they are free", """
+    # With --rate-limit=off, Triton ignores them too.
+    **_table(HONOURED, "", """
         instance_group.rate_limiter instance_group.rate_limiter.resources
         instance_group.rate_limiter.resources.name instance_group.rate_limiter.resources.global
         instance_group.rate_limiter.resources.count instance_group.rate_limiter.priority

@@ -97,6 +97,7 @@ class ServerOptions:
     exit_timeout_secs: float = 30.0
     gpu_available: bool = False
     latency_summaries: bool = False  # keep latency windows for Prometheus summaries
+    rate_limiter: object = None  # --rate-limit=execution_count: the server's RateLimiter
 
 
 CONTROL_DISABLED = ("explicit model load / unload is not allowed if polling is enabled")

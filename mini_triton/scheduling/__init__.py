@@ -24,13 +24,22 @@ def create_scheduler(context, backend, instances, stats):
                 f"ensemble scheduling cannot be set for model '{config.name}' whose platform "
                 "is not ensemble")
         return EnsembleScheduler(context, stats)
-    if config.HasField("sequence_batching"):
-        from .sequence import SequenceScheduler
+    from .rate_limiter import gates_for, release_gates
 
-        return SequenceScheduler(config, instances, stats)
-    from .loop_driven import LoopScheduler, loop_driven
+    # With the rate limiter on, instances in a group with `rate_limiter` wait for their
+    # resources in their own threads (never on the event loop).
+    gates = gates_for(context.options.get("rate_limiter"), context, len(instances))
+    try:
+        if config.HasField("sequence_batching"):
+            from .sequence import SequenceScheduler
 
-    loop = loop_driven(instances)
-    if loop is not None:
-        return LoopScheduler(config, instances, stats, loop, backend.supports_batching)
-    return DynamicScheduler(config, instances, stats, backend.supports_batching)
+            return SequenceScheduler(config, instances, stats, gates=gates)
+        from .loop_driven import LoopScheduler, loop_driven
+
+        loop = loop_driven(instances) if gates is None else None
+        if loop is not None:
+            return LoopScheduler(config, instances, stats, loop, backend.supports_batching)
+        return DynamicScheduler(config, instances, stats, backend.supports_batching, gates)
+    except BaseException:
+        release_gates(gates)
+        raise

@@ -22,6 +22,7 @@ from .base import TIMEOUT_MESSAGE, cancelled_error, execute_batch, fail, rows, t
 from .batch import BatchShapeRule
 from .ordering import ResponseOrderer
 from .queue import Entry, PriorityQueues
+from .rate_limiter import release_gates
 
 STOPPING_MESSAGE = ("Server is stopping, scheduler for model has stopped accepting new "
                     "inference requests")
@@ -212,13 +213,14 @@ class DynamicScheduler(QueuedScheduler):
     """The scheduler of a model without sequence batching or ensembling."""
 
     def __init__(self, config: mc.ModelConfig, instances: list, stats: ModelStats,
-                 backend_batches: bool = True):
+                 backend_batches: bool = True, gates: list | None = None):
         super().__init__(config, stats, backend_batches)
         self.idle = 0  # instances waiting for work
         self.instances = instances
+        self.gates = gates  # the rate limiter's hold on each instance (None: unlimited)
         self.workers = [
-            threading.Thread(target=self._work, args=(instance,), daemon=True,
-                             name=f"{config.name}-instance-{index}")
+            threading.Thread(target=self._work, args=(instance, gates[index] if gates else None),
+                             daemon=True, name=f"{config.name}-instance-{index}")
             for index, instance in enumerate(instances)
         ]
         for worker in self.workers:
@@ -237,31 +239,37 @@ class DynamicScheduler(QueuedScheduler):
             fail(request, unavailable(STOPPING_MESSAGE))
         for worker in self.workers:
             worker.join(max(0.1, deadline - time.monotonic()))
+        release_gates(self.gates)
 
-    def _work(self, instance) -> None:
+    def _work(self, instance, gate=None) -> None:
         returning = False
         try:
             while True:
-                batch = self._next_batch(returning)
+                batch = self._next_batch(returning, gate)
                 returning = True
                 if batch is None:
                     return
+                if gate is not None:
+                    gate.acquire()  # the batch waits for the instance's resources
                 try:
                     execute_batch(instance, batch, self.stats)
                 finally:
                     with self.condition:
                         self.executing -= len(batch)
                         self.condition.notify_all()
+                        more = len(self.former) > 0
+                    if gate is not None:
+                        gate.release(again=more)
         finally:
             instance.finalize()
 
-    def _next_batch(self, returning: bool) -> list | None:
+    def _next_batch(self, returning: bool, gate=None) -> list | None:
         """The next batch for an instance. An instance back from an execution leaves
         waiting work to an idle one first, so load spreads over the instances."""
         with self.condition:
             if returning and self.idle and len(self.former):
                 self.condition.notify()
-                self._wait(None)
+                self._wait(None, gate)
             while True:
                 taken = self.former.take(time.monotonic_ns())
                 if taken.dropped:
@@ -278,10 +286,14 @@ class DynamicScheduler(QueuedScheduler):
                     return taken.batch
                 if self.stopping and not len(self.former):
                     self.condition.notify_all()
+                    if gate is not None:
+                        gate.withdraw()
                     return None
-                self._wait(None if taken.wait_ns is None else taken.wait_ns / 1e9)
+                self._wait(None if taken.wait_ns is None else taken.wait_ns / 1e9, gate)
 
-    def _wait(self, timeout: float | None) -> None:
+    def _wait(self, timeout: float | None, gate=None) -> None:
+        if gate is not None:
+            gate.withdraw()  # an idle instance holds no resources, nor a place in line
         self.idle += 1
         try:
             self.condition.wait(timeout)

@@ -49,6 +49,7 @@ from .batch import BatchShapeRule
 from .controls import SequenceControls
 from .dynamic import STOPPING_MESSAGE, BatchFormer, BatchingRules, fail_dropped
 from .ordering import ResponseOrderer
+from .rate_limiter import release_gates
 
 log = logging.getLogger("mini_triton.scheduling")
 
@@ -74,7 +75,7 @@ class SequenceScheduler:
     """Slots, backlog and idle sequences; the batching itself is per instance."""
 
     def __init__(self, config: mc.ModelConfig, instances: list, stats: ModelStats,
-                 reaper: bool = True):
+                 reaper: bool = True, gates: list | None = None):
         sequence = config.sequence_batching
         self.config = config
         self.name = config.name
@@ -97,8 +98,11 @@ class SequenceScheduler:
                             for index in range(len(instances))]
         heapq.heapify(self.ready_slots)
         kind = OldestBatcher if oldest else DirectBatcher
+        self.gates = gates  # the rate limiter's hold on each instance (None: unlimited)
         self.batchers = [kind(self, index, instance, slot_count)
                          for index, instance in enumerate(instances)]
+        for batcher, gate in zip(self.batchers, gates or ()):
+            batcher.gate = gate
         for batcher in self.batchers:
             batcher.start()
         self.reaper = None
@@ -199,6 +203,7 @@ class SequenceScheduler:
             batcher.join(max(0.1, deadline - time.monotonic()))
         if self.reaper is not None:
             self.reaper.join(max(0.1, deadline - time.monotonic()))
+        release_gates(self.gates)
 
     def _abandon(self) -> list:
         """Take every request still waiting (the stop timeout passed); lock held."""
@@ -308,6 +313,7 @@ class _SlotBatcher:
         self.wake = threading.Condition(owner.lock)
         self.queues = [collections.deque() for _ in range(slot_count)]
         self.executing = 0
+        self.gate = None  # the rate limiter's hold on the instance (None: unlimited)
         self.thread = threading.Thread(target=self._work, daemon=True,
                                        name=f"{owner.name}-sequence-{index}")
 
@@ -344,6 +350,8 @@ class _SlotBatcher:
                         return
                     requests, nulls = batch
                     self.executing += len(requests) - len(nulls)
+                if self.gate is not None:
+                    self.gate.acquire()  # the batch waits for the instance's resources
                 try:
                     execute_batch(self.instance, requests, self.owner.stats, nulls)
                 finally:
@@ -351,11 +359,26 @@ class _SlotBatcher:
                         self.executing -= len(requests) - len(nulls)
                         self.after_execution(requests)
                         self.owner.reaper_wake.notify_all()
+                        more = self.has_work()
+                    if self.gate is not None:
+                        self.gate.release(again=more)
         finally:
+            if self.gate is not None:
+                self.gate.withdraw()
             self.instance.finalize()
 
     def after_execution(self, requests: list) -> None:
         pass
+
+    def has_work(self) -> bool:
+        """Whether a batch may be ready to run now (lock held)."""
+        return self.queued() > 0
+
+    def idle_wait(self, timeout: float | None) -> None:
+        """Wait for work (lock held), holding no resources of the rate limiter."""
+        if self.gate is not None:
+            self.gate.withdraw()
+        self.wake.wait(timeout)
 
 
 class DirectBatcher(_SlotBatcher):
@@ -385,7 +408,7 @@ class DirectBatcher(_SlotBatcher):
             if self.owner.closed:
                 self.owner.reaper_wake.notify_all()
                 return None
-            self.wake.wait(None if wait_ns is None else wait_ns / 1e9)
+            self.idle_wait(None if wait_ns is None else wait_ns / 1e9)
 
     def form(self, now_ns: int):
         """The next batch as (requests, ids of null requests), or (None, wait ns)."""
@@ -529,7 +552,10 @@ class OldestBatcher(_SlotBatcher):
             if self.owner.closed:
                 self.owner.reaper_wake.notify_all()
                 return None
-            self.wake.wait(None if taken.wait_ns is None else taken.wait_ns / 1e9)
+            self.idle_wait(None if taken.wait_ns is None else taken.wait_ns / 1e9)
+
+    def has_work(self) -> bool:
+        return len(self.former) > 0
 
     def after_execution(self, requests: list) -> None:
         for request in requests:
