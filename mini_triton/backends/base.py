@@ -24,6 +24,7 @@ from ..core.stats import ExecutionTiming
 from ..core.tensor import Tensor
 from ..core.validate import config_datatype
 from ..scheduling import batch as batching
+from ..scheduling.batch_inputs import ragged_inputs, scatter_outputs
 
 
 @dataclass
@@ -96,13 +97,15 @@ class TensorBatchInstance(ModelInstance):
     def __init__(self, config: mc.ModelConfig):
         self.config = config
         self.output_types = {oc.name: config_datatype(oc.data_type) for oc in config.output}
+        self.ragged = ragged_inputs(config)  # joined as 1-D tensors
+        self.scatter = scatter_outputs(config)  # BATCH_SCATTER_WITH_INPUT_SHAPE outputs
 
     def compute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
     def execute(self, requests: list[InferenceRequest]) -> ExecutionTiming:
         start = time.monotonic_ns()
-        inputs = batching.concat_inputs(requests)
+        inputs = batching.concat_inputs(requests, self.ragged)
         input_end = time.monotonic_ns()
         try:
             outputs = self.compute(inputs)
@@ -122,7 +125,7 @@ class TensorBatchInstance(ModelInstance):
     def _split_responses(self, requests: list[InferenceRequest],
                          outputs: dict) -> list[InferenceResponse]:
         batched = self.config.max_batch_size > 0
-        pieces = batching.split_outputs(requests, outputs, batched)
+        pieces = batching.split_outputs(requests, outputs, batched, self.scatter)
         responses = []
         for request, arrays in zip(requests, pieces):
             wanted = [o.name for o in request.outputs] or list(arrays)

@@ -145,12 +145,9 @@ FIELDS: dict[str, Coverage] = {
         instance_group.rate_limiter.resources.name instance_group.rate_limiter.resources.global
         instance_group.rate_limiter.resources.count instance_group.rate_limiter.priority
     """),
-    **_table(WARNED, "no batch inputs are generated: the model does not receive them", """
+    **_table(HONOURED, "", """
         batch_input batch_input.kind batch_input.target_name batch_input.data_type
         batch_input.source_input
-    """),
-    **_table(WARNED, "outputs are split by the batch dimension only; no output is scattered "
-             "by an input's shape", """
         batch_output batch_output.target_name batch_output.kind batch_output.source_input
     """),
     **_table(WARNED, "requests are not rescheduled: every request is released after one "

@@ -26,8 +26,8 @@ from ..core.errors import TritonError, invalid_arg, not_found, unavailable
 from ..core.names import check_model_name
 from ..core.stats import ModelStats
 from ..core.validate import ModelSignature
-from ..scheduling import create_scheduler
-from ..scheduling.warmup import warm_up, warmup_samples
+from ..scheduling import create_scheduler, prepare_version
+from ..scheduling.warmup import warm_up
 from . import scan
 from .overrides import remove_private_model, remove_private_root, write_private_model
 from .storage import ALL, StorageError, is_url, open_repository
@@ -569,7 +569,7 @@ def _start_version(context: ModelContext) -> LoadedVersion:
     config = context.config
     for warning in load_warnings(config, context.options.get("gpu_available", False)):
         log.warning("%s", warning)  # never silent about a field we do not honour
-    samples = warmup_samples(context)  # a sample that does not fit fails before any instance
+    samples = prepare_version(context)  # config checks and warmup data, before any instance
     backend = backend_class(backend_name(config))(context)
     stats = ModelStats(context.name, str(context.version),
                        summaries=context.options.get("latency_summaries", False))

@@ -10,6 +10,16 @@ ensemble scheduler for `platform: "ensemble"`, the sequence batcher for
 from __future__ import annotations
 
 
+def prepare_version(context) -> list:
+    """Check what the config asks of the schedulers (INVALID_ARG naming the place in
+    config.pbtxt) before any instance starts; the warmup samples, their data made."""
+    from .batch_inputs import check_batch_io
+    from .warmup import warmup_samples
+
+    check_batch_io(context.config, context.config_source)
+    return warmup_samples(context)
+
+
 def create_scheduler(context, backend, instances, stats):
     """The scheduler for one loaded model version."""
     from ..core.errors import invalid_arg

@@ -46,33 +46,42 @@ def _input_names(request) -> frozenset:
     return frozenset(t.name for t in request.inputs)
 
 
-def concat_inputs(requests) -> dict[str, np.ndarray]:
+def concat_inputs(requests, ragged: frozenset = frozenset()) -> dict[str, np.ndarray]:
     """One array per input name; a single request is passed through without a copy.
 
-    Inputs whose shapes differ past the batch dim (ragged batching) are
-    flattened and joined into one 1-D array, as Triton hands ragged inputs
-    to a backend.
+    Ragged inputs (`allow_ragged_batch`, named in `ragged`) are flattened and
+    joined into one 1-D array, as Triton's backends hand them to a model; so
+    are other inputs whose shapes differ past the batch dim.
     """
     if len(requests) == 1:
-        return {t.name: t.data for t in requests[0].inputs}
+        arrays = {t.name: t.data for t in requests[0].inputs}
+        for name in ragged:
+            if name in arrays:
+                arrays[name] = arrays[name].reshape(-1)
+        return arrays
     names = [t.name for t in requests[0].inputs]
     arrays = {}
     for name in names:
         parts = [request.input(name).data for request in requests]
-        if all(p.shape[1:] == parts[0].shape[1:] for p in parts):
+        if name not in ragged and all(p.shape[1:] == parts[0].shape[1:] for p in parts):
             arrays[name] = np.concatenate(parts, axis=0)
         else:
             arrays[name] = np.concatenate([p.reshape(-1) for p in parts])
     return arrays
 
 
-def split_outputs(requests, outputs: dict[str, np.ndarray], batched: bool) -> list[dict]:
+def split_outputs(requests, outputs: dict[str, np.ndarray], batched: bool,
+                  scatter: dict | None = None) -> list[dict]:
     """Per request, a dict of output views holding that request's rows.
 
     An output of one row per batch row is split by rows; a 1-D output as long
     as a ragged input's joined elements is split by that input's element
-    counts (an identity over a ragged batch).
+    counts (an identity over a ragged batch). An output in `scatter` (a
+    BATCH_SCATTER_WITH_INPUT_SHAPE batch output: output → source input) is cut
+    by the source input's element counts and takes its shape.
     """
+    if scatter:
+        return _scatter(requests, outputs, batched, scatter)
     if len(requests) == 1:
         return [outputs]
     if not batched:
@@ -84,6 +93,23 @@ def split_outputs(requests, outputs: dict[str, np.ndarray], batched: bool) -> li
         bounds = _bounds(requests, name, array, sizes, total)
         for piece, part in zip(pieces, np.split(array, bounds, axis=0)):
             piece[name] = part
+    return pieces
+
+
+def _scatter(requests, outputs: dict, batched: bool, scatter: dict) -> list[dict]:
+    plain = {name: array for name, array in outputs.items() if name not in scatter}
+    pieces = split_outputs(requests, plain, batched) if plain else [{} for _ in requests]
+    for name, source in scatter.items():
+        if name not in outputs:
+            continue
+        flat = outputs[name].reshape(-1)
+        shapes = [tuple(request.input(source).shape) for request in requests]
+        counts = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+        if sum(counts) != flat.size:
+            raise internal(f"output '{name}' has {flat.size} elements, expected {sum(counts)} "
+                           f"to scatter with the shapes of input '{source}'")
+        for piece, part, shape in zip(pieces, np.split(flat, np.cumsum(counts)[:-1]), shapes):
+            piece[name] = part.reshape(shape)
     return pieces
 
 

@@ -20,6 +20,7 @@ from ..core.request import InferenceRequest
 from ..core.stats import ModelStats
 from .base import TIMEOUT_MESSAGE, cancelled_error, execute_batch, fail, rows, tap
 from .batch import BatchShapeRule
+from .batch_inputs import BatchInputs
 from .ordering import ResponseOrderer
 from .queue import Entry, PriorityQueues
 from .rate_limiter import release_gates
@@ -166,6 +167,7 @@ class QueuedScheduler:
         self.former = BatchFormer(BatchingRules.from_config(config, backend_batches),
                                   PriorityQueues(dyn))
         self.orderer = ResponseOrderer() if dyn is not None and dyn.preserve_ordering else None
+        self.batch_inputs = BatchInputs.of(config)  # None unless the config has batch_input
         self.condition = threading.Condition()
         self.executing = 0  # requests handed to an instance and not yet returned
         self.stopping = False
@@ -251,6 +253,8 @@ class DynamicScheduler(QueuedScheduler):
                     return
                 if gate is not None:
                     gate.acquire()  # the batch waits for the instance's resources
+                if self.batch_inputs is not None:
+                    self.batch_inputs.add(batch)
                 try:
                     execute_batch(instance, batch, self.stats)
                 finally:

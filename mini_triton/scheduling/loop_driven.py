@@ -152,6 +152,8 @@ class LoopScheduler(QueuedScheduler):
     def _begin(self, instance, batch: list, light: bool = False) -> None:
         """Start `batch` on `instance` (taken from the idle ones); `light`: it is the
         model's only work, with nothing queued behind it."""
+        if self.batch_inputs is not None:
+            self.batch_inputs.add(batch)
         taps, start = begin_batch(batch, self.stats)
 
         def on_end(timing: ExecutionTiming) -> None:

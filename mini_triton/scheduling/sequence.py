@@ -46,6 +46,7 @@ from ..core.tensor import Tensor
 from ..core.validate import SEQUENCE_END, SEQUENCE_START
 from .base import cancelled_error, execute_batch, fail, tap
 from .batch import BatchShapeRule
+from .batch_inputs import BatchInputs
 from .controls import SequenceControls
 from .dynamic import STOPPING_MESSAGE, BatchFormer, BatchingRules, fail_dropped
 from .ordering import ResponseOrderer
@@ -81,6 +82,7 @@ class SequenceScheduler:
         self.name = config.name
         self.stats = stats
         self.controls = SequenceControls(config)
+        self.batch_inputs = BatchInputs.of(config)  # None unless the config has batch_input
         self.idle_ns = (sequence.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
         oldest = sequence.HasField("oldest")
         slot_count = max(1, config.max_batch_size)
@@ -352,6 +354,8 @@ class _SlotBatcher:
                     self.executing += len(requests) - len(nulls)
                 if self.gate is not None:
                     self.gate.acquire()  # the batch waits for the instance's resources
+                if self.owner.batch_inputs is not None:
+                    self.owner.batch_inputs.add(requests)
                 try:
                     execute_batch(self.instance, requests, self.owner.stats, nulls)
                 finally:

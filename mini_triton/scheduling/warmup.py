@@ -32,6 +32,7 @@ from ..core.errors import TritonError, invalid_arg
 from ..core.request import InferenceRequest
 from ..core.tensor import Tensor
 from .base import _answers_within_execute
+from .batch_inputs import BatchInputs
 
 log = logging.getLogger("mini_triton.scheduling")
 
@@ -86,11 +87,14 @@ def warm_up(instance, samples: list[WarmupSample], context, index: int) -> None:
     batched = config.max_batch_size > 0
     decoupled = config.model_transaction_policy.decoupled
     answers_in_execute = _answers_within_execute(instance)
+    batch_inputs = BatchInputs.of(config)
     for sample in samples:
         for iteration in range(1, sample.count + 1):
             log.debug("model '%s' instance %s is running warmup sample '%s' for iteration %d",
                       config.name, name, sample.name, iteration)
             requests = sample.requests(config.name, str(context.version), batched, decoupled)
+            if batch_inputs is not None:
+                batch_inputs.add(requests)
             errors = _run(instance, requests, answers_in_execute)
             if errors:
                 inputs = ", ".join(f"'{t.name}'" for t in sample.inputs) or "none"

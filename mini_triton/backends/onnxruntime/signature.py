@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ...core.errors import TritonError, invalid_arg
+from ...scheduling.batch_inputs import batch_input_names
 from ..model_checks import (check_datatype, compare_dims, configured_dims, find_tensor,
                             format_dims, type_name)
 
@@ -96,6 +97,11 @@ def control_inputs(config: mc.ModelConfig) -> list[str]:
     return [c.name for c in config.sequence_batching.control_input]
 
 
+def batch_inputs(config: mc.ModelConfig) -> list[str]:
+    """The model inputs made from the batch (`batch_input` targets), once each."""
+    return list(dict.fromkeys(batch_input_names(config)))
+
+
 # --- auto-complete ---
 
 
@@ -111,7 +117,8 @@ def auto_complete(config: mc.ModelConfig, signature: Signature,
     if config.input and config.output:
         return
     _complete_max_batch(config, signature, default_max_batch_size)
-    skip_inputs = set(state_inputs(config)) | set(control_inputs(config))
+    skip_inputs = set(state_inputs(config)) | set(control_inputs(config)) | set(
+        batch_inputs(config))
     _fill_missing(config, config.input, signature.inputs, skip_inputs)
     _fill_missing(config, config.output, signature.outputs, set(state_outputs(config)))
 
@@ -160,6 +167,7 @@ def _unsupported(model: str, info: TensorInfo) -> TritonError:
 
 def check_against_model(config: mc.ModelConfig, signature: Signature) -> None:
     """Raise INVALID_ARG, naming the tensor, where the config and the model disagree."""
+    _check_batch_inputs(config, signature)
     _check_input_count(config, signature)
     for tensor in config.input:
         info = find_tensor(signature.inputs, tensor.name, "input", config.name)
@@ -168,15 +176,34 @@ def check_against_model(config: mc.ModelConfig, signature: Signature) -> None:
                 f"unable to load model '{config.name}', optional input '{tensor.name}' is not "
                 "supported for models that support batching")
         _check_tensor(config, tensor, info, "input")
+    scattered = {name for b in config.batch_output for name in b.target_name}
     for tensor in config.output:
         info = find_tensor(signature.outputs, tensor.name, "output", config.name)
+        if tensor.name in scattered:  # the model's whole-batch tensor, cut up afterwards
+            check_datatype(config.name, "output", tensor, info.data_type)
+            continue
         _check_tensor(config, tensor, info, "output")
     _check_states(config, signature)
 
 
+def _check_batch_inputs(config: mc.ModelConfig, signature: Signature) -> None:
+    for batch_input in config.batch_input:
+        for name in batch_input.target_name:
+            info = signature.input(name)
+            if info is None:
+                raise invalid_arg(
+                    f"unable to load model '{config.name}', batch input '{name}' is not an "
+                    "input of the model")
+            if info.data_type != batch_input.data_type:
+                raise invalid_arg(
+                    f"unable to load model '{config.name}', configuration expects datatype "
+                    f"{type_name(batch_input.data_type)} for batch input '{name}', model "
+                    f"provides {type_name(info.data_type)}")
+
+
 def _check_input_count(config: mc.ModelConfig, signature: Signature) -> None:
     expected = (sum(1 for t in config.input if not t.optional) + len(state_inputs(config))
-                + len(control_inputs(config)))
+                + len(control_inputs(config)) + len(batch_inputs(config)))
     provided = len(signature.inputs)
     optional = sum(1 for t in config.input if t.optional)
     if not expected <= provided <= expected + optional:

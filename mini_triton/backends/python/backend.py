@@ -118,6 +118,11 @@ class PythonBackend(Backend):
         if self.settings.auto_stack and self.decoupled:
             raise invalid_arg(f"parameter '{AUTO_STACK}' cannot be used with the decoupled "
                               f"model '{self.config.name}'")
+        if self.settings.auto_stack and (self.config.batch_input or any(
+                t.allow_ragged_batch for t in self.config.input)):
+            raise invalid_arg(f"parameter '{AUTO_STACK}' cannot be used with batch_input or "
+                              f"allow_ragged_batch (model '{self.config.name}'): its requests "
+                              "would not stack into rows")
         self.model_file = model_file_of(self.config, context.version_dir)
         if not self.model_file.exists():
             raise unavailable(f"Python model file not found in '{self.model_file}'")
