@@ -1,10 +1,19 @@
-"""What a gRPC request carries besides HTTP/2 framing, read with bounds: the
-`grpc-timeout` header and compressed messages. Pure functions; the transport maps
-their errors to call statuses."""
+"""gRPC's conventions over HTTP/2: what a request carries besides framing, read with
+bounds (the `grpc-timeout` header, compressed messages), and what a response carries
+(the message prefix, response headers, status trailers). Pure functions; the transport
+maps their errors to call statuses."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import struct
 import zlib
+from urllib.parse import quote
+
+import grpc
+
+from .http2_frames import literal
 
 # `grpc-timeout: <at most 8 digits><unit>` (the gRPC HTTP/2 spec), seconds per unit.
 TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
@@ -41,3 +50,42 @@ def inflate(message: bytes, encoding: bytes, limit: int) -> bytes:
     if not inflater.eof:  # all input taken, no end of stream: cut short
         raise zlib.error("incomplete or truncated stream")
     return out
+
+
+# --- what we send: gRPC's message prefix, response headers and status trailers ---
+
+MESSAGE_PREFIX = struct.Struct(">?I")  # compressed flag, length
+# Metadata that is the protocol's own, not the caller's (grpc.aio hides it too).
+RESERVED_HEADERS = frozenset({b"te", b"content-type", b"grpc-timeout", b"grpc-encoding",
+                              b"grpc-accept-encoding"})
+RESPONSE_HEADERS = (b"\x88"  # :status 200, static table entry 8
+                    + literal(b"content-type", b"application/grpc")
+                    + literal(b"grpc-accept-encoding", b"identity,deflate,gzip"))
+OK_TRAILERS = literal(b"grpc-status", b"0")
+
+
+def status_block(code: grpc.StatusCode, message: str) -> bytes:
+    block = literal(b"grpc-status", str(code.value[0]).encode())
+    if message:
+        # grpc-message is percent-encoded UTF-8 (the gRPC HTTP/2 spec)
+        block += literal(b"grpc-message",
+                         quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode())
+    return block
+
+
+# A grpc-timeout that is not one fails its call, in grpc core's words.
+BAD_TIMEOUT_STATUS = status_block(grpc.StatusCode.INTERNAL,
+                                  "Error parsing 'grpc-timeout' metadata")
+
+
+def too_large(length: int, limit: int) -> str:
+    return f"Received message larger than max ({length} vs. {limit})"  # grpc core's words
+
+
+def binary_header_value(value: bytes) -> bytes:
+    """A `-bin` header's value as the handler gets it from grpc.aio: the bytes, not the
+    base64 (padding optional) that carries them on the wire."""
+    try:
+        return base64.b64decode(value + b"=" * (-len(value) % 4))
+    except binascii.Error:
+        return value  # not base64: passed on as it came rather than failing the call

@@ -1,0 +1,387 @@
+"""Streams and calls: what one HTTP/2 stream of a gRPC connection is, and how its
+call runs (routing by `:path`, deadlines, request messages, handlers, statuses).
+
+Handlers keep grpc.aio's shape, `async def Method(request, context)` (a streaming one
+takes an async iterator and yields), so the servicer does not know which transport
+runs it. `GrpcCalls` is the call half of the connection class (grpc_transport.py);
+the frames and flow control it relies on are http2_connection.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from .grpc_wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, RESERVED_HEADERS,
+                        WINDOW_BITS, MessageTooLarge, binary_header_value, inflate,
+                        parse_timeout, status_block, too_large)
+from .http2_frames import INTERNAL_ERROR, REFUSED_STREAM
+
+log = logging.getLogger("mini_triton.grpc")
+
+
+class AbortError(Exception):
+    """Raised by `context.abort`: ends the call with this status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+@dataclass(frozen=True)
+class Method:
+    """One RPC: how to read its requests and which handler answers them.
+
+    A unary RPC may also have `begin(request, context, reply)`, used instead of the
+    coroutine: it starts the call and returns a callable that stops it (or None),
+    and `reply` is called, on the loop, with the response message or an AbortError;
+    the response is written from that call, with no task in between."""
+    request_type: Any
+    handler: Callable
+    client_streaming: bool
+    begin: Callable | None = None
+
+
+class CallContext:
+    """The part of grpc.aio's ServicerContext our handlers use."""
+
+    __slots__ = ("_metadata",)
+
+    def __init__(self, metadata: tuple):
+        self._metadata = metadata
+
+    def invocation_metadata(self) -> tuple:
+        return self._metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = ""):
+        raise AbortError(code, details)
+
+
+class Stream:
+    __slots__ = ("id", "headers", "body", "ended", "started", "stop", "inbox", "send_window",
+                 "pending", "closed", "received", "deadline", "encoding", "method",
+                 "context", "trailers", "headers_sent", "pending_size")
+
+    def __init__(self, stream_id: int, send_window: int):
+        self.id = stream_id
+        self.headers: list | None = None
+        self.body = bytearray()
+        self.ended = False           # the client half-closed (END_STREAM received)
+        self.closed = False          # we sent our END_STREAM or a reset
+        self.started = False         # the call's handler was started
+        self.stop: Callable | None = None  # stops the call's work (the client is gone)
+        self.inbox: asyncio.Queue | None = None  # messages of a client-streaming call
+        self.send_window = send_window
+        self.pending: collections.deque = collections.deque()  # views waiting for window
+        self.pending_size = 0
+        self.received = 0            # bytes not yet given back to the stream's window
+        self.deadline: asyncio.TimerHandle | None = None
+        self.encoding: bytes | None = None
+        self.method: Method | None = None
+        self.context: CallContext | None = None
+        self.trailers: bytes | None = None   # sent once the held-back DATA is
+        self.headers_sent = False
+
+
+class GrpcCalls:
+    """The calls of one connection. Expects the connection's `server`, `loop`,
+    `max_message`, `max_unary_body`, `going_away`, `streams`, `blocked`, and its
+    `_send`, `_reset` (http2_connection.Http2Connection)."""
+
+    # --- from the connection: a stream's headers and body ---
+
+    def _on_stream_headers(self, stream: Stream, headers: list) -> None:
+        try:
+            if stream.headers is None:
+                stream.headers = headers
+                self._start_call(stream)
+            if stream.ended:  # trailers from the client, or a call with no body
+                self._on_end_of_input(stream)
+        except Exception as error:  # the block is decoded: the connection's state is sound
+            self._fail_stream(stream, error)
+
+    def _on_body(self, stream: Stream, flags_end: bool, before: int) -> None:
+        """The stream's body grew from `before` bytes; `flags_end` when it has ended."""
+        body = stream.body
+        try:
+            if stream.inbox is not None:
+                self._deliver_messages(stream)
+            elif len(body) > self.max_unary_body or \
+                    before < 5 <= len(body) and not flags_end:
+                # refused early: past one message, or declared too large at its prefix
+                # (a body ending here is checked whole, by _take_messages)
+                self._check_unary_body(stream)
+            if flags_end and not stream.closed:
+                stream.ended = True
+                self._on_end_of_input(stream)
+        except Exception as error:  # the frame is taken: the connection's state is sound
+            self._fail_stream(stream, error)
+
+    # --- starting a call ---
+
+    def _start_call(self, stream: Stream) -> None:
+        path, metadata, timeout = None, [], None
+        for name, value in stream.headers:
+            if name == b":path":
+                path = value
+            elif name == b"grpc-timeout":
+                timeout = value
+            elif name == b"grpc-encoding":
+                stream.encoding = value
+            elif name[:1] != b":" and name not in RESERVED_HEADERS:
+                metadata.append((name.decode("latin-1"),
+                                 binary_header_value(value) if name.endswith(b"-bin")
+                                 else value.decode("latin-1")))
+        if self.going_away or self.server.closing:
+            self._reset(stream, REFUSED_STREAM)
+            return
+        if timeout is not None and not self._start_deadline(stream, timeout):
+            return
+        method = self.server.methods.get(path)
+        if method is None:
+            self._finish(stream, status_block(grpc.StatusCode.UNIMPLEMENTED,
+                                              "Method not found!"))
+            return
+        if stream.encoding not in (None, b"identity") and stream.encoding not in WINDOW_BITS:
+            self._finish(stream, status_block(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"Compression algorithm '{stream.encoding.decode('latin-1')}' is not supported"))
+            return
+        stream.method = method
+        stream.context = CallContext(tuple(metadata))
+        if method.client_streaming:
+            stream.inbox = asyncio.Queue()
+            stream.started = True
+            stream.stop = self.loop.create_task(self._run_streaming(stream)).cancel
+
+    def _start_deadline(self, stream: Stream, value: bytes) -> bool:
+        """End the call when the client's grpc-timeout passes; a value that is not one
+        fails this call only (INTERNAL, grpc core's words), never the connection."""
+        try:
+            seconds = parse_timeout(value)
+        except ValueError:
+            self._finish(stream, BAD_TIMEOUT_STATUS)
+            return False
+        stream.deadline = self.loop.call_later(seconds, self._deadline_passed, stream)
+        return True
+
+    def _on_end_of_input(self, stream: Stream) -> None:
+        method = stream.method
+        if method is None or stream.closed or stream.started and not method.client_streaming:
+            return
+        if method.client_streaming:
+            stream.inbox.put_nowait(None)
+            return
+        try:
+            messages = self._take_messages(stream)
+        except AbortError as error:
+            self._finish(stream, status_block(error.code, error.details))
+            return
+        if len(messages) != 1:
+            self._finish(stream, status_block(
+                grpc.StatusCode.UNIMPLEMENTED if messages else grpc.StatusCode.INTERNAL,
+                f"expected one request message, got {len(messages)}"))
+            return
+        stream.started = True
+        if method.begin is not None:
+            self._begin_unary(stream, messages[0])
+        else:
+            stream.stop = self.loop.create_task(self._run_unary(stream, messages[0])).cancel
+
+    # --- request messages ---
+
+    def _take_messages(self, stream: Stream) -> list[bytes]:
+        """The complete length-prefixed messages in the stream's body, removed from it."""
+        body, messages, offset = stream.body, [], 0
+        while len(body) - offset >= 5:
+            compressed, length = MESSAGE_PREFIX.unpack_from(body, offset)
+            if length > self.max_message:  # refused at its prefix, before it is buffered
+                raise AbortError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 too_large(length, self.max_message))
+            if len(body) - offset - 5 < length:
+                break
+            with memoryview(body) as view:
+                message = bytes(view[offset + 5:offset + 5 + length])
+            offset += 5 + length
+            if compressed:
+                message = self._decompress(stream, message)
+            messages.append(message)
+        del body[:offset]
+        if stream.ended and body:
+            raise AbortError(grpc.StatusCode.INTERNAL, "the request ended inside a message")
+        return messages
+
+    def _decompress(self, stream: Stream, message: bytes) -> bytes:
+        if stream.encoding not in WINDOW_BITS:
+            raise AbortError(grpc.StatusCode.INTERNAL,
+                             "a compressed message without a grpc-encoding")
+        try:
+            return inflate(message, stream.encoding, self.max_message)
+        except MessageTooLarge as error:
+            raise AbortError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"Decompressed message larger than max ({error})") from None
+        except zlib.error as error:
+            raise AbortError(grpc.StatusCode.INTERNAL,
+                             f"cannot decompress the request message: {error}") from None
+
+    def _check_unary_body(self, stream: Stream) -> None:
+        """A unary call's body as it arrives: its message may not be declared larger
+        than the limit, nor may more than that one message's bytes come."""
+        length = MESSAGE_PREFIX.unpack_from(stream.body)[1]
+        if length > self.max_message:
+            self._finish(stream, status_block(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                              too_large(length, self.max_message)))
+        elif len(stream.body) > self.max_unary_body:
+            self._finish(stream, status_block(grpc.StatusCode.UNIMPLEMENTED,
+                                              "expected one request message, got more"))
+
+    def _deliver_messages(self, stream: Stream) -> None:
+        try:
+            messages = self._take_messages(stream)
+        except AbortError as error:
+            # the call ends here, as grpc core ends it: the rest of its request is
+            # refused rather than buffered, and its handler stopped
+            self._finish(stream, status_block(error.code, error.details))
+            self._stop_call(stream)
+            return
+        for message in messages:
+            stream.inbox.put_nowait(message)
+
+    def _parse_request(self, stream: Stream, message: bytes):
+        """The request message, or None when it does not parse (the call is ended: the
+        client's mistake, no traceback in our log)."""
+        try:
+            return stream.method.request_type.FromString(message)
+        except DecodeError as error:
+            self._finish(stream, status_block(grpc.StatusCode.UNKNOWN,
+                                              f"Unexpected DecodeError: {error}"))
+            return None
+
+    # --- handlers ---
+
+    async def _run_unary(self, stream: Stream, message: bytes) -> None:
+        request = self._parse_request(stream, message)
+        if request is None:
+            return
+        try:
+            response = await stream.method.handler(request, stream.context)
+        except asyncio.CancelledError:
+            return  # the client reset the stream or its deadline passed: already answered
+        except Exception as error:
+            self._end_unary(stream, error)
+            return
+        self._end_unary(stream, response)
+
+    def _begin_unary(self, stream: Stream, message: bytes) -> None:
+        request = self._parse_request(stream, message)
+        if request is None:
+            return
+        answered = False
+
+        def reply(result) -> None:
+            nonlocal answered
+            answered, stream.stop = True, None
+            self._end_unary(stream, result)
+
+        try:
+            stop = stream.method.begin(request, stream.context, reply)
+        except Exception as error:
+            self._end_unary(stream, error)
+            return
+        if not answered:
+            stream.stop = stop
+
+    def _end_unary(self, stream: Stream, result) -> None:
+        """Send a unary call's response message, or end it with the error raised."""
+        if isinstance(result, AbortError):
+            self._finish(stream, status_block(result.code, result.details))
+            return
+        try:
+            if isinstance(result, Exception):
+                raise result
+            payload = result.SerializeToString()
+        except Exception as error:  # a handler bug must fail only this call
+            log.error("gRPC handler failed", exc_info=error)
+            self._finish(stream, status_block(grpc.StatusCode.UNKNOWN,
+                                              f"Unexpected {type(error).__name__}: {error}"))
+            return
+        self._send(stream, payload, OK_TRAILERS)
+
+    async def _run_streaming(self, stream: Stream) -> None:
+        method = stream.method
+        try:
+            async for response in method.handler(self._messages(stream), stream.context):
+                payload = response.SerializeToString()
+                self._send(stream, payload)
+        except AbortError as error:
+            self._finish(stream, status_block(error.code, error.details))
+            return
+        except asyncio.CancelledError:
+            return
+        except Exception as error:
+            log.exception("gRPC streaming handler failed")
+            self._finish(stream, status_block(grpc.StatusCode.UNKNOWN,
+                                              f"Unexpected {type(error).__name__}: {error}"))
+            return
+        self._finish(stream, OK_TRAILERS)
+
+    async def _messages(self, stream: Stream):
+        while True:
+            message = await stream.inbox.get()
+            if message is None:
+                return
+            if isinstance(message, AbortError):
+                raise message
+            yield stream.method.request_type.FromString(message)
+
+    # --- ending a call ---
+
+    def _finish(self, stream: Stream, status: bytes) -> None:
+        """End the call with `status`."""
+        self._send(stream, None, status)
+
+    def _deadline_passed(self, stream: Stream) -> None:
+        stream.deadline = None
+        if stream.closed:
+            return
+        self._finish(stream, status_block(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                          "Deadline Exceeded"))
+        self._stop_call(stream)
+
+    def _cancel_call(self, stream: Stream) -> None:
+        """The client went away or reset the stream: nothing more is sent on it."""
+        stream.closed = True
+        # DATA held back by flow control is dropped, or a later window would carry it
+        # out on the dead stream, taking the connection's window from live calls
+        stream.pending.clear()
+        stream.pending_size = 0
+        if stream in self.blocked:
+            self.blocked.remove(stream)
+        if stream.deadline is not None:
+            stream.deadline.cancel()
+        self._stop_call(stream)
+
+    @staticmethod
+    def _stop_call(stream: Stream) -> None:
+        stop, stream.stop = stream.stop, None
+        if stop is not None:
+            try:
+                stop()
+            except Exception:  # the call is gone either way; other calls go on
+                log.exception("stopping the gRPC call on stream %d failed", stream.id)
+
+    def _fail_stream(self, stream: Stream, error: Exception) -> None:
+        """An unexpected error in one call (a bug): logged, and that stream reset with
+        INTERNAL_ERROR; the connection's other calls go on."""
+        log.error("gRPC call on stream %d failed; resetting it", stream.id, exc_info=error)
+        if stream.closed:
+            self.streams.pop(stream.id, None)
+        else:
+            self._reset(stream, INTERNAL_ERROR)
