@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..core import datatypes
 from ..core.errors import invalid_arg
 from ..core.validate import SEQUENCE_END, SEQUENCE_START
+from ..scheduling.implicit_state import initial_values
 from .base import Backend, ModelContext, TensorBatchInstance
 
 _INDEXED = re.compile(r"^(?:INPUT|OUTPUT)(\d+)$")
@@ -40,7 +40,8 @@ class IdentityBackend(Backend):
         self.pairs.update(_pair_controls_with_outputs(context.config))
         self.delay_s = float(context.parameter("execute_delay_ms", "0") or 0) / 1000.0
         self.states = (SequenceStates(context.config, context.model_dir,
-                                      context.parameter("state_update", "copy"))
+                                      context.parameter("state_update", "copy"),
+                                      context.config_source)
                        if context.config.sequence_batching.state else None)
 
     def create_instance(self, index: int, kind: str, device_id: int) -> "IdentityInstance":
@@ -79,15 +80,15 @@ class IdentityInstance(TensorBatchInstance):
 class SequenceStates:
     """Per correlation id, the current value of every implicit state."""
 
-    def __init__(self, config: mc.ModelConfig, model_dir: Path, mode: str):
+    def __init__(self, config: mc.ModelConfig, model_dir: Path, mode: str,
+                 source: Path | None = None):
         if mode not in _STATE_MODES:
             raise invalid_arg(f"identity model '{config.name}': parameter 'state_update' must "
                               f"be one of {', '.join(_STATE_MODES)}, got '{mode}'")
         self.accumulate = mode == "accumulate"
         self.batched = config.max_batch_size > 0
         self.specs = list(config.sequence_batching.state)
-        self.initial = {s.input_name: _initial_state(config.name, s, model_dir)
-                        for s in self.specs}
+        self.initial = initial_values(config, model_dir, source)
         self.first_input = config.input[0].name if config.input else None
         self.first_output = config.output[0].name if config.output else None
         self.values: dict[object, dict[str, np.ndarray]] = {}
@@ -132,38 +133,6 @@ class SequenceStates:
         return {name: (value + data.reshape(value.shape) if data.size == value.size
                        else value + data).astype(value.dtype)
                 for name, value in values.items()}
-
-
-def _initial_state(model: str, state, model_dir: Path) -> np.ndarray:
-    """A state's value at the start of a sequence (without the batch dim)."""
-    dtype = datatypes.from_config_name(mc.DataType.Name(state.data_type)).numpy
-    if len(state.initial_state) > 1:
-        raise invalid_arg(
-            f"initial_state field for state input '{state.input_name}' must contain exactly "
-            f"one or zero element. Found '{len(state.initial_state)}' elements.")
-    if not state.initial_state:
-        return np.zeros([d if d > 0 else 1 for d in state.dims], dtype=dtype)
-    initial = state.initial_state[0]
-    if initial.data_type != state.data_type:
-        raise invalid_arg(
-            f"The data type used for 'initial_state' field of state '{state.input_name}' does "
-            "not match the state data type.")
-    if not initial.name:
-        raise invalid_arg("Field 'name' must be set when using initial_state for state input "
-                          f"'{state.input_name}'.")
-    if len(initial.dims) != len(state.dims):
-        raise invalid_arg(
-            "Number of dimensions in 'initial_state' doesn't match the size of 'state' "
-            f"dimensions for state input '{state.input_name}'. {len(initial.dims)} != "
-            f"{len(state.dims)}")
-    shape = tuple(int(d) for d in initial.dims)
-    if initial.WhichOneof("state_data") == "data_file":
-        path = model_dir / "initial_state" / initial.data_file
-        if not path.is_file():
-            raise invalid_arg(f"unable to load model '{model}': initial state file '{path}' "
-                              "does not exist")
-        return np.fromfile(path, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-    return np.zeros(shape, dtype=dtype)
 
 
 def _index(name: str, model: str) -> str:

@@ -43,7 +43,7 @@ class OnnxRuntimeBackend(Backend):
         if not self.checked:
             check_against_model(self.config, signature)
             self.checked = True
-        state = (ImplicitState(self.config, self.context.model_dir)
+        state = (ImplicitState(self.config, self.context.model_dir, self.context.config_source)
                  if self.config.sequence_batching.state else None)
         return OnnxRuntimeInstance(self.config, session, signature, state)
 

@@ -4,7 +4,8 @@ Each state is an input/output pair the client never sends: the state output
 of a sequence's i-th request becomes the state input of its (i+1)-th. A
 sequence starts from `initial_state` (zeros, or a file under the model's
 `initial_state/` folder) or, without one, from zeros with every free dim
-taken as 1; its state is dropped when the sequence ends.
+taken as 1 (scheduling/implicit_state.py); its state is dropped when the
+sequence ends or the sequence batcher gives it up (idle, cancelled).
 """
 
 from __future__ import annotations
@@ -15,20 +16,18 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ...core import datatypes
-from ...core.errors import invalid_arg
 from ...core.validate import SEQUENCE_END, SEQUENCE_START
+from ...scheduling.implicit_state import initial_values
 
 
 class ImplicitState:
     """Per correlation id, the current value of every state input."""
 
-    def __init__(self, config: mc.ModelConfig, model_dir: Path):
+    def __init__(self, config: mc.ModelConfig, model_dir: Path, source: Path | None = None):
         self.config = config
         self.batched = config.max_batch_size > 0
         self.pairs = {s.output_name: s.input_name for s in config.sequence_batching.state}
-        self.initial = {s.input_name: _initial_value(config.name, s, model_dir)
-                        for s in config.sequence_batching.state}
+        self.initial = initial_values(config, model_dir, source)
         self.values: dict[object, dict[str, np.ndarray]] = {}
         self.lock = threading.Lock()
 
@@ -79,18 +78,3 @@ class ImplicitState:
 
 def _in_sequence(request) -> bool:
     return request.correlation_id not in (0, "")
-
-
-def _initial_value(model: str, state, model_dir: Path) -> np.ndarray:
-    dtype = datatypes.from_config_name(mc.DataType.Name(state.data_type))
-    if not state.initial_state:
-        return np.zeros([d if d > 0 else 1 for d in state.dims], dtype=dtype.numpy)
-    initial = state.initial_state[0]
-    shape = tuple(initial.dims)
-    if initial.WhichOneof("state_data") == "data_file":
-        path = model_dir / "initial_state" / initial.data_file
-        if not path.is_file():
-            raise invalid_arg(
-                f"unable to load model '{model}': initial state file '{path}' does not exist")
-        return np.fromfile(path, dtype=dtype.numpy).reshape(shape)
-    return np.zeros(shape, dtype=dtype.numpy)
