@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--allow-http", type=boolean, default=True)
     add("--allow-grpc", type=boolean, default=True)
     add("--allow-metrics", type=boolean, default=True)
+    add("--allow-openai", type=boolean, default=True,
+        help="the OpenAI-compatible routes (/v1/models, /v1/completions, "
+        "/v1/chat/completions) on the HTTP port")
     add("--model-control-mode", type=str.lower, choices=("none", "poll", "explicit"),
         default="none")
     add("--repository-poll-secs", type=non_negative, default=15)
@@ -281,6 +284,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         http_address=args.http_address, grpc_address=args.grpc_address,
         metrics_address=args.metrics_address, allow_http=args.allow_http,
         allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
+        allow_openai=args.allow_openai,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs, load_models=args.load_model,
         strict_readiness=args.strict_readiness,

@@ -66,6 +66,7 @@ class Settings:
     allow_http: bool = True
     allow_grpc: bool = True
     allow_metrics: bool = True
+    allow_openai: bool = True  # the /v1 routes on the HTTP port
     model_control_mode: str = "none"
     repository_poll_secs: float = 15.0
     load_models: list[str] = field(default_factory=list)
@@ -159,7 +160,8 @@ class Server:
         if self.settings.allow_grpc:
             await self._start_grpc()
         if self.settings.allow_http:
-            frontend = HttpFrontend(self.service, self.settings.http_restricted)
+            frontend = HttpFrontend(self.service, self.settings.http_restricted,
+                                    openai=self.settings.allow_openai)
             self.ports["http"] = await self._listen(frontend.handle, self.settings.http_address,
                                                     self.settings.http_port, http_tls)
             log.info("Started HTTPService at %s:%d", self.settings.http_address,

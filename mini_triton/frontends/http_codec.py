@@ -20,12 +20,18 @@ try:  # orjson is optional; it is faster for large JSON tensors
 
     def _dumps(obj) -> bytes:
         return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    def _dumps_sorted(obj) -> bytes:
+        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_SORT_KEYS)
 except ImportError:  # pragma: no cover - depends on the installation
     def _loads(data):
         return json.loads(data)
 
     def _dumps(obj) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
+
+    def _dumps_sorted(obj) -> bytes:
+        return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -36,6 +42,11 @@ def loads(data):
 
 def dumps(obj) -> bytes:
     return _dumps(obj)
+
+
+def dumps_sorted(obj) -> bytes:
+    """JSON with its keys in sorted order at every level (Triton's generate replies)."""
+    return _dumps_sorted(obj)
 
 
 # --- requests ---

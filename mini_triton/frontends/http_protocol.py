@@ -6,7 +6,8 @@ on this small server: it parses with httptools, routes by exact path first and
 patterns second, and writes each reply with one `writelines`. It keeps
 connections alive, answers pipelined requests in order, handles
 `Expect: 100-continue`, chunked bodies, gzip/deflate request bodies and
-response compression when the client accepts it.
+response compression when the client accepts it. A reply may also be streamed
+(chunked, written as it is produced, at the pace the client reads: http_exchange.py).
 
 Every buffer a client fills is bounded (see http_limits.py and `max_body`): a head must
 arrive within the header timeout; a connection's requests under way are capped, and
@@ -32,8 +33,8 @@ import httptools
 
 from .. import SERVER_NAME, __version__
 from .http_encoding import InflatedTooLarge, compress, inflate
-from .http_exchange import (App, Exchange, Handler, HttpReply, HttpRequest,  # noqa: F401
-                            serve_async)
+from .http_exchange import (App, BodyStream, Exchange, Handler, HttpReply,  # noqa: F401
+                            HttpRequest, serve_async)
 from .http_limits import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,  # noqa: F401
                           DEFAULT_MAX_URL_SIZE, ConnectionLimits, HeadLimits)
 from .http_router import Router  # noqa: F401 (where it used to live)
@@ -204,12 +205,18 @@ class HttpProtocol(asyncio.Protocol):
         for exchange in exchanges:  # the client is gone: stop what it asked for
             if exchange.cancel is not None:
                 exchange.cancel()
+            if exchange.reply is not None and type(exchange.reply.body) is BodyStream:
+                exchange.reply.body.lose()
 
     def pause_writing(self) -> None:
         self._write_paused = True
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        exchanges = self._exchanges
+        if exchanges and exchanges[0].reply is not None \
+                and type(exchanges[0].reply.body) is BodyStream:
+            exchanges[0].reply.body.wake()  # the reply being streamed may go on
         if self._held:
             self._start_held()
 
@@ -268,7 +275,8 @@ class HttpProtocol(asyncio.Protocol):
         path = httptools.parse_url(self._url).path.decode("latin-1")
         headers = self._headers
         keep_alive = self.parser.should_keep_alive() and not self._last_request
-        exchange = Exchange(self, method, path, keep_alive, headers.get("accept-encoding", ""))
+        exchange = Exchange(self, method, path, keep_alive, headers.get("accept-encoding", ""),
+                            self.parser.get_http_version() != "1.0")
         exchanges = self._exchanges
         exchanges.append(exchange)
         if self._last_request:
@@ -509,7 +517,12 @@ class HttpProtocol(asyncio.Protocol):
         then start what was held for want of room."""
         exchanges = self._exchanges
         while exchanges and exchanges[0].reply is not None:
-            exchange = exchanges.popleft()
+            exchange = exchanges[0]
+            if type(exchange.reply.body) is BodyStream:
+                if not self._write_stream(exchange, exchange.reply.body):
+                    break  # the replies after it wait until its body ends
+                continue
+            exchanges.popleft()
             self._write(exchange.reply, exchange.keep_alive, exchange.accept_encoding)
         if self._held:
             self._start_held()
@@ -527,16 +540,47 @@ class HttpProtocol(asyncio.Protocol):
             if applied:
                 extra = {**extra, "Content-Encoding": applied}
         length = sum(len(c) for c in chunks)
-        status = reply.status
-        head = [f"{_STATUS_LINES.get(status) or _status_lines(status)}"
-                f"Content-Type: {reply.content_type}\r\nContent-Length: {length}\r\n"]
-        head += [f"{name}: {value}\r\n" for name, value in extra.items()]
-        if not keep_alive:
-            head.append("Connection: close\r\n")
-        head.append("\r\n")
-        self.transport.writelines([("".join(head)).encode("latin-1"), *chunks])
+        head = _head(reply, f"Content-Length: {length}\r\n", extra, keep_alive)
+        self.transport.writelines([head, *chunks])
         if not keep_alive:
             self._end_connection()
+
+    def _write_stream(self, exchange: Exchange, body: BodyStream) -> bool:
+        """Write what the streamed reply first in line has ready (its head first); True
+        once its body has ended and the exchange is done."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            self._exchanges.popleft()
+            body.lose()
+            return True
+        self._active = True
+        # Without chunked coding (HTTP/1.0) the body ends when the connection closes.
+        keep_alive = exchange.keep_alive and exchange.chunked
+        if not body.started:
+            body.started = True
+            framing = "Transfer-Encoding: chunked\r\n" if exchange.chunked else ""
+            transport.write(_head(exchange.reply, framing, exchange.reply.headers, keep_alive))
+        transport.writelines(body.written())
+        if not body.ended:
+            if not self._write_paused:
+                body.wake()
+            return False
+        self._exchanges.popleft()
+        if not keep_alive:
+            self._end_connection()
+        return True
+
+
+def _head(reply: HttpReply, framing: str, headers: dict[str, str], keep_alive: bool) -> bytes:
+    """A reply's status line and headers; `framing` says how its body is delimited."""
+    status = reply.status
+    head = [f"{_STATUS_LINES.get(status) or _status_lines(status)}"
+            f"Content-Type: {reply.content_type}\r\n{framing}"]
+    head += [f"{name}: {value}\r\n" for name, value in headers.items()]
+    if not keep_alive:
+        head.append("Connection: close\r\n")
+    head.append("\r\n")
+    return "".join(head).encode("latin-1")
 
 
 class _LastRequest(Exception):

@@ -1,6 +1,8 @@
 """The KServe v2 HTTP/REST front end: routing and status mapping only.
 
-It runs on the lean HTTP/1.1 server in `http_protocol.py`.
+It runs on the lean HTTP/1.1 server in `http_protocol.py`; the generate extension
+(`http_generate.py`) and the OpenAI-compatible routes (`openai_routes.py`) share its
+router, limits and restrictions.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from ..core.validate import config_datatype
 from ..service import InferenceService
 from . import http_codec
 from .errors import http_status
+from .http_generate import GenerateEndpoints
 from .http_protocol import Exchange, HttpReply, HttpRequest, Router
+from .openai_routes import OpenAIRoutes
 from .restrictions import Restriction, http_refusal
 
 log = logging.getLogger("mini_triton.http")
@@ -57,12 +61,20 @@ def _model_and_version(request: HttpRequest) -> tuple[str, str]:
 
 class HttpFrontend:
     def __init__(self, service: InferenceService,
-                 restricted: dict[str, Restriction] | None = None):
+                 restricted: dict[str, Restriction] | None = None, openai: bool = True):
         self.service = service
         self.restricted = restricted or {}
         self.router = Router(lambda message: error_reply(404, message))
+        self.generate = GenerateEndpoints(service)
+        # Handlers that take (request, exchange) and answer through the exchange.
+        self._starters = {self.infer, self.generate.generate, self.generate.generate_stream}
         for group, method, path, handler in self._routes():
             self.router.add(method, path, self._guard(group, handler))
+        if openai:
+            routes = OpenAIRoutes(service)
+            for group, method, path, handler in routes.routes():
+                self._starters.add(handler)
+                self.router.add(method, path, self._guard(group, handler, routes.refusal))
 
     def handle(self, request: HttpRequest, exchange: Exchange) -> None:
         """The connection's App: route, then answer now or from a task."""
@@ -89,6 +101,8 @@ class HttpFrontend:
                 ("health", get, prefix + "/ready", self.model_ready),
                 ("model-config", get, prefix + "/config", self.model_config),
                 ("inference", post, prefix + "/infer", self.infer),
+                ("inference", post, prefix + "/generate", self.generate.generate),
+                ("inference", post, prefix + "/generate_stream", self.generate.generate_stream),
                 ("statistics", get, prefix + "/stats", self.statistics),
             ]
         routes += [
@@ -119,11 +133,12 @@ class HttpFrontend:
         ]
         return routes
 
-    def _guard(self, group: str, handler):
+    def _guard(self, group: str, handler, refusal=error_reply):
         """The route's (request, exchange) callable: a coroutine handler runs in a task,
-        inference answers from the response's own call; either first checks the
-        group's required header where the API is restricted."""
-        start = handler if handler == self.infer else \
+        a starter (inference) answers through the exchange itself; either first checks
+        the group's required header where the API is restricted (`refusal` makes the
+        403 reply)."""
+        start = handler if handler in self._starters else \
             lambda request, exchange: exchange.run(handler, request)
         restriction = self.restricted.get(group)
         if restriction is None:
@@ -131,7 +146,7 @@ class HttpFrontend:
 
         def guarded(request: HttpRequest, exchange: Exchange) -> None:
             if request.headers.get(restriction.header) != restriction.value:
-                exchange.answer(error_reply(403, http_refusal(restriction)))
+                exchange.answer(refusal(403, http_refusal(restriction)))
                 return
             start(request, exchange)
 

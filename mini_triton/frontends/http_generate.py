@@ -1,0 +1,113 @@
+"""The generate extension's two endpoints on the HTTP/1.1 server:
+`POST /v2/models/NAME[/versions/V]/generate` (one JSON object) and `.../generate_stream`
+(server-sent events, one per response of the model).
+
+An error before inference is a JSON error with its status. A stream's status is set
+by its first response, as in Triton (an error there gives its status, with the error
+as the first event); an error after that is an event `data: {"error": ...}`. A client
+that goes away cancels the request: the model sees `is_cancelled()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..core.errors import TritonError
+from ..service import InferenceService
+from . import generate
+from .errors import http_status
+from .http_exchange import Exchange, HttpReply, HttpRequest
+
+log = logging.getLogger("mini_triton.http")
+
+EVENT_STREAM = "text/event-stream; charset=utf-8"
+# Proxies must pass events on as they come, and nothing should cache them.
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def error_reply(status: int, message: str) -> HttpReply:
+    return HttpReply(status, generate.encode_error(message))
+
+
+class GenerateEndpoints:
+    def __init__(self, service: InferenceService):
+        self.service = service
+
+    def generate(self, request: HttpRequest, exchange: Exchange) -> None:
+        exchange.run(self._generate, request)
+
+    def generate_stream(self, request: HttpRequest, exchange: Exchange) -> None:
+        exchange.run(lambda r: self._generate_stream(r, exchange), request)
+
+    def _start(self, request: HttpRequest):
+        """Look the model up (an unknown model is 404 whatever the body), decode the
+        body against its inputs, and start the inference: (request, stream)."""
+        model, version = request.params["model"], request.params.get("version", "")
+        config = self.service.model_config(model, version)
+        document = generate.parse_body(request.body)
+        infer_request = generate.decode_request(model, version, document,
+                                                generate.input_specs(config))
+        return infer_request, self.service.infer(infer_request)
+
+    async def _generate(self, request: HttpRequest) -> HttpReply:
+        """One response, or Triton's error for a model that gives another number of
+        them; a second response cancels the rest of the work."""
+        try:
+            infer_request, stream = self._start(request)
+        except TritonError as error:
+            return error_reply(http_status(error.code), error.message)
+        first = None
+        try:
+            async for response in stream:
+                if response.empty:
+                    continue
+                if first is not None:
+                    self.service.cancel(infer_request)
+                    return error_reply(500, generate.EXACTLY_ONE)
+                first = response
+        except asyncio.CancelledError:
+            self.service.cancel(infer_request)
+            raise
+        if first is None:
+            return error_reply(500, generate.EXACTLY_ONE)
+        if first.error is not None:
+            return error_reply(http_status(first.error.code), first.error.message)
+        return HttpReply(200, _encoded(first), compressible=True)
+
+    async def _generate_stream(self, request: HttpRequest, exchange: Exchange):
+        try:
+            infer_request, stream = self._start(request)
+        except TritonError as error:
+            return error_reply(http_status(error.code), error.message)
+        body = None
+        try:
+            async for response in stream:
+                if response.empty:
+                    continue
+                if body is None:
+                    status = 200 if response.error is None else http_status(response.error.code)
+                    body = exchange.begin_stream(status, EVENT_STREAM, STREAM_HEADERS)
+                if not await body.send(generate.event(_encoded(response))):
+                    self.service.cancel(infer_request)  # the client is gone
+                    break
+        except asyncio.CancelledError:
+            self.service.cancel(infer_request)
+            raise
+        if body is None:  # no response at all: an empty stream
+            body = exchange.begin_stream(200, EVENT_STREAM, STREAM_HEADERS)
+        body.end()
+        return None
+
+
+def _encoded(response) -> bytes:
+    """A response as its generate JSON object, or its error object."""
+    if response.error is not None:
+        return generate.encode_error(response.error.message)
+    try:
+        return generate.encode_response(response)
+    except TritonError as error:
+        return generate.encode_error(error.message)
+    except Exception as error:  # a bug here must not take the stream down silently
+        log.exception("cannot encode a generate response of model '%s'", response.model_name)
+        return generate.encode_error(f"internal error: {error}")

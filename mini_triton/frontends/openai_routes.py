@@ -1,0 +1,251 @@
+"""An OpenAI-compatible front door on the HTTP port: `GET /v1/models`,
+`GET /v1/models/NAME`, `POST /v1/completions` and `POST /v1/chat/completions`, whole
+or streamed (`stream: true`: `data:` chunks, then `data: [DONE]`).
+
+Each choice (`n` of them per prompt) is one request of the model through the service,
+as any other request: counted in statistics and metrics, through ensembles and BLS
+alike; a client that goes away cancels them all. Refusals are OpenAI error objects
+(`{"error": {"message", "type", "param", "code"}}`) with a 4xx status; an error after
+a stream began is a `data: {"error": ...}` event, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from .. import SERVER_NAME
+from ..core.errors import Code, TritonError
+from ..service import InferenceService
+from . import chat_template, generate, http_codec
+from . import openai_codec as codec
+from .errors import http_status
+from .http_exchange import BodyStream, Exchange, HttpReply, HttpRequest
+from .http_generate import EVENT_STREAM, STREAM_HEADERS
+from .openai_codec import OpenAIError
+
+log = logging.getLogger("mini_triton.openai")
+
+DONE = b"data: [DONE]\n\n"
+
+
+def error_reply(status: int, message: str, code: str | None = None) -> HttpReply:
+    return HttpReply(status, codec.error_body(status, message, code))
+
+
+class OpenAIRoutes:
+    def __init__(self, service: InferenceService):
+        self.service = service
+        self._created: dict[str, int] = {}  # model → when /v1 first saw it ready
+        self._templates: dict[str, tuple] = {}  # model → (its config, its ChatTemplate)
+
+    def routes(self) -> list[tuple]:
+        """(API group, method, path, handler), groups as Triton's OpenAI front end has
+        them for --http-restricted-api."""
+        return [
+            ("model-repository", "GET", "/v1/models", self.list_models),
+            ("model-repository", "GET", "/v1/models/{model}", self.retrieve_model),
+            ("inference", "POST", "/v1/completions", self.completions),
+            ("inference", "POST", "/v1/chat/completions", self.chat_completions),
+        ]
+
+    @staticmethod
+    def refusal(status: int, message: str) -> HttpReply:
+        return error_reply(status, message)
+
+    # --- models ---
+
+    def list_models(self, request: HttpRequest, exchange: Exchange) -> None:
+        names = {entry["name"] for entry in self.service.repository_index(ready_only=True)}
+        data = [self._model_object(name) for name in sorted(names) if self._serves(name)]
+        exchange.answer(HttpReply(200, _dumps({"object": "list", "data": data})))
+
+    def retrieve_model(self, request: HttpRequest, exchange: Exchange) -> None:
+        name = request.params["model"]
+        try:
+            self._contract(name)
+        except OpenAIError as error:
+            exchange.answer(error_reply(error.status, error.message, error.code))
+            return
+        exchange.answer(HttpReply(200, _dumps(self._model_object(name))))
+
+    def _model_object(self, name: str) -> dict:
+        created = self._created.setdefault(name, int(time.time()))
+        return {"id": name, "object": "model", "created": created, "owned_by": SERVER_NAME}
+
+    def _serves(self, name: str) -> bool:
+        try:
+            return codec.contract_of(self.service.model_config(name)) is not None
+        except TritonError:
+            return False
+
+    def _contract(self, name: str) -> codec.Contract:
+        try:
+            config = self.service.model_config(name)
+        except TritonError as error:
+            if error.code == Code.NOT_FOUND:
+                raise OpenAIError(404, f"The model '{name}' does not exist",
+                                  "model_not_found") from None
+            raise OpenAIError(http_status(error.code), error.message) from None
+        contract = codec.contract_of(config)
+        if contract is None:
+            raise codec.no_contract(name)
+        return contract
+
+    # --- completions ---
+
+    def completions(self, request: HttpRequest, exchange: Exchange) -> None:
+        exchange.run(lambda r: self._serve(r, exchange, chat=False), request)
+
+    def chat_completions(self, request: HttpRequest, exchange: Exchange) -> None:
+        exchange.run(lambda r: self._serve(r, exchange, chat=True), request)
+
+    async def _serve(self, request: HttpRequest, exchange: Exchange, chat: bool):
+        try:
+            document = codec.parse_body(request.body)
+            ask = codec.parse_ask(document, chat)
+            contract = self._contract(ask.model)
+            if chat:
+                ask.prompts = [self._prompt(ask.model, document["messages"])]
+            runs = self._start(ask, contract)
+        except OpenAIError as error:
+            return error_reply(error.status, error.message, error.code)
+        except TritonError as error:
+            return error_reply(http_status(error.code), error.message)
+        if ask.stream:
+            await self._stream(ask, runs, exchange)
+            return None
+        return await self._whole(ask, runs)
+
+    def _prompt(self, model: str, messages: list) -> str:
+        messages = [{**m, "content": chat_template.text_of(m.get("content"))}
+                    for m in messages]
+        template = self._template(model)
+        return template.render(messages) if template is not None \
+            else chat_template.plain_prompt(messages)
+
+    def _template(self, model: str):
+        """The model's chat template (looked for again once the model is reloaded)."""
+        config = self.service.model_config(model)
+        cached = self._templates.get(model)
+        if cached is not None and cached[0] is config:
+            return cached[1]
+        template = chat_template.find_template(self._folders(model))
+        self._templates[model] = (config, template)
+        return template
+
+    def _folders(self, model: str) -> list:
+        """Where a model's tokenizer config may be: its version folder, then its own."""
+        manager = self.service.manager
+        try:
+            folder = manager.record(model).model_dir
+            version = manager.get(model).version
+        except (TritonError, AttributeError):
+            return []
+        return [] if folder is None else [folder / str(version), folder]
+
+    def _start(self, ask: codec.Ask, contract: codec.Contract) -> list:
+        """Start every choice: [(InferenceRequest, ResponseStream)]; if one is refused,
+        those already started are cancelled."""
+        runs = []
+        try:
+            for prompt_index, prompt in enumerate(ask.prompts):
+                for j in range(ask.n):
+                    infer_request = codec.model_request(ask, contract, prompt,
+                                                        prompt_index * ask.n + j)
+                    runs.append((infer_request, self.service.infer(infer_request)))
+        except (OpenAIError, TritonError):
+            self._cancel(runs)
+            raise
+        return runs
+
+    def _cancel(self, runs: list) -> None:
+        for infer_request, _ in runs:
+            if not infer_request.completed:
+                self.service.cancel(infer_request)
+
+    async def _whole(self, ask: codec.Ask, runs: list) -> HttpReply:
+        choices = [codec.Choice(index) for index in range(len(runs))]
+        try:
+            async with contextlib.aclosing(_merged([s for _, s in runs])) as responses:
+                async for index, response in responses:
+                    if response.error is not None:
+                        self._cancel(runs)
+                        return error_reply(_status(response.error), response.error.message)
+                    if not response.empty:
+                        choices[index].add(response)
+        except asyncio.CancelledError:
+            self._cancel(runs)
+            raise
+        return HttpReply(200, codec.Reply(ask).whole(choices), compressible=True)
+
+    async def _stream(self, ask: codec.Ask, runs: list, exchange: Exchange) -> None:
+        body = exchange.begin_stream(200, EVENT_STREAM, STREAM_HEADERS)
+        try:
+            if await self._stream_choices(ask, runs, body):
+                await body.send(DONE)
+            else:
+                self._cancel(runs)  # the client is gone
+        except asyncio.CancelledError:
+            self._cancel(runs)
+            raise
+        finally:
+            body.end()
+
+    async def _stream_choices(self, ask: codec.Ask, runs: list, body: BodyStream) -> bool:
+        """The chunks of every choice as they come, each choice's finish chunk after its
+        last response, then usage when asked; False once the client is gone."""
+        reply = codec.Reply(ask)
+        choices = [codec.Choice(index) for index in range(len(runs))]
+        if ask.chat:
+            for choice in choices:
+                if not await body.send(generate.event(reply.chunk(choice.index, role=True))):
+                    return False
+        async with contextlib.aclosing(_merged([s for _, s in runs])) as responses:
+            async for index, response in responses:
+                if response.error is not None:
+                    self._cancel(runs)
+                    error = codec.error_body(_status(response.error), response.error.message)
+                    return await body.send(generate.event(error))
+                text = "" if response.empty else choices[index].add(response)
+                if text and not await body.send(generate.event(reply.chunk(index, text))):
+                    return False
+                if response.final:
+                    end = reply.chunk(index, finish_reason=choices[index].reason(ask.max_tokens))
+                    if not await body.send(generate.event(end)):
+                        return False
+        if ask.include_usage:
+            return await body.send(generate.event(reply.usage_chunk(choices)))
+        return True
+
+
+async def _merged(streams: list):
+    """(choice index, response) from every stream as they come, each stream's in order."""
+    if len(streams) == 1:
+        async for response in streams[0]:
+            yield 0, response
+        return
+    waiting = {asyncio.ensure_future(stream.next()): index
+               for index, stream in enumerate(streams)}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                index = waiting.pop(future)
+                response = future.result()
+                if not response.final:
+                    waiting[asyncio.ensure_future(streams[index].next())] = index
+                yield index, response
+    finally:
+        for future in waiting:
+            future.cancel()
+
+
+def _status(error: TritonError) -> int:
+    return http_status(error.code)
+
+
+def _dumps(document) -> bytes:
+    return http_codec.dumps(document)
