@@ -303,7 +303,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         metrics_config=dict(args.metrics_config),
         allow_cpu_metrics=args.allow_cpu_metrics, metrics_interval_ms=args.metrics_interval_ms,
         http_restricted=parse_restrictions(args.http_restricted_api),
-        grpc_restricted=parse_restrictions(args.grpc_restricted_protocol),
+        grpc_restricted=parse_restrictions(args.grpc_restricted_protocol, "protocol"),
         grpc_transport=args.grpc_transport,
         grpc_max_receive_message_size=args.grpc_max_receive_message_size,
         response_cache_bytes=parse_cache_config(args.cache_config,

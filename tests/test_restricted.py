@@ -57,11 +57,15 @@ def test_restricted_inference(restricted_server):
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("model-repository", "expected '<api>"),
-    ("nonsense:k=v", "unknown API group 'nonsense'"),
-    ("inference:k", "expected '<api>"),
+@pytest.mark.parametrize("specs, kind, message", [
+    (["model-repository"], "api", "expected '<api>"),
+    (["nonsense:k=v"], "api", "unknown restricted api 'nonsense'"),
+    (["nonsense:k=v"], "protocol", "unknown restricted protocol 'nonsense'"),
+    (["inference:k"], "api", "expected '<api>"),
+    (["health:a=1", "health,inference:b=2"], "api",
+     "restricted api 'health' can not be specified in multiple config groups"),
 ])
-def test_bad_restriction_specs(spec, message):
+def test_bad_restriction_specs(specs, kind, message):
+    """tritonserver's words for each mistake (its start-up refuses the same ones)."""
     with pytest.raises(ValueError, match=message):
-        parse_restrictions([spec])
+        parse_restrictions(specs, kind)

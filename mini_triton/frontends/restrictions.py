@@ -20,19 +20,23 @@ class Restriction:
     value: str
 
 
-def parse_restrictions(specs: list[str]) -> dict[str, Restriction]:
-    """'model-repository,shared-memory:admin-key=admin-value' (repeatable) → group → header."""
+def parse_restrictions(specs: list[str], kind: str = "api") -> dict[str, Restriction]:
+    """'model-repository,shared-memory:admin-key=admin-value' (repeatable) → group → header.
+    `kind` is what tritonserver's messages call a group: "api" for HTTP, "protocol" for
+    gRPC."""
     restricted: dict[str, Restriction] = {}
     for spec in specs:
         groups, sep, header = spec.partition(":")
         key, eq, value = header.partition("=")
         if not sep or not eq or not key:
-            raise ValueError(f"expected '<api>[,<api>...]:<key>=<value>', got '{spec}'")
+            raise ValueError(f"expected '<{kind}>[,<{kind}>...]:<key>=<value>', got '{spec}'")
         for group in (g.strip() for g in groups.split(",")):
             if group not in GROUPS:
-                raise ValueError(f"unknown API group '{group}' (known: {', '.join(GROUPS)})")
+                raise ValueError(f"unknown restricted {kind} '{group}' (known: "
+                                 f"{', '.join(GROUPS)})")
             if group in restricted:
-                raise ValueError(f"API group '{group}' is restricted twice")
+                raise ValueError(f"restricted {kind} '{group}' can not be specified in multiple "
+                                 "config groups")
             restricted[group] = Restriction(key.strip().lower(), value)
     return restricted
 
