@@ -89,3 +89,19 @@ def test_a_repository_that_is_not_a_folder_stops_the_server(tmp_path, make, mess
     assert done.returncode == 1
     assert message.format(path=path) in done.stderr
     assert "Started" not in done.stderr
+
+
+def test_a_file_override_name_over_the_file_system_limit_fails_as_triton(client):
+    """NVIDIA's simple_*_model_control.py examples expect these statuses and words."""
+    import json
+
+    config = json.dumps({"backend": "identity", "max_batch_size": 8,
+                         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32",
+                                     "dims": [-1]}]})
+    with pytest.raises(InferenceServerException) as caught:
+        client.client.load_model("long", config=config, files={"file:1/" + "a" * 256: b"x"})
+    assert client.status_of(caught.value) == {"http": "500",
+                                              "grpc": "StatusCode.INTERNAL"}[client.name]
+    assert caught.value.message() == "failed to load 'long', failed to poll from model repository"
+    assert client.client.is_server_live()

@@ -17,7 +17,7 @@ import tempfile
 import threading
 from pathlib import Path, PurePosixPath
 
-from ..core.errors import invalid_arg
+from ..core.errors import internal, invalid_arg
 from ..core.names import check_model_name
 from . import scan
 
@@ -52,14 +52,25 @@ def write_private_model(name: str, files: dict[str, bytes]) -> Path:
             raise invalid_arg(f"failed to load '{name}': invalid model name")
         folder.mkdir()
         for key, content in files.items():
-            target = _override_target(folder, key, name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "xb") as handle:
-                handle.write(content)
+            _write_override(_override_target(folder, key, name), content, name)
     except BaseException:
         _remove_home(home)
         raise
     return folder
+
+
+def _write_override(target: Path, content: bytes, name: str) -> None:
+    """One override file. A file the file system refuses (a name over its limit, no
+    space) is Triton's INTERNAL "failed to poll"; the detail goes to the log, not to
+    the client (it names the server's folders)."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "xb") as handle:
+            handle.write(content)
+    except OSError as error:
+        log.error("failed to load '%s': cannot write file override: %s", name, error)
+        raise internal(f"failed to load '{name}', failed to poll from model repository") \
+            from None
 
 
 def _override_target(folder: Path, key: str, name: str) -> Path:
