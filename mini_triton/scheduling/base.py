@@ -167,8 +167,9 @@ def begin_batch(requests: list, stats: ModelStats,
         request_tap.hold_final()
     start = time.monotonic_ns()
     for request, request_tap in zip(requests, taps):
-        if request.decoupled and id(request) not in nulls:
-            request_tap.stages.insert(0, ResponseStatsStage(stats, start))
+        if request.decoupled and id(request) not in nulls and not (
+                request_tap.stages and isinstance(request_tap.stages[0], ResponseStatsStage)):
+            request_tap.stages.insert(0, ResponseStatsStage(stats, start))  # once, if rerun
     return taps, start
 
 
@@ -199,6 +200,8 @@ def end_batch(instance, requests: list, taps: list, start: int, timing: Executio
     for request, request_tap in zip(requests, taps):
         if id(request) in nulls or (request_tap.final_seen and request_tap.failed):
             continue
+        if getattr(request, "rescheduled", False):
+            continue  # an iterative request counts once, in the execution that releases it
         queued = queue_start(request) if queue_start else request.queue_start_ns
         stats.record_compute(timing.start - queued, timing.input_ns, timing.infer_ns,
                              timing.output_ns, rows(request))

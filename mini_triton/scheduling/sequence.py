@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import logging
 import threading
 import time
@@ -44,7 +45,7 @@ from ..core.request import InferenceRequest
 from ..core.stats import ModelStats
 from ..core.tensor import Tensor
 from ..core.validate import SEQUENCE_END, SEQUENCE_START
-from .base import cancelled_error, execute_batch, fail, tap
+from .base import cancelled_error, execute_batch, fail, finished, tap
 from .batch import BatchShapeRule
 from .batch_inputs import BatchInputs
 from .controls import SequenceControls
@@ -82,6 +83,8 @@ class SequenceScheduler:
         self.name = config.name
         self.stats = stats
         self.controls = SequenceControls(config)
+        self.iterative = sequence.iterative_sequence
+        self.iterative_ids = itertools.count(1)
         self.batch_inputs = BatchInputs.of(config)  # None unless the config has batch_input
         self.idle_ns = (sequence.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
         oldest = sequence.HasField("oldest")
@@ -120,6 +123,8 @@ class SequenceScheduler:
             raise invalid_arg(
                 f"inference request to model '{self.name}' must specify batch-size 1 due to "
                 "requirements of sequence batcher")
+        if self.iterative:
+            self._begin_iterative(request)
         corr = request.correlation_id
         if not in_sequence(corr):
             raise invalid_arg(
@@ -167,6 +172,50 @@ class SequenceScheduler:
                 backlog.expiration_ns = (min(backlog.expiration_ns, expiration)
                                          if backlog.expiration_ns else expiration)
                 self.reaper_wake.notify_all()
+
+    def _begin_iterative(self, request: InferenceRequest) -> None:
+        """Iterative sequences: one request is the whole sequence. Without a correlation
+        id it gets one (and START), as Triton's IterativeSequencer does; its END comes when
+        the model releases it, so a client's END is not taken from it."""
+        if not in_sequence(request.correlation_id):
+            with self.lock:
+                corr = next(self.iterative_ids)
+                while corr in self.slot_of or corr in self.backlog_of:
+                    corr = next(self.iterative_ids)
+            request.correlation_id = corr
+            request.flags = SEQUENCE_START
+        request.flags &= ~SEQUENCE_END
+        request.rescheduled = False
+
+    def iterated(self, batcher: "_SlotBatcher", requests: list, nulls: frozenset) -> None:
+        """After an execution of an iterative model (lock held): a request the model
+        rescheduled goes back to its slot, not to the client; one it released ends its
+        sequence and frees the slot (Triton's RescheduleRequest)."""
+        now = time.monotonic_ns()
+        for request in requests:
+            if id(request) in nulls:
+                continue
+            corr = request.correlation_id
+            target = self.slot_of.get(corr)
+            again = getattr(request, "rescheduled", False)
+            request.rescheduled = False
+            if again and not finished(request):
+                if request.cancelled:
+                    fail(request, cancelled_error())
+                elif target is None or self.closed:
+                    fail(request, unavailable(STOPPING_MESSAGE))
+                else:
+                    request.flags = 0  # neither START nor END from now on
+                    request.queue_start_ns = now
+                    self.last_seen[corr] = now
+                    self.stats.adjust_pending(1)
+                    batcher.enqueue(target[1], request)
+                    continue
+            if target is not None and target[0] == batcher.index:
+                del self.slot_of[corr]
+                self.last_seen.pop(corr, None)
+                batcher.enqueue(target[1], None)  # release the slot
+                batcher.instance.forget_sequence(corr)
 
     def inflight(self) -> int:
         with self.lock:
@@ -264,7 +313,8 @@ class SequenceScheduler:
         until something may need doing."""
         wait = self.idle_ns
         with self.lock:
-            for corr, seen in list(self.last_seen.items()):
+            # An iterative sequence is never idle: its one request is queued or running.
+            for corr, seen in [] if self.iterative else list(self.last_seen.items()):
                 remaining = self.idle_ns - (now_ns - seen)
                 if remaining > 0:
                     wait = min(wait, remaining + 1000)
@@ -362,6 +412,8 @@ class _SlotBatcher:
                     with self.wake:
                         self.executing -= len(requests) - len(nulls)
                         self.after_execution(requests)
+                        if self.owner.iterative:
+                            self.owner.iterated(self, requests, nulls)
                         self.owner.reaper_wake.notify_all()
                         more = self.has_work()
                     if self.gate is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ...core.errors import TritonError
+from ...core.errors import TritonError, invalid_arg, internal
 from ...scheduling import batch as batching
 from .convert import Reply, core_response
 
@@ -74,6 +74,27 @@ class Outstanding:
                 self._open.pop(id(request), None)
                 if not self._open:
                     self._idle.notify_all()
+
+
+NOT_ITERATIVE_MESSAGE = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while "
+                         "the model is not configured to handle such a flag.")
+
+
+def reschedule(group: list, answered: bool, iterative: bool, instance: str) -> TritonError | None:
+    """A model released `group`'s request with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+    mark it for the sequence batcher to run again (`request.rescheduled`), or the
+    error it fails with, in Triton's words."""
+    if not iterative:
+        return invalid_arg(NOT_ITERATIVE_MESSAGE)
+    if answered:
+        return internal(
+            f"Failed to process the request(s) for model '{instance}', message: Expected a "
+            "None object in the execute function return list for reschduled request, found "
+            "type '<class 'triton_python_backend_utils.InferenceResponse'>'.")
+    for request in group:
+        request.rescheduled = True
+        request.iterations = getattr(request, "iterations", 0) + 1
+    return None
 
 
 def stacked_outputs(requests: list) -> list[str]:

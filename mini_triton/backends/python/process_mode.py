@@ -32,7 +32,7 @@ from ...core.errors import TritonError, internal, unavailable
 from ...core.stats import ExecutionTiming
 from ..base import ModelInstance
 from . import convert
-from .outstanding import Outstanding, stacked_outputs
+from .outstanding import Outstanding, reschedule, stacked_outputs
 from .wire import Link, Outgoing, PollBudget, get_reply, get_tensors, put_reply, put_tensors
 
 log = logging.getLogger("mini_triton.backends.python")
@@ -179,6 +179,7 @@ class ProcessInstance(ModelInstance):
         self.name = instance_name
         self.model = backend.context.name
         self.decoupled = backend.decoupled
+        self.iterative = backend.config.sequence_batching.iterative_sequence
         self.output_names = [o.name for o in backend.config.output]
         self.outstanding = Outstanding()
         self.lock = threading.Lock()
@@ -386,6 +387,8 @@ class ProcessInstance(ModelInstance):
                 self.outstanding.deliver(group, get_reply(message, meta["reply"]), meta["final"])
                 if meta["final"]:
                     self.targets.pop(key, None)
+                    if getattr(group[0], "iterations", 0):
+                        self._drop_targets(group)
         elif op == "done":
             self._done(message)
         elif op == "reply":
@@ -415,13 +418,26 @@ class ProcessInstance(ModelInstance):
         finally:
             batch.end()
 
+    def _drop_targets(self, group: list) -> None:
+        """A rescheduled request is done: forget the senders of its earlier iterations."""
+        for key in [k for k, g in self.targets.items() if g is group]:
+            del self.targets[key]
+
     def _answer_batch(self, message, batch: _Batch) -> None:
         meta = message.meta
         error, replies, still_open = meta["error"], meta["replies"], set(meta["open"])
+        again = set(meta.get("reschedule", ()))
         for index, group in enumerate(batch.groups):
             key = (batch.id, index)
             if error is not None:
                 self.outstanding.fail(group, internal(error))
+            elif index in again:
+                answered = replies is not None and replies[index] is not None
+                problem = reschedule(group, answered, self.iterative, self.name)
+                if problem is not None:
+                    self.outstanding.fail(group, problem)
+                elif index in still_open:
+                    continue  # its response sender may still answer, in a later iteration too
             elif replies is not None and replies[index] is not None:
                 self.outstanding.deliver(group, get_reply(message, replies[index]), True)
             elif index in still_open or self.decoupled:

@@ -16,7 +16,7 @@ from ..base import ModelInstance
 from . import convert
 from . import utils as pb
 from .bridge import ServerBridge
-from .outstanding import Outstanding, stacked_outputs
+from .outstanding import Outstanding, reschedule, stacked_outputs
 from .runner import ModelError, ModelRunner
 
 
@@ -76,6 +76,7 @@ class ThreadInstance(ModelInstance):
         self.settings = backend.settings
         self.name = instance_name
         self.decoupled = backend.decoupled
+        self.iterative = backend.config.sequence_batching.iterative_sequence
         self.output_names = [o.name for o in backend.config.output]
         self.outstanding = Outstanding()
         self.host = ThreadHost(backend.bridge, str(backend.model_file.parent))
@@ -131,6 +132,11 @@ class ThreadInstance(ModelInstance):
         """Deliver what `execute` returned; fail requests a non-decoupled model left open."""
         for group, model_request, response in zip(groups, model_requests,
                                                   result or [None] * len(groups)):
+            if model_request._release_flags & pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                error = reschedule(group, response is not None, self.iterative, self.name)
+                if error is not None:
+                    self.outstanding.fail(group, error)
+                continue  # the sequence batcher runs it again
             if response is not None:
                 reply = convert.reply_from_model(response, model_request.requested_output_names())
                 self.outstanding.deliver(group, reply, True)

@@ -204,8 +204,10 @@ class Worker:
                                                             f"{failure}"), None, Outgoing()
         still_open = [index for index, request in enumerate(requests)
                       if request._sender is not None and not request._handle.final_sent]
+        again = [index for index, request in enumerate(requests)
+                 if request._release_flags & pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
         self.link.send({"op": "done", "batch": batch, "error": error, "replies": replies,
-                        "open": still_open}, outgoing)
+                        "open": still_open, "reschedule": again}, outgoing)
 
     def _finalize(self, meta: dict) -> None:
         if self.runner is not None and self.runner.model is not None:
