@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from .repository.storage import repository_location
 from .scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
 from .scheduling.rate_limiter import parse_resource
 from .logsettings import FORMATS as LOG_FORMATS
+from .logsettings import TritonFormatter
 from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
 from .tracing import Tracer
 from .triton_flags import (NOT_APPLICABLE, accepted_flags_given, add_accepted_flags,
@@ -149,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-info", type=boolean, default=True)
     add("--log-warning", type=boolean, default=True)
     add("--log-error", type=boolean, default=True)
-    add("--log-format", choices=("default", "ISO8601"), default="default")
+    add("--log-format", choices=LOG_FORMATS, default="default")
     add("--log-file", default="", help="log to this file instead of the console")
     add("--disable-auto-complete-config", action="store_true")
     add("--strict-model-config", type=boolean, default=None,
@@ -316,8 +318,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 def configure_logging(verbose: int, info: bool, log_format: str = "default") -> None:
     level = logging.DEBUG if verbose else (logging.INFO if info else logging.WARNING)
-    fmt, datefmt = LOG_FORMATS[log_format]
-    logging.basicConfig(level=level, stream=sys.stderr, format=fmt, datefmt=datefmt)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TritonFormatter(log_format))
+    logging.basicConfig(level=level, handlers=[handler])
+    os.environ["MINI_TRITON_LOG_FORMAT"] = log_format  # for the Python models' workers
 
 
 def main(argv: list[str] | None = None) -> int:

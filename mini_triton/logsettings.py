@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
+import time
 
 LOGGER = logging.getLogger("mini_triton")
 
@@ -11,10 +14,37 @@ DEFAULTS = {"log_file": "", "log_info": True, "log_warning": True, "log_error": 
             "log_verbose_level": 0, "log_format": "default"}
 _TYPES = {"log_file": str, "log_info": bool, "log_warning": bool, "log_error": bool,
           "log_verbose_level": int, "log_format": str}
-FORMATS = {
-    "default": ("%(levelname).1s%(asctime)s %(process)d] %(message)s", "%m%d %H:%M:%S"),
-    "ISO8601": ("%(asctime)s %(levelname).1s %(process)d] %(message)s", "%Y-%m-%dT%H:%M:%SZ"),
-}
+class TritonFormatter(logging.Formatter):
+    """Triton's log line, so that log parsers built for Triton read ours:
+    default `I1201 21:26:29.193170 9579 model.py:28] "message"`, ISO8601
+    `2026-12-01T21:26:29Z I 9579 model.py:28] "message"`. The message is quoted and
+    escaped as a JSON string (a client's text cannot forge a line), unless
+    TRITON_SERVER_ESCAPE_LOG_MESSAGES=0, as in Triton."""
+
+    def __init__(self, log_format: str = "default"):
+        super().__init__()
+        self.iso = log_format == "ISO8601"
+        self.escape = os.environ.get("TRITON_SERVER_ESCAPE_LOG_MESSAGES", "1") != "0"
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            message = f"{message}\n{record.exc_text}"
+        if self.escape:
+            message = json.dumps(message, ensure_ascii=False)
+        level = record.levelname[:1] if record.levelno != logging.DEBUG else "I"
+        where = f"{record.process} {record.filename}:{record.lineno}]"
+        if self.iso:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
+            return f"{stamp} {level} {where} {message}"
+        local = time.localtime(record.created)
+        micros = int((record.created % 1) * 1_000_000)
+        return f"{level}{time.strftime('%m%d %H:%M:%S', local)}.{micros:06d} {where} {message}"
+
+
+FORMATS = ("default", "ISO8601")
 
 
 class _LevelSwitch(logging.Filter):
@@ -69,8 +99,7 @@ class LogSettings:
         elif not path:
             self._set_file_handler(None)
         if self._file_handler is not None:
-            fmt, datefmt = FORMATS[self.values["log_format"]]
-            self._file_handler.setFormatter(logging.Formatter(fmt, datefmt))
+            self._file_handler.setFormatter(TritonFormatter(self.values["log_format"]))
 
     def _set_file_handler(self, handler: logging.Handler | None) -> None:
         if self._file_handler is not None:

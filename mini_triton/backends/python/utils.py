@@ -694,11 +694,12 @@ class Logger:
 
     @staticmethod
     def log(message, level=logging.INFO):
+        # The model's own file and line, as Triton's stub logs them (`model.py:28]`).
         frame = sys._getframe(1)
+        stacklevel = 2
         if frame.f_code.co_name.startswith("log_") and frame.f_back is not None:
-            frame = frame.f_back
-        where = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
-        _log.log(level, "%s] %s", where, message)
+            stacklevel = 3
+        _log.log(level, "%s", message, stacklevel=stacklevel)
 
     @staticmethod
     def log_info(message):

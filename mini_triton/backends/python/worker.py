@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 from ...core.collector import settle_garbage_collector
+from ...logsettings import TritonFormatter
 from . import convert
 from . import utils as pb
 from .runner import ModelError, ModelRunner, install_module_alias
@@ -280,12 +281,11 @@ def _exit(code: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    label = argv[2] if len(argv) > 2 else "model"
     for number in (signal.SIGINT, signal.SIGTERM):  # the server decides when we stop
         signal.signal(number, signal.SIG_IGN)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s [{label}] %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TritonFormatter(os.environ.get("MINI_TRITON_LOG_FORMAT", "default")))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     link = Link(socket.socket(fileno=int(argv[1])))
     Worker(link).run()
     _exit(0)

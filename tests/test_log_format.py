@@ -1,0 +1,61 @@
+"""Log lines in Triton's format (`I1201 21:26:29.193170 9579 model.py:28] "message"`,
+and ISO8601), for the server's own lines and a Python model's pb_utils.Logger lines,
+so that log parsers built for Triton read ours."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from serverproc import ServerProcess
+
+DEFAULT = re.compile(r'^[IWE]\d{4} \d{2}:\d{2}:\d{2}\.\d{6} \d+ [\w.]+\.py:\d+\] ".*"$')
+ISO8601 = re.compile(r'^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z [IWE] \d+ [\w.]+\.py:\d+\] ".*"$')
+
+MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.Logger.log_info("hello from initialize, with a \\"quote\\"\\nand a newline")
+
+    def execute(self, requests):
+        pb_utils.Logger.log_warn("executing")
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+'''
+
+CONFIG = '''name: "talker"
+backend: "python"
+max_batch_size: 4
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+'''
+
+
+@pytest.mark.parametrize("log_format, pattern", [("default", DEFAULT), ("ISO8601", ISO8601)])
+def test_server_and_model_lines_are_in_tritons_format(tmp_path, log_format, pattern):
+    (tmp_path / "talker" / "1").mkdir(parents=True)
+    (tmp_path / "talker" / "1" / "model.py").write_text(MODEL)
+    (tmp_path / "talker" / "config.pbtxt").write_text(CONFIG)
+    with ServerProcess([f"--model-repository={tmp_path}", f"--log-format={log_format}"]) \
+            as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+        client.infer("talker", [tensor])
+        client.close()
+    lines = [line.rstrip("\n") for line in server.lines]
+    loaded = next(line for line in lines if "successfully loaded 'talker'" in line)
+    assert pattern.match(loaded), loaded
+    hello = next(line for line in lines if "hello from initialize" in line)
+    assert pattern.match(hello) and " model.py:7] " in hello, hello
+    assert '\\"quote\\"\\nand a newline"' in hello  # one line, escaped as JSON
+    executing = next(line for line in lines if '"executing"' in line)
+    assert executing.startswith("W") or " W " in executing[:25]
+    assert " model.py:10] " in executing
