@@ -105,3 +105,19 @@ def test_a_file_override_name_over_the_file_system_limit_fails_as_triton(client)
                                               "grpc": "StatusCode.INTERNAL"}[client.name]
     assert caught.value.message() == "failed to load 'long', failed to poll from model repository"
     assert client.client.is_server_live()
+
+
+def test_grpc_contents_and_raw_input_contents_together_are_refused(server):
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name="good")
+    tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 1])
+    tensor.contents.fp32_contents.append(1.0)
+    request.raw_input_contents.append(b"\0\0\x80?")
+    with grpc.insecure_channel(f"127.0.0.1:{server.ports['grpc']}") as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == ("contents field must not be specified when using "
+                                      "raw_input_contents for 'INPUT0' for model 'good'")

@@ -51,6 +51,10 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
         tensor = Tensor(item.name, item.datatype, tuple(item.shape),
                         parameters=read_parameters(item.parameters))
         if raw_contents:
+            if item.HasField("contents"):  # Triton refuses the two together
+                raise invalid_arg(
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{item.name}' for model '{message.model_name}'")
             tensor.raw = raw_contents[index]
         elif "shared_memory_region" not in tensor.parameters:
             tensor.data = _typed_contents(item)
