@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from . import TRITON_VERSION, __version__
+from .core.names import model_name_problem
 from .core.response_cache import parse_cache_config
 from .frontends.grpc_server import MAX_MESSAGE_SIZE
 from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
@@ -95,6 +96,17 @@ def non_negative_float(value: str) -> float:
     return number
 
 
+def config_name(value: str) -> str:
+    """A custom config's name: a file name in a model's configs/ folder."""
+    if not value:
+        return value  # not given: config.pbtxt
+    problem = model_name_problem(value)
+    if problem is not None or " " in value:
+        raise argparse.ArgumentTypeError(
+            f"'{value}' cannot name a file in configs/: {problem or 'it contains a space'}")
+    return value
+
+
 def key_value(value: str) -> tuple[str, str]:
     if "=" not in value:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got '{value}'")
@@ -154,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-format", choices=LOG_FORMATS, default="default")
     add("--log-file", default="", help="log to this file instead of the console")
     add("--disable-auto-complete-config", action="store_true")
+    add("--model-config-name", type=config_name, default="", metavar="NAME",
+        help="read each model's configs/NAME.pbtxt where it exists, else config.pbtxt")
+    add("--model-load-retry-count", type=non_negative, default=0,
+        help="how many times a failed model load is tried again")
     add("--strict-model-config", type=boolean, default=None,
         help="deprecated: true is --disable-auto-complete-config")
     add("--http-max-input-size", type=non_negative, default=DEFAULT_MAX_INPUT_SIZE)
@@ -294,7 +310,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         log_verbose=args.log_verbose,
         disable_auto_complete_config=args.disable_auto_complete_config
         or bool(args.strict_model_config),
-        server_id=args.id, log_settings=log_settings(args), trace_settings=trace_settings(args),
+        server_id=args.id, model_config_name=args.model_config_name,
+        model_load_retry_count=args.model_load_retry_count, log_settings=log_settings(args),
+        trace_settings=trace_settings(args),
         http_max_input_size=args.http_max_input_size,
         http_max_url_size=args.http_max_url_size,
         http_max_header_size=args.http_max_header_size,

@@ -76,6 +76,8 @@ class Settings:
     log_verbose: int = 0
     disable_auto_complete_config: bool = False
     server_id: str = "triton"  # --id: the name the server metadata API answers
+    model_config_name: str = ""  # --model-config-name
+    model_load_retry_count: int = 0  # --model-load-retry-count
     log_settings: dict = field(default_factory=dict)  # --log-*: the logging extension's keys
     trace_settings: dict = field(default_factory=dict)  # --trace-config: the trace API's keys
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
@@ -123,7 +125,9 @@ class Server:
         metrics_options = MetricsOptions.from_config(settings.metrics_config)
         options = ServerOptions(disable_auto_complete=settings.disable_auto_complete_config,
                                 exit_timeout_secs=settings.exit_timeout_secs,
-                                latency_summaries=metrics_options.summary_latencies)
+                                latency_summaries=metrics_options.summary_latencies,
+                                model_config_name=settings.model_config_name,
+                                model_load_retry_count=settings.model_load_retry_count)
         if settings.rate_limit == "execution_count":
             options.rate_limiter = RateLimiter(settings.rate_limit_resources)
         self.manager = ModelRepositoryManager(settings.model_repositories, options,

@@ -121,3 +121,51 @@ def test_grpc_contents_and_raw_input_contents_together_are_refused(server):
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert caught.value.details() == ("contents field must not be specified when using "
                                       "raw_input_contents for 'INPUT0' for model 'good'")
+
+
+def test_model_config_name_reads_configs_folder_first(tmp_path):
+    """--model-config-name=NAME: configs/NAME.pbtxt where a model has one, else
+    config.pbtxt (Triton's rule)."""
+    from conftest import server_settings as settings_for
+
+    repository = tmp_path / "repo"
+    write_model(repository, "custom")
+    write_model(repository, "plain")
+    (repository / "custom" / "configs").mkdir()
+    (repository / "custom" / "configs" / "small.pbtxt").write_text(
+        (repository / "custom" / "config.pbtxt").read_text().replace("max_batch_size: 8",
+                                                                      "max_batch_size: 2"))
+    with ServerThread(settings_for(repository, model_config_name="small")) as running:
+        protocol = connect("http", running)
+        assert protocol.client.get_model_config("custom")["max_batch_size"] == 2
+        assert protocol.client.get_model_config("plain")["max_batch_size"] == 8
+        protocol.client.close()
+
+
+def test_model_load_retry_count_tries_again(tmp_path):
+    from conftest import server_settings as settings_for
+
+    repository = tmp_path / "repo"
+    (repository / "late" / "1").mkdir(parents=True)
+    config = repository / "late" / "config.pbtxt"
+    config.write_text("this is not a config")
+    calls = []
+
+    from mini_triton.repository import manager as manager_module
+    original = manager_module.load_record
+
+    def load_record(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the first retry finds the config repaired
+            write_model(repository, "late")
+        return original(*args, **kwargs)
+
+    manager_module.load_record = load_record
+    try:
+        with ServerThread(settings_for(repository, model_load_retry_count=2)) as running:
+            protocol = connect("http", running)
+            echo(protocol, "late")
+            protocol.client.close()
+    finally:
+        manager_module.load_record = original
+    assert len(calls) == 2

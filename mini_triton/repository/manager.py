@@ -98,6 +98,8 @@ class ServerOptions:
     gpu_available: bool = False
     latency_summaries: bool = False  # keep latency windows for Prometheus summaries
     rate_limiter: object = None  # --rate-limit=execution_count: the server's RateLimiter
+    model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt first
+    model_load_retry_count: int = 0  # --model-load-retry-count: tries after a failed load
 
 
 CONTROL_DISABLED = ("explicit model load / unload is not allowed if polling is enabled")
@@ -329,7 +331,7 @@ class ModelRepositoryManager:
             if previous is None or not previous.versions:
                 self.records[name] = ModelRecord(name, folder, state=State.LOADING,
                                                  statuses=_loading_statuses(previous))
-            record = load_record(name, folder, self.options, self.server, override)
+            record = self._load_with_retries(name, folder, override)
             record.private_dir = private_dir
             if record.state != State.READY and previous is not None and previous.versions:
                 previous.reason = f"failed to reload '{name}': {record.reason}"
@@ -346,6 +348,19 @@ class ModelRepositoryManager:
             if record.state == State.READY:
                 self._reload_dependents(name)
             return record
+
+    def _load_with_retries(self, name: str, folder: Path,
+                           override: mc.ModelConfig | None) -> ModelRecord:
+        """load_record, tried again up to --model-load-retry-count times while it fails
+        (as Triton retries a model whose load failed, e.g. on a flaky mount)."""
+        record = load_record(name, folder, self.options, self.server, override)
+        for attempt in range(self.options.model_load_retry_count):
+            if record.state == State.READY:
+                break
+            log.warning("%s; retrying (%d of %d)", record.reason, attempt + 1,
+                        self.options.model_load_retry_count)
+            record = load_record(name, folder, self.options, self.server, override)
+        return record
 
     def _report(self, record: ModelRecord) -> None:
         if record.state == State.READY:
@@ -381,9 +396,10 @@ class ModelRepositoryManager:
                     override: mc.ModelConfig | None = None) -> set[str]:
         """The models an ensemble folder uses, read without loading it."""
         config = override
-        if config is None and folder is not None and (folder / scan.CONFIG_FILENAME).exists():
+        path = scan.config_path(folder, self.options.model_config_name) if folder else None
+        if config is None and path is not None and path.exists():
             try:
-                config = parse_config_file(folder / scan.CONFIG_FILENAME)
+                config = parse_config_file(path)
             except ConfigError:
                 return set()
         if config is None or config.platform != "ensemble":
@@ -477,8 +493,9 @@ def load_record(name: str, folder: Path, options: ServerOptions, server=None,
     except TritonError as error:
         record.reason = f"failed to load '{name}': {error.message}"
         return record
-    if override is None and (folder / scan.CONFIG_FILENAME).is_file():
-        record.config_source = folder / scan.CONFIG_FILENAME
+    source = scan.config_path(folder, options.model_config_name)
+    if override is None and source.is_file():
+        record.config_source = source
     versions = scan.versions_to_load(scan.available_versions(folder),
                                      record.config.version_policy)
     if not versions:
@@ -500,7 +517,7 @@ def read_config(name: str, folder: Path, options: ServerOptions, server=None,
                 override: mc.ModelConfig | None = None) -> mc.ModelConfig:
     """The completed config of a model folder (an override, else config.pbtxt, then
     auto-complete)."""
-    config_path = folder / scan.CONFIG_FILENAME
+    config_path = scan.config_path(folder, options.model_config_name)
     try:
         if override is not None:
             config = mc.ModelConfig()
@@ -525,7 +542,8 @@ def complete_config(name: str, folder: Path, config: mc.ModelConfig, options: Se
         config.name = name
     elif config.name != name:
         raise unavailable(
-            f"unexpected model name '{config.name}' in {folder / scan.CONFIG_FILENAME}: the "
+            f"unexpected model name '{config.name}' in "
+            f"{scan.config_path(folder, options.model_config_name)}: the "
             f"name must match the model folder '{name}'")
     complete_platform(config, folder)
     cls = backend_class(backend_name(config))

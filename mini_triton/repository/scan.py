@@ -16,6 +16,17 @@ log = logging.getLogger("mini_triton.repository")
 CONFIG_FILENAME = "config.pbtxt"
 
 
+def config_path(model_dir: Path, custom_name: str = "") -> Path:
+    """The config file a model folder is read from: `configs/<custom_name>.pbtxt` when
+    --model-config-name names one that exists there, else `config.pbtxt` (Triton's
+    rule)."""
+    if custom_name:
+        custom = model_dir / "configs" / f"{custom_name}.pbtxt"
+        if custom.is_file():
+            return custom
+    return model_dir / CONFIG_FILENAME
+
+
 def model_dirs(repository: Path) -> dict[str, Path]:
     """Model name → folder, for every visible sub-folder of the repository whose
     name passes the model-name rule (a folder that fails it is skipped, with a
