@@ -30,12 +30,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(HERE))
+from measurements import process_tree_cpu  # noqa: E402
 
 PERF_ANALYZER = HERE / "perf_analyzer"
 # Bodies at or under this are joined and sent as one bytes body; larger ones (a tensor
@@ -210,14 +210,7 @@ class Served:
         raise RuntimeError(f"{self.name} not ready")
 
     def cpu(self) -> float:
-        process = psutil.Process(self.proc.pid)
-        total = sum(process.cpu_times()[:2])
-        for child in process.children(recursive=True):
-            try:
-                total += sum(child.cpu_times()[:2])
-            except psutil.NoSuchProcess:
-                pass
-        return total
+        return process_tree_cpu(self.proc.pid)
 
     def served(self, model: str) -> int:
         url = f"http://127.0.0.1:{self.ports['http']}/v2/models/{model}/stats"

@@ -149,3 +149,18 @@ def save_run(prefix: str, args, rows: list[dict]) -> Path:
     out.write_text(json.dumps({"args": vars(args), "cpus": os.cpu_count(), "rows": rows},
                               indent=2))
     return out
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process and all its children so far: a server
+    with its Python models' worker processes."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = sum(process.cpu_times()[:2])
+    for child in process.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total

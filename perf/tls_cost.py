@@ -21,11 +21,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from measurements import process_tree_cpu  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 from test_tls import make_pki  # noqa: E402
 
@@ -49,14 +48,7 @@ def client_flags(protocol: str, pki: dict | None) -> list[str]:
 
 def server_cpu(server: ServerProcess) -> float:
     """CPU seconds of the server and its worker processes so far."""
-    process = psutil.Process(server.proc.pid)
-    total = sum(process.cpu_times()[:2])
-    for child in process.children(recursive=True):
-        try:
-            total += sum(child.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            pass
-    return total
+    return process_tree_cpu(server.proc.pid)
 
 
 def measure(server: ServerProcess, protocol: str, concurrency: int, pki, args) -> tuple:
