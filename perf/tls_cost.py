@@ -56,7 +56,7 @@ def measure(server: ServerProcess, protocol: str, concurrency: int, pki, args) -
     host = "localhost" if pki is not None else "127.0.0.1"
     url = f"https://{host}:{port}" if pki is not None and protocol == "http" else f"{host}:{port}"
     command = [str(PERF_ANALYZER), "-m", args.model, "-u", url, "-i", protocol,
-               "--concurrency-range", str(concurrency), "-p", "2000", "-s", "30", "-r", "6",
+               "--concurrency-range", str(concurrency), "-p", "2000", "-s", "50", "-r", "10",
                "--shape", args.shape, *client_flags(protocol, pki)]
     cpu_before, served_before = server_cpu(server), served(server, pki, args.model)
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
