@@ -34,10 +34,17 @@ class ModelError(Exception):
     """Model code failed; the message is what the client (or the load error) shows."""
 
 
+_OWN_FILES = str(Path(__file__).resolve().parent.parent.parent)  # the mini_triton package
+_HIDDEN_FILES = (_OWN_FILES, str(Path(asyncio.__file__).parent),
+                 str(Path(threading.__file__).parent / "concurrent"))
+
+
 def describe_exception(error: BaseException) -> str:
-    """'ValueError: message' followed by where it was raised, innermost frame first."""
+    """'ValueError: message' followed by where it was raised, innermost frame first:
+    the model's own frames only, as Triton's stub (C++ around the model) shows them."""
     text = f"{type(error).__name__}: {error}"
-    frames = traceback.extract_tb(error.__traceback__)
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if not frame.filename.startswith(_HIDDEN_FILES)]
     if frames:
         text += "\n\nAt:\n" + "".join(
             f"  {frame.filename}({frame.lineno}): {frame.name}\n" for frame in reversed(frames))
@@ -141,9 +148,12 @@ class ModelRunner:
             result = self._call_execute(requests)
             return self._check_result(result, requests)
         except ModelError as error:
-            raise ModelError(self._failure(str(error))) from error
+            message = self._failure(str(error))
         except Exception as error:
-            raise ModelError(self._failure(describe_exception(error))) from error
+            message = self._failure(describe_exception(error))
+            log.debug("execute of '%s' raised", self.instance_name, exc_info=error)
+        log.error("%s", message)  # as Triton's stub logs it
+        raise ModelError(message)
 
     def _failure(self, message: str) -> str:
         return (f"Failed to process the request(s) for model '{self.instance_name}', "

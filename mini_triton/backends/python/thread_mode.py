@@ -53,12 +53,14 @@ class ThreadHost:
 class LocalHandle:
     """Sends one model request's responses straight to the server request(s) behind it."""
 
-    __slots__ = ("requests", "outstanding", "wanted")
+    __slots__ = ("requests", "outstanding", "wanted", "decoupled")
 
-    def __init__(self, requests: list, outstanding: Outstanding, wanted: list[str]):
+    def __init__(self, requests: list, outstanding: Outstanding, wanted: list[str],
+                 decoupled: bool = True):
         self.requests = requests
         self.outstanding = outstanding
         self.wanted = wanted
+        self.decoupled = decoupled
 
     def send(self, response, final: bool) -> None:
         reply = None if response is None else convert.reply_from_model(response, self.wanted)
@@ -125,7 +127,7 @@ class ThreadInstance(ModelInstance):
             info = info._replace(outputs=stacked_outputs(group) or list(self.output_names))
             arrays = batching.concat_inputs(group)
             inputs = [(t.name, t.datatype, arrays[t.name]) for t in group[0].inputs]
-        handle = LocalHandle(group, self.outstanding, info.outputs)
+        handle = LocalHandle(group, self.outstanding, info.outputs, self.decoupled)
         return convert.incoming_request(handle, info, inputs)
 
     def _answer(self, groups: list, model_requests: list, result: list | None) -> None:

@@ -343,11 +343,12 @@ class InferenceResponse:
 class InferenceResponseSender:
     """Sends a request's responses (decoupled models send 0..N, then the final flag)."""
 
-    __slots__ = ("_handle", "_closed")
+    __slots__ = ("_handle", "_closed", "_sent")
 
     def __init__(self, handle):
         self._handle = handle
         self._closed = False
+        self._sent = 0
 
     def send(self, response=None, flags=0):
         if self._closed:
@@ -361,8 +362,17 @@ class InferenceResponseSender:
         if response is not None and not isinstance(response, InferenceResponse):
             raise TritonModelException(
                 f"Expected an InferenceResponse, found type '{type(response).__name__}'")
+        if not getattr(self._handle, "decoupled", True):  # Triton's rules for the others
+            if response is not None and self._sent:
+                raise TritonModelException("Unable to send response. Non-decoupled model "
+                                           "cannot send more than one response.")
+            if response is None and not self._sent:
+                raise TritonModelException("Unable to send response. Non-decoupled model "
+                                           "cannot send complete final before sending a "
+                                           "response.")
         if final:
             self._closed = True
+        self._sent += 1
         self._handle.send(response, final)
 
     def is_cancelled(self):

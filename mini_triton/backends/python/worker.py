@@ -32,14 +32,16 @@ from .wire import Link, Outgoing, PollBudget, get_reply, get_tensors, put_reply,
 class RemoteHandle:
     """Sends one request's responses back to the server as they are made."""
 
-    __slots__ = ("worker", "batch", "index", "wanted", "final_sent")
+    __slots__ = ("worker", "batch", "index", "wanted", "final_sent", "decoupled")
 
-    def __init__(self, worker: "Worker", batch: int, index: int, wanted: list[str]):
+    def __init__(self, worker: "Worker", batch: int, index: int, wanted: list[str],
+                 decoupled: bool = True):
         self.worker = worker
         self.batch = batch
         self.index = index
         self.wanted = wanted
         self.final_sent = False
+        self.decoupled = decoupled
 
     def send(self, response, final: bool) -> None:
         outgoing = Outgoing()
@@ -186,9 +188,10 @@ class Worker:
         batch = meta["batch"]
         self.poll.limit_ns = meta.get("poll_ns", 0)
         requests = []
+        decoupled = self.runner.decoupled
         for index, (info, descriptors) in enumerate(meta["requests"]):
             info = convert.RequestInfo(*info)
-            handle = RemoteHandle(self, batch, index, info.outputs)
+            handle = RemoteHandle(self, batch, index, info.outputs, decoupled)
             requests.append(convert.incoming_request(handle, info,
                                                      get_tensors(message, descriptors)))
         error, replies, outgoing = None, None, Outgoing()
@@ -287,6 +290,7 @@ def main(argv: list[str]) -> None:
     handler.setFormatter(TritonFormatter(os.environ.get("MINI_TRITON_LOG_FORMAT", "default")))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     link = Link(socket.socket(fileno=int(argv[1])))
+    sys.argv = [""]  # what Triton's stub (an embedded interpreter) gives the model
     Worker(link).run()
     _exit(0)
 

@@ -1,0 +1,211 @@
+"""Python models answered as Triton 2.51's Python backend answers them (each case was
+checked against a real Triton serving the same model): what the model sees of its
+process, the error texts clients get, and the response sender of non-decoupled models."""
+
+from __future__ import annotations
+
+import json
+import queue
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import server_settings
+from mini_triton.server import ServerThread
+
+IO = ('max_batch_size: 0\n'
+      'input [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+      'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }]\n')
+
+PROBE = '''
+import json, sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = args["model_instance_name"]
+
+    def execute(self, requests):
+        info = json.dumps({"argv": sys.argv, "name": self.name}).encode()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([info], np.object_))])
+                for _ in requests]
+'''
+
+RAISER = '''
+import triton_python_backend_utils as pb_utils
+
+def helper():
+    raise ValueError("boom here")
+
+class TritonPythonModel:
+    def execute(self, requests):
+        helper()
+'''
+
+SENT_FINAL = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 2)]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+FINAL_ONLY = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            request.get_response_sender().send(
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+PROBE_IO = IO.replace('name: "OUT" data_type: TYPE_FP32', 'name: "OUT" data_type: TYPE_STRING')
+
+MODELS = {
+    "probe": (PROBE_IO, PROBE),
+    "grouped": (PROBE_IO + "instance_group [{ count: 2 kind: KIND_CPU }, "
+                "{ count: 1 kind: KIND_CPU }, { name: \"solo\" count: 1 kind: KIND_CPU }]\n",
+                PROBE),
+    "raiser": (IO, RAISER),
+    "sent_final": (IO, SENT_FINAL),
+    "final_only": (IO, FINAL_ONLY),
+}
+
+
+def write_model(repository, name: str, config: str, source: str, mode: str) -> None:
+    version = repository / name / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text(source)
+    (repository / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\n'
+        f'parameters {{ key: "execution_mode" value: {{ string_value: "{mode}" }} }}\n'
+        + config)
+
+
+@pytest.fixture(scope="module", params=["process", "thread"])
+def served(request, tmp_path_factory):
+    repository = tmp_path_factory.mktemp(f"fidelity_{request.param}")
+    for name, (config, source) in MODELS.items():
+        write_model(repository, name, config, source, request.param)
+    with ServerThread(server_settings(repository)) as server:
+        server.mode = request.param
+        server.repository = repository
+        yield server
+
+
+def _client(protocol: str, server):
+    module = httpclient if protocol == "http" else grpcclient
+    return module, module.InferenceServerClient(f"127.0.0.1:{server.ports[protocol]}")
+
+
+def _infer(protocol: str, server, model: str):
+    module, client = _client(protocol, server)
+    tensor = module.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([3], np.float32))
+    return client.infer(model, [tensor])
+
+
+def _stream(server, model: str) -> list:
+    """Every (result, error) a gRPC stream brings for one request, until the stream's
+    final response or error."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports['grpc']}")
+    arrived: queue.Queue = queue.Queue()
+    client.start_stream(lambda result, error: arrived.put((result, error)))
+    tensor = grpcclient.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([3], np.float32))
+    client.async_stream_infer(model, [tensor])
+    got = [arrived.get(timeout=30)]
+    try:
+        got.append(arrived.get(timeout=0.5))  # nothing more may come
+    except queue.Empty:
+        pass
+    client.stop_stream()
+    return got
+
+
+def _probe(protocol: str, server, model: str = "probe") -> dict:
+    return json.loads(_infer(protocol, server, model).as_numpy("OUT")[0])
+
+
+# --- item: sys.argv as Triton's stub gives it ---
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_model_sees_sys_argv_of_triton_stub(served, protocol):
+    if served.mode == "thread":
+        pytest.skip("a thread-mode model shares the server's process")
+    assert _probe(protocol, served)["argv"] == [""]
+
+
+# --- item: instance names ---
+
+def test_instance_names_are_tritons(served):
+    assert _probe("http", served)["name"] == "probe_0"
+    names = set()
+    for _ in range(40):
+        names.add(_probe("http", served, "grouped")["name"])
+        if len(names) == 4:
+            break
+    assert names <= {"grouped_0_0", "grouped_0_1", "grouped_1_0", "solo_0"}
+
+
+# --- item: the error text of a model that raises ---
+
+RAISER_TEXT = ("Failed to process the request(s) for model 'raiser_0', message: "
+               "ValueError: boom here\n\nAt:\n"
+               "  {file}(5): helper\n"
+               "  {file}(9): execute\n")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_raised_error_carries_only_model_frames(served, protocol):
+    with pytest.raises(InferenceServerException) as caught:
+        _infer(protocol, served, "raiser")
+    expected = RAISER_TEXT.format(file=served.repository / "raiser" / "1" / "model.py")
+    assert caught.value.message() == expected
+    assert "mini_triton" not in caught.value.message()
+
+
+# --- item: the response sender of a non-decoupled model ---
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_non_decoupled_sender_final_response(served, protocol):
+    result = _infer(protocol, served, "sent_final")
+    assert result.as_numpy("OUT").tolist() == [6.0]
+
+
+def test_non_decoupled_sender_final_response_streamed(served):
+    got = _stream(served, "sent_final")
+    assert len(got) == 1 and got[0][1] is None
+    assert got[0][0].as_numpy("OUT").tolist() == [6.0]
+
+
+FINAL_ONLY_TEXT = ("Failed to process the request(s) for model 'final_only_0', message: "
+                   "TritonModelException: Unable to send response. Non-decoupled model cannot "
+                   "send complete final before sending a response.\n\nAt:\n"
+                   "  {file}(7): execute\n")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_non_decoupled_final_flag_alone_is_an_error(served, protocol):
+    with pytest.raises(InferenceServerException) as caught:
+        _infer(protocol, served, "final_only")
+    assert caught.value.message() == FINAL_ONLY_TEXT.format(
+        file=served.repository / "final_only" / "1" / "model.py")
+
+
+def test_non_decoupled_final_flag_alone_streamed(served):
+    got = _stream(served, "final_only")
+    assert len(got) == 1
+    assert got[0][1] is not None
+    assert "cannot send complete final before sending a response" in str(got[0][1])
