@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import queue
+import urllib.request
 
 import numpy as np
 import pytest
@@ -209,3 +210,22 @@ def test_non_decoupled_final_flag_alone_streamed(served):
     assert len(got) == 1
     assert got[0][1] is not None
     assert "cannot send complete final before sending a response" in str(got[0][1])
+
+
+# --- item: compute_output measured ---
+
+def test_compute_output_is_measured(served):
+    """The time from the model's answer to its responses delivered, as Triton's backend
+    measures it, in the statistics API and in the metric."""
+    _, client = _client("http", served)
+    for _ in range(20):
+        _infer("http", served, "probe")
+    stats = client.get_inference_statistics("probe")["model_stats"][0]["inference_stats"]
+    assert stats["compute_output"]["count"] == stats["success"]["count"] >= 20
+    assert int(stats["compute_output"]["ns"]) > 0
+    text = urllib.request.urlopen(
+        f"http://127.0.0.1:{served.ports['metrics']}/metrics").read().decode()
+    line = next(line for line in text.splitlines()
+                if line.startswith("nv_inference_compute_output_duration_us")
+                and 'model="probe"' in line)
+    assert float(line.rsplit(" ", 1)[1]) > 0

@@ -144,7 +144,8 @@ class _Batch:
     the execution timing) when the loop drives the instance, else by setting `done`,
     which a thread blocked in `execute` waits on."""
 
-    __slots__ = ("id", "groups", "done", "ended", "on_end", "start", "input_end", "timer")
+    __slots__ = ("id", "groups", "done", "ended", "on_end", "start", "input_end", "infer_end",
+                 "timer")
 
     def __init__(self, batch_id: int, groups: list, start: int, on_end=None):
         self.id = batch_id
@@ -154,6 +155,7 @@ class _Batch:
         self.on_end = on_end
         self.start = start
         self.input_end = start
+        self.infer_end = 0  # when the worker's answer arrived (its responses follow)
         self.timer: asyncio.TimerHandle | None = None
 
     def end(self) -> None:
@@ -166,7 +168,7 @@ class _Batch:
             self.done.set()
         else:
             end = time.monotonic_ns()
-            self.on_end(ExecutionTiming(self.start, self.input_end, end, end))
+            self.on_end(ExecutionTiming(self.start, self.input_end, self.infer_end or end, end))
 
 
 class ProcessInstance(ModelInstance):
@@ -231,8 +233,8 @@ class ProcessInstance(ModelInstance):
         timeout = self.settings.deadline_s(requests)
         if not batch.done.wait(timeout):
             self._hung(timeout)
-        infer_end = time.monotonic_ns()
-        return ExecutionTiming(batch.start, batch.input_end, infer_end, infer_end)
+        end = time.monotonic_ns()
+        return ExecutionTiming(batch.start, batch.input_end, batch.infer_end or end, end)
 
     def begin(self, requests: list, on_end, light: bool = False) -> None:
         """Send a batch without waiting (on the event loop); `on_end(timing)` is called
@@ -413,6 +415,7 @@ class ProcessInstance(ModelInstance):
         batch = self.batches.pop(meta["batch"], None)
         if batch is None:
             return
+        batch.infer_end = time.monotonic_ns()  # compute_output: the responses, as Triton's
         try:
             self._answer_batch(message, batch)
         finally:
