@@ -579,7 +579,7 @@ def test_initialize_receives_tritons_args(client, served):
     assert args["model_version"] == "1"
     assert args["model_instance_kind"] == "CPU"
     assert args["model_instance_device_id"] == "0"
-    assert args["model_instance_name"] in ("instances_0", "instances_1")
+    assert args["model_instance_name"] in ("instances_0_0", "instances_0_1")
     assert Path(args["model_repository"]) == served.repository / "instances"
 
 
@@ -597,7 +597,7 @@ def test_instance_group_count_gives_instances(client, served):
             pids.add(int(result.as_numpy("PID")[0]))
         if len(names) == 2:
             break
-    assert names == {"instances_0", "instances_1"}
+    assert names == {"instances_0_0", "instances_0_1"}
     if served.mode == "process":
         assert len(pids) == 2 and os.getpid() not in pids
     else:

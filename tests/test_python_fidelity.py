@@ -75,6 +75,7 @@ PROBE_IO = IO.replace('name: "OUT" data_type: TYPE_FP32', 'name: "OUT" data_type
 
 MODELS = {
     "probe": (PROBE_IO, PROBE),
+    "one_group": (PROBE_IO + "instance_group [{ count: 1 kind: KIND_CPU }]\n", PROBE),
     "grouped": (PROBE_IO + "instance_group [{ count: 2 kind: KIND_CPU }, "
                 "{ count: 1 kind: KIND_CPU }, { name: \"solo\" count: 1 kind: KIND_CPU }]\n",
                 PROBE),
@@ -151,7 +152,14 @@ def test_model_sees_sys_argv_of_triton_stub(served, protocol):
 # --- item: instance names ---
 
 def test_instance_names_are_tritons(served):
+    """'<group>_<index>'; the group a config leaves unnamed is '<model>_<group index>',
+    the one Triton adds to a config without instance_group is '<model>'."""
     assert _probe("http", served)["name"] == "probe_0"
+    assert _probe("grpc", served, "one_group")["name"] == "one_group_0_0"
+    _, client = _client("http", served)
+    groups = client.get_model_config("grouped")["instance_group"]
+    assert [g["name"] for g in groups] == ["grouped_0", "grouped_1", "solo"]
+    assert client.get_model_config("probe")["instance_group"][0]["name"] == "probe"
     names = set()
     for _ in range(40):
         names.add(_probe("http", served, "grouped")["name"])

@@ -246,7 +246,7 @@ def test_every_instance_runs_its_samples_before_the_model_is_ready(repository, s
                           for path in sorted(logs.iterdir())}
     # Two instances, each ran "from file" three times as a batch of two requests,
     # then "zeros" once, all before the model served anything.
-    assert sorted(before_any_request) == [f"recording_{mode}_0", f"recording_{mode}_1"]
+    assert sorted(before_any_request) == [f"recording_{mode}_0_0", f"recording_{mode}_0_1"]
     for lines in before_any_request.values():
         assert [json.loads(line) for line in lines[:4]] == [[1.5, 1.5]] * 3 + [[0.0]]
 
@@ -272,7 +272,7 @@ def test_warmup_is_not_counted_in_statistics_or_metrics(proto, server, mode):
 def test_a_failing_sample_fails_the_load_naming_the_sample_and_its_input(proto, server):
     message = load_error(proto, "failing_infer")
     assert "failed to run warmup sample 'zero sample': An Error Occurred; " in message
-    assert "instance 'failing_infer_0', inputs 'INPUT'" in message
+    assert "instance 'failing_infer_0_0', inputs 'INPUT'" in message
     assert not proto.client.is_model_ready("failing_infer")
     index = {entry["name"]: entry for entry in _index(proto)}
     assert "failed to run warmup sample 'zero sample'" in index["failing_infer"]["reason"]

@@ -93,12 +93,13 @@ def fill_defaults(config: mc.ModelConfig, gpu_available: bool = False) -> None:
         config.version_policy.latest.num_versions = 1
     if config.platform == "ensemble":
         return
-    if not config.instance_group:
+    if not config.instance_group:  # Triton names the group it adds after the model
         group = config.instance_group.add()
+        group.name = config.name
         group.count = 1
     for index, group in enumerate(config.instance_group):
-        if not group.name:
-            group.name = f"{config.name}_{index}" if len(config.instance_group) > 1 else config.name
+        if not group.name:  # and an unnamed group of the config '<model>_<index>'
+            group.name = f"{config.name}_{index}"
         if group.count < 1:
             group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
