@@ -85,6 +85,66 @@ MODELS = {
 }
 
 
+ADD_OPTIONAL = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "A").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "B")
+            tensors = [pb_utils.Tensor("SUM", a + (b.as_numpy() if b is not None else 0))]
+            if b is not None:  # EXTRA only when B came
+                tensors.append(pb_utils.Tensor("EXTRA", b.as_numpy() * 10))
+            responses.append(pb_utils.InferenceResponse(tensors))
+        return responses
+'''
+
+TAIL = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            e = pb_utils.get_input_tensor_by_name(request, "E")
+            y = x + (e.as_numpy() if e is not None else 1000)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return responses
+'''
+
+MODELS.update({
+    "add_optional": ('max_batch_size: 0\n'
+                     'input [{ name: "A" data_type: TYPE_FP32 dims: [ 1 ] }, '
+                     '{ name: "B" data_type: TYPE_FP32 dims: [ 1 ] optional: true }]\n'
+                     'output [{ name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] }, '
+                     '{ name: "EXTRA" data_type: TYPE_FP32 dims: [ 1 ] }]\n', ADD_OPTIONAL),
+    "tail": ('max_batch_size: 0\n'
+             'input [{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }, '
+             '{ name: "E" data_type: TYPE_FP32 dims: [ 1 ] optional: true }]\n'
+             'output [{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }]\n', TAIL),
+})
+
+# B is optional; "extra" connects the steps and exists only when B came.
+ENSEMBLE = """name: "optional_ensemble"
+platform: "ensemble"
+max_batch_size: 0
+input [{ name: "A" data_type: TYPE_FP32 dims: [ 1 ] },
+       { name: "B" data_type: TYPE_FP32 dims: [ 1 ] optional: true }]
+output [{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] },
+        { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] }]
+ensemble_scheduling { step [
+  { model_name: "add_optional" model_version: -1 input_map { key: "A" value: "A" }
+    input_map { key: "B" value: "B" } output_map { key: "SUM" value: "SUM" }
+    output_map { key: "EXTRA" value: "extra" } },
+  { model_name: "tail" model_version: -1 input_map { key: "X" value: "SUM" }
+    input_map { key: "E" value: "extra" } output_map { key: "Y" value: "Y" } }
+] }
+"""
+
+
 def write_model(repository, name: str, config: str, source: str, mode: str) -> None:
     version = repository / name / "1"
     version.mkdir(parents=True)
@@ -100,6 +160,8 @@ def served(request, tmp_path_factory):
     repository = tmp_path_factory.mktemp(f"fidelity_{request.param}")
     for name, (config, source) in MODELS.items():
         write_model(repository, name, config, source, request.param)
+    (repository / "optional_ensemble" / "1").mkdir(parents=True)
+    (repository / "optional_ensemble" / "config.pbtxt").write_text(ENSEMBLE)
     with ServerThread(server_settings(repository)) as server:
         server.mode = request.param
         server.repository = repository
@@ -237,3 +299,20 @@ def test_compute_output_is_measured(served):
                 if line.startswith("nv_inference_compute_output_duration_us")
                 and 'model="probe"' in line)
     assert float(line.rsplit(" ", 1)[1]) > 0
+
+
+# --- item: optional inputs and optional connecting tensors through an ensemble ---
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("with_b", [True, False])
+def test_ensemble_optional_inputs_may_be_left_out(served, protocol, with_b):
+    module, client = _client(protocol, served)
+    inputs = [module.InferInput("A", [1], "FP32")]
+    inputs[0].set_data_from_numpy(np.array([1], np.float32))
+    if with_b:
+        inputs.append(module.InferInput("B", [1], "FP32"))
+        inputs[1].set_data_from_numpy(np.array([2], np.float32))
+    result = client.infer("optional_ensemble", inputs)
+    # Triton 2.51: SUM 3 and Y 3 + 20 with B; without it SUM 1, and "tail" runs without E.
+    assert result.as_numpy("SUM").tolist() == ([3.0] if with_b else [1.0])
+    assert result.as_numpy("Y").tolist() == ([23.0] if with_b else [1001.0])

@@ -48,6 +48,7 @@ class EnsembleScheduler:
         self.runs: set = set()
         self.stopping = False
         self.checked_against: tuple | None = None
+        self.optional_inputs = [t.name for t in self.config.input if t.optional]
         if self.service is not None:
             self._check_steps()
 
@@ -162,6 +163,8 @@ class _EnsembleRun:
         self.started_ns = time.monotonic_ns()
         try:
             inputs = {t.name: t for t in self.request.inputs}
+            for name in self.scheduler.optional_inputs:
+                inputs.setdefault(name, None)  # left out: its steps run without it
             self._advance(_Flow(inputs))
             if self.tasks:
                 await self.idle.wait()
@@ -260,6 +263,8 @@ class _EnsembleRun:
         inputs = []
         for model_input, tensor_name in step.inputs.items():
             tensor = flow.tensors[tensor_name]
+            if tensor is None:  # an optional tensor no one gave: the step goes without
+                continue
             inputs.append(Tensor(model_input, tensor.datatype, tuple(tensor.shape), tensor.data,
                                  tensor.raw if tensor.data is None else None))
         version = "" if step.model_version < 0 else str(step.model_version)
@@ -269,7 +274,9 @@ class _EnsembleRun:
 
     @staticmethod
     def _mapped_outputs(step, response: InferenceResponse) -> dict:
-        outputs = {}
+        # An output the step did not produce is a tensor that exists without data, as in
+        # Triton: the steps reading it run without it (where their input is optional).
+        outputs = dict.fromkeys(step.outputs.values())
         for tensor in response.outputs:
             target = step.outputs.get(tensor.name)
             if target is not None:
@@ -285,8 +292,9 @@ class _EnsembleRun:
         if not all(name in flow.tensors for name in wanted):
             return
         flow.emitted = True
+        outputs = [flow.tensors[n] for n in wanted if flow.tensors[n] is not None]
         response = InferenceResponse(self.request.model_name, self.request.model_version,
-                                     self.request.id, [flow.tensors[n] for n in wanted],
+                                     self.request.id, outputs,
                                      final=not self.decoupled)
         if self.decoupled:
             self.request.respond(response)
