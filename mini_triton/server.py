@@ -22,6 +22,7 @@ from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_
                                     DEFAULT_MAX_PIPELINED_REQUESTS, ConnectionLimits)
 from .frontends.http_listener import start_server
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
+from .frontends.http2_limits import Http2Limits
 from .frontends.tls import TlsError, TlsFiles, server_context
 from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
 from .metrics import Metrics, MetricsOptions
@@ -94,6 +95,7 @@ class Settings:
     grpc_restricted: dict = field(default_factory=dict)
     grpc_transport: str = "native"
     grpc_max_receive_message_size: int = grpc_server.MAX_MESSAGE_SIZE  # inflated, too
+    grpc_limits: Http2Limits = field(default_factory=Http2Limits)  # --grpc-http2-*, keepalive
     response_cache_bytes: int = 0  # --cache-config local,size=N; 0: no response cache
     rate_limit: str = "off"  # --rate-limit: off or execution_count
     rate_limit_resources: list = field(default_factory=list)  # (name, count, device)
@@ -213,7 +215,7 @@ class Server:
             server, port = await grpc_server.start_server(
                 self.service, address, port, self.settings.grpc_restricted,
                 self.settings.grpc_transport, self.settings.grpc_tls,
-                self.settings.grpc_max_receive_message_size)
+                self.settings.grpc_max_receive_message_size, self.settings.grpc_limits)
         except TlsError as error:
             raise StartupError(str(error)) from None
         except RuntimeError as error:
@@ -271,6 +273,8 @@ class Server:
 
     async def shutdown(self) -> None:
         """Refuse new requests, drain in-flight ones, stop the front ends, unload models."""
+        if self._grpc is not None:  # clients take their next calls elsewhere (GOAWAY)
+            grpc_server.begin_shutdown(self._grpc)
         self.service.accepting = False
         if self._poller is not None:
             self._poller.cancel()

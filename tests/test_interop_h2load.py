@@ -98,12 +98,7 @@ def run_h2load(h2load, server, body: Path, requests: int, *options: str) -> dict
     # every answer is paced by the client's WINDOW_UPDATEs.
     (2**18, 200, ("-c", "2", "-m", "4", "-w", "16", "-W", "18")),
     # A client whose HPACK decoder keeps no dynamic table (SETTINGS_HEADER_TABLE_SIZE 0).
-    pytest.param(16, 200, ("-c", "2", "-m", "4", "--header-table-size=0"),
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "the transport ignores the peer's SETTINGS_HEADER_TABLE_SIZE and never "
-                     "starts a header block with the dynamic table size update RFC 7541 4.2 "
-                     "requires after it shrinks; nghttp2 answers the first response HEADERS "
-                     "with GOAWAY COMPRESSION_ERROR"))),
+    (16, 200, ("-c", "2", "-m", "4", "--header-table-size=0")),
 ], ids=["small-2000", "1MiB-small-windows", "no-dynamic-table"])
 def test_h2load_model_infer_zero_errors(h2load, server, tmp_path, elements, requests, options):
     message = infer_message(elements)

@@ -19,10 +19,11 @@ from typing import Any, Callable
 import grpc
 from google.protobuf.message import DecodeError
 
+from .grpc_hpack import MALFORMED, trailers_problem
 from .grpc_wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, RESERVED_HEADERS,
                         WINDOW_BITS, MessageTooLarge, binary_header_value, inflate,
-                        parse_timeout, status_block, too_large)
-from .http2_frames import INTERNAL_ERROR, REFUSED_STREAM
+                        parse_timeout, refusal_block, status_block, too_large)
+from .http2_frames import INTERNAL_ERROR, PROTOCOL_ERROR
 
 log = logging.getLogger("mini_triton.grpc")
 
@@ -67,7 +68,8 @@ class CallContext:
 class Stream:
     __slots__ = ("id", "headers", "body", "ended", "started", "stop", "inbox", "send_window",
                  "pending", "closed", "received", "deadline", "encoding", "method",
-                 "context", "trailers", "headers_sent", "pending_size")
+                 "context", "trailers", "headers_sent", "pending_size", "refused", "queued",
+                 "drained")
 
     def __init__(self, stream_id: int, send_window: int):
         self.id = stream_id
@@ -82,6 +84,9 @@ class Stream:
         self.pending: collections.deque = collections.deque()  # views waiting for window
         self.pending_size = 0
         self.received = 0            # bytes not yet given back to the stream's window
+        self.queued = 0              # of those, in messages its handler has not taken
+        self.refused = 0             # the RST_STREAM code it gets once its block is read
+        self.drained: asyncio.Future | None = None  # a streaming handler waits on it
         self.deadline: asyncio.TimerHandle | None = None
         self.encoding: bytes | None = None
         self.method: Method | None = None
@@ -92,20 +97,36 @@ class Stream:
 
 class GrpcCalls:
     """The calls of one connection. Expects the connection's `server`, `loop`,
-    `max_message`, `max_unary_body`, `going_away`, `streams`, `blocked`, and its
-    `_send`, `_reset` (http2_connection.Http2Connection)."""
+    `max_message`, `max_unary_body`, `streams`, `ready`, and its `_send`, `_reset`,
+    `_drop_held_back`, `_give_back_stream` (http2_connection.Http2Connection)."""
 
     # --- from the connection: a stream's headers and body ---
 
-    def _on_stream_headers(self, stream: Stream, headers: list) -> None:
+    def _on_stream_headers(self, stream: Stream, headers: list, problem) -> None:
+        """A header block of the stream; `problem`, why it is no gRPC request."""
         try:
             if stream.headers is None:
+                if problem is not None:
+                    self._refuse_request(stream, *problem)
+                    return
                 stream.headers = headers
                 self._start_call(stream)
+            elif trailers_problem(headers):
+                self._reset(stream, PROTOCOL_ERROR)
+                return
             if stream.ended:  # trailers from the client, or a call with no body
                 self._on_end_of_input(stream)
         except Exception as error:  # the block is decoded: the connection's state is sound
             self._fail_stream(stream, error)
+
+    def _refuse_request(self, stream: Stream, status: int, message: str) -> None:
+        """Malformed (RFC 9113 §8.1.1): RST_STREAM PROTOCOL_ERROR; not gRPC's :method
+        or content-type: that HTTP status, with grpc-status INTERNAL (as grpc-go)."""
+        if status == MALFORMED:
+            self._reset(stream, PROTOCOL_ERROR)
+            return
+        stream.headers_sent = True
+        self._send(stream, None, refusal_block(status, message))
 
     def _on_body(self, stream: Stream, flags_end: bool, before: int) -> None:
         """The stream's body grew from `before` bytes; `flags_end` when it has ended."""
@@ -139,9 +160,6 @@ class GrpcCalls:
                 metadata.append((name.decode("latin-1"),
                                  binary_header_value(value) if name.endswith(b"-bin")
                                  else value.decode("latin-1")))
-        if self.going_away or self.server.closing:
-            self._reset(stream, REFUSED_STREAM)
-            return
         if timeout is not None and not self._start_deadline(stream, timeout):
             return
         method = self.server.methods.get(path)
@@ -190,15 +208,30 @@ class GrpcCalls:
                 f"expected one request message, got {len(messages)}"))
             return
         stream.started = True
-        if method.begin is not None:
-            self._begin_unary(stream, messages[0])
-        else:
-            stream.stop = self.loop.create_task(self._run_unary(stream, messages[0])).cancel
+        self.ready.append((stream, messages[0]))  # started once the read is parsed
+
+    def _start_ready(self) -> None:
+        """Start the unary calls whose request ended in the read just parsed, but those
+        reset meanwhile (a rapid reset starts no work) or on a closing connection."""
+        ready, self.ready = self.ready, []
+        if self.transport.is_closing():
+            return
+        for stream, message in ready:
+            if stream.closed:
+                continue
+            try:
+                if stream.method.begin is not None:
+                    self._begin_unary(stream, message)
+                else:
+                    stream.stop = self.loop.create_task(self._run_unary(stream, message)).cancel
+            except Exception as error:
+                self._fail_stream(stream, error)
 
     # --- request messages ---
 
-    def _take_messages(self, stream: Stream) -> list[bytes]:
-        """The complete length-prefixed messages in the stream's body, removed from it."""
+    def _take_messages(self, stream: Stream, sizes: list | None = None) -> list[bytes]:
+        """The complete length-prefixed messages in the stream's body, removed from it
+        (and their sizes on the wire, prefix included, in `sizes`)."""
         body, messages, offset = stream.body, [], 0
         while len(body) - offset >= 5:
             compressed, length = MESSAGE_PREFIX.unpack_from(body, offset)
@@ -210,6 +243,8 @@ class GrpcCalls:
             with memoryview(body) as view:
                 message = bytes(view[offset + 5:offset + 5 + length])
             offset += 5 + length
+            if sizes is not None:
+                sizes.append(5 + length)
             if compressed:
                 message = self._decompress(stream, message)
             messages.append(message)
@@ -243,16 +278,21 @@ class GrpcCalls:
                                               "expected one request message, got more"))
 
     def _deliver_messages(self, stream: Stream) -> None:
+        """A streaming call's complete messages, to its handler's queue. Their bytes stay
+        out of the stream's window until the handler takes them: the queue holds at
+        most the window we advertise (SETTINGS_INITIAL_WINDOW_SIZE)."""
+        sizes: list[int] = []
         try:
-            messages = self._take_messages(stream)
+            messages = self._take_messages(stream, sizes)
         except AbortError as error:
             # the call ends here, as grpc core ends it: the rest of its request is
             # refused rather than buffered, and its handler stopped
             self._finish(stream, status_block(error.code, error.details))
             self._stop_call(stream)
             return
-        for message in messages:
-            stream.inbox.put_nowait(message)
+        for item in zip(messages, sizes):
+            stream.queued += item[1]
+            stream.inbox.put_nowait(item)
 
     def _parse_request(self, stream: Stream, message: bytes):
         """The request message, or None when it does not parse (the call is ended: the
@@ -320,6 +360,9 @@ class GrpcCalls:
             async for response in method.handler(self._messages(stream), stream.context):
                 payload = response.SerializeToString()
                 self._send(stream, payload)
+                if stream.pending and not stream.closed:  # one message held back at most
+                    stream.drained = self.loop.create_future()
+                    await stream.drained
         except AbortError as error:
             self._finish(stream, status_block(error.code, error.details))
             return
@@ -334,11 +377,13 @@ class GrpcCalls:
 
     async def _messages(self, stream: Stream):
         while True:
-            message = await stream.inbox.get()
-            if message is None:
+            item = await stream.inbox.get()
+            if item is None:
                 return
-            if isinstance(message, AbortError):
-                raise message
+            message, size = item
+            stream.queued -= size
+            if stream.received - stream.queued >= self.window_step:
+                self._give_back_stream(stream)
             yield stream.method.request_type.FromString(message)
 
     # --- ending a call ---
@@ -358,12 +403,7 @@ class GrpcCalls:
     def _cancel_call(self, stream: Stream) -> None:
         """The client went away or reset the stream: nothing more is sent on it."""
         stream.closed = True
-        # DATA held back by flow control is dropped, or a later window would carry it
-        # out on the dead stream, taking the connection's window from live calls
-        stream.pending.clear()
-        stream.pending_size = 0
-        if stream in self.blocked:
-            self.blocked.remove(stream)
+        self._drop_held_back(stream)
         if stream.deadline is not None:
             stream.deadline.cancel()
         self._stop_call(stream)

@@ -1,10 +1,63 @@
-"""HPACK decoding for the native gRPC transport: hpack's pure-Python decoder with a
-memo of header blocks, bounded in bytes and owned by its connection alone."""
+"""Header blocks in, for the native gRPC transport: hpack's pure-Python decoder with a
+memo of header blocks, bounded in bytes and owned by its connection alone, and the
+checks a request's header list must pass (RFC 9113 §8.2-8.3, gRPC's :method and
+content-type), made once per distinct block."""
 
 from __future__ import annotations
 
 import hpack
 from hpack.table import HeaderTable
+
+# Why a request's headers are refused: MALFORMED is a stream error (RST_STREAM
+# PROTOCOL_ERROR, RFC 9113 §8.1.1); a number is the HTTP status of a gRPC refusal
+# (grpc-go's: 405 for a :method other than POST, 415 for a content-type not gRPC's).
+MALFORMED = 0
+REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
+CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connection",
+                                 b"transfer-encoding", b"upgrade"})
+_UPPER = bytes(range(ord("A"), ord("Z") + 1))
+
+
+def request_problem(headers: list) -> tuple[int, str] | None:
+    """Why this header list is not a gRPC request, or None."""
+    pseudo: dict[bytes, bytes] = {}
+    content_type = None
+    regular = False
+    for name, value in headers:
+        if name[:1] == b":":
+            if name in pseudo or name not in REQUEST_PSEUDO:
+                return MALFORMED, f"pseudo-header {name!r} unknown or repeated"
+            if regular:
+                return MALFORMED, f"pseudo-header {name!r} after a regular header"
+            pseudo[name] = value
+            continue
+        regular = True
+        if name.translate(None, _UPPER) != name:
+            return MALFORMED, f"uppercase header name {name!r}"
+        if name in CONNECTION_SPECIFIC or name == b"te" and value != b"trailers":
+            return MALFORMED, f"connection-specific header {name!r}"
+        if name == b"content-type":
+            content_type = value
+    if not pseudo.get(b":path") or b":method" not in pseudo or b":scheme" not in pseudo:
+        return MALFORMED, "missing :method, :scheme or :path"
+    method = pseudo[b":method"]
+    if method != b"POST":
+        return 405, (f"Received a HEADERS frame with :method \"{method.decode('latin-1')}\" "
+                     "which should be POST")
+    if content_type is None or not (content_type == b"application/grpc" or
+                                    content_type[:17] in (b"application/grpc+",
+                                                          b"application/grpc;")):
+        shown = "" if content_type is None else content_type.decode("latin-1")
+        return 415, f"transport: received unexpected content-type \"{shown}\""
+    return None
+
+
+def trailers_problem(headers: list) -> str | None:
+    """Why a request's trailers are malformed (a pseudo-header in them), or None."""
+    for name, _ in headers:
+        if name[:1] == b":":
+            return f"pseudo-header {name!r} in trailers"
+    return None
 
 
 class CountingHeaderTable(HeaderTable):
@@ -38,35 +91,44 @@ class HeaderDecoder:
 
     Only small blocks are remembered (a repeated call's block is a few bytes of
     indices), up to a budget in bytes per connection: distinct large blocks must not
-    stay in memory for as long as the connection lives.
+    stay in memory for as long as the connection lives. A block is remembered with
+    its `request_problem`, so a repeated call's headers are checked once.
+
+    A list larger than `max_header_list_size` (counted as HPACK counts, while it is
+    decoded) is hpack's OversizedHeaderListError.
     """
 
     MEMO_BLOCK_BYTES = 1024    # a larger block is decoded every time
     MEMO_BYTES = 64 * 1024     # all remembered blocks and their headers, per connection
 
-    def __init__(self):
+    def __init__(self, max_header_list_size: int = 2**20):
         self.decoder = hpack.Decoder()
-        self.decoder.max_header_list_size = 2**20
+        self.decoder.max_header_list_size = max_header_list_size
         self.table = self.decoder.header_table = CountingHeaderTable()
-        self.blocks: dict[bytes, list] = {}
+        self.blocks: dict[bytes, tuple[list, tuple | None]] = {}
         self.memo_bytes = 0
 
     def decode(self, block: bytes) -> list:
-        headers = self.blocks.get(block)
-        if headers is not None:
-            return headers
+        return self.decode_request(block)[0]
+
+    def decode_request(self, block: bytes) -> tuple[list, tuple | None]:
+        """The block's headers and why they are no gRPC request (or None)."""
+        known = self.blocks.get(block)
+        if known is not None:
+            return known
         table = self.table
         before = (table.changes, table.maxsize)
         headers = self.decoder.decode(block, raw=True)
+        decoded = headers, request_problem(headers)
         if (table.changes, table.maxsize) != before:
             self.blocks.clear()
             self.memo_bytes = 0
         elif len(block) <= self.MEMO_BLOCK_BYTES:
-            self._remember(block, headers)
-        return headers
+            self._remember(block, decoded)
+        return decoded
 
-    def _remember(self, block: bytes, headers: list) -> None:
-        cost = _memo_cost(block, headers)
+    def _remember(self, block: bytes, decoded: tuple) -> None:
+        cost = _memo_cost(block, decoded[0])
         if self.memo_bytes + cost <= self.MEMO_BYTES:  # when full, the first ones stay
-            self.blocks[block] = headers
+            self.blocks[block] = decoded
             self.memo_bytes += cost

@@ -14,18 +14,42 @@ from ..core.errors import TritonError, invalid_arg
 from ..service import InferenceService
 from . import grpc_codec, grpc_transport
 from .errors import grpc_status
+from .http2_limits import Http2Limits
 from .restrictions import GRPC_PREFIX, Restriction, grpc_refusal
 from .tls import TlsFiles, server_context
 
 MAX_MESSAGE_SIZE = grpc_transport.MAX_MESSAGE_SIZE  # INT32_MAX, as tritonserver sets it
 
 
-def server_options(max_receive_message_size: int = MAX_MESSAGE_SIZE) -> list:
+def server_options(max_receive_message_size: int = MAX_MESSAGE_SIZE,
+                   limits: Http2Limits | None = None) -> list:
     """grpc.aio's options; grpc core bounds a received message, inflated or not, by
-    max_receive_message_length."""
-    return [("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
-            ("grpc.max_receive_message_length", max_receive_message_size),
-            ("grpc.so_reuseport", 0)]
+    max_receive_message_length. The keepalive settings go to grpc core as tritonserver
+    passes them, with the concurrent streams and header list limits."""
+    limits = limits or Http2Limits()
+    options = [("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
+               ("grpc.max_receive_message_length", max_receive_message_size),
+               ("grpc.so_reuseport", 0),
+               ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
+               ("grpc.absolute_max_metadata_size", limits.max_header_list_size),
+               ("grpc.keepalive_time_ms", _ms(limits.keepalive_time)),
+               ("grpc.keepalive_timeout_ms", _ms(limits.keepalive_timeout)),
+               ("grpc.keepalive_permit_without_calls",
+                int(limits.keepalive_permit_without_calls)),
+               ("grpc.http2.max_pings_without_data", limits.max_pings_without_data),
+               ("grpc.http2.min_recv_ping_interval_without_data_ms",
+                _ms(limits.min_recv_ping_interval)),
+               ("grpc.http2.max_ping_strikes", limits.max_ping_strikes)]
+    if limits.max_connection_age > 0:  # as tritonserver: set only when given
+        options.append(("grpc.max_connection_age_ms", _ms(limits.max_connection_age)))
+    if limits.max_connection_age_grace > 0:
+        options.append(("grpc.max_connection_age_grace_ms",
+                        _ms(limits.max_connection_age_grace)))
+    return options
+
+
+def _ms(seconds: float) -> int:
+    return min(2**31 - 1, round(seconds * 1000))
 
 
 def aborts_on_error(method):
@@ -344,20 +368,22 @@ def _infer_result(response):
 async def start_server(service: InferenceService, address: str, port: int,
                        restricted: dict[str, Restriction] | None = None,
                        transport: str = "native", tls: TlsFiles | None = None,
-                       max_receive_message_size: int = MAX_MESSAGE_SIZE):
+                       max_receive_message_size: int = MAX_MESSAGE_SIZE,
+                       limits: Http2Limits | None = None):
     """The gRPC front end listening on address:port; returns it (with `stop(grace)`)
     and the bound port. `native` is our own HTTP/2 transport, `grpcio` grpc.aio;
     `tls` puts TLS on the port (either transport). A request message larger than
-    `max_receive_message_size` (after inflating) is RESOURCE_EXHAUSTED on either."""
+    `max_receive_message_size` (after inflating) is RESOURCE_EXHAUSTED on either.
+    `limits` are the HTTP/2 limits (on grpc.aio, those grpc core has)."""
     frontend = GrpcFrontend(service, restricted)
     if transport == "grpcio":
         server, bound = create_grpcio_server(frontend, address, port, tls,
-                                             max_receive_message_size)
+                                             max_receive_message_size, limits)
         await server.start()
         return server, bound
     server = grpc_transport.GrpcServer(grpc_transport.methods_of(
         frontend, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], pb),
-        max_receive_message_size)
+        max_receive_message_size, limits)
     context = server_context(tls, ["h2"]) if tls is not None else None
     try:
         bound = await server.listen(address, port, context)
@@ -366,12 +392,20 @@ async def start_server(service: InferenceService, address: str, port: int,
     return server, bound
 
 
+def begin_shutdown(server) -> None:
+    """Shutdown has begun: our transport tells its clients now (a graceful GOAWAY:
+    their next calls go elsewhere); grpc.aio does it in `stop`."""
+    if isinstance(server, grpc_transport.GrpcServer):
+        server.begin_shutdown()
+
+
 def create_grpcio_server(frontend: GrpcFrontend, address: str, port: int,
                          tls: TlsFiles | None = None,
                          max_receive_message_size: int = MAX_MESSAGE_SIZE,
+                         limits: Http2Limits | None = None,
                          ) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server bound to address:port; returns it with the bound port."""
-    server = grpc.aio.server(options=server_options(max_receive_message_size),
+    server = grpc.aio.server(options=server_options(max_receive_message_size, limits),
                              compression=grpc.Compression.NoCompression)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(frontend, server)
     if tls is None:

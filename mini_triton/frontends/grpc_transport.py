@@ -10,21 +10,29 @@ socket callbacks, so a unary call is a few frames parsed and one write.
 Cut by concern, as HTTP/2 libraries are:
 
 - http2_frames.py: frame and setting numbers, error codes, building frames (pure);
-- grpc_hpack.py, grpc_wire.py: header blocks in; gRPC's prefix, timeout, statuses;
-- http2_connection.py: one connection's frames in and out, settings, flow control;
+- http2_limits.py: every limit, its default, and the reset and ping policies (pure);
+- grpc_hpack.py, grpc_wire.py: header blocks in and their checks; gRPC's prefix,
+  timeout, statuses;
+- http2_connection.py: one connection's frames in, settings, receive windows, errors;
+- http2_output.py: frames out, flow control, backpressure;
+- http2_upkeep.py: the clocks: timeouts, keepalive, connection age, graceful GOAWAY;
 - grpc_calls.py: a stream's call: routing, messages, handlers, deadlines, statuses;
-- this module: the connection class made of those two halves, and the server that
-  listens, owns the connections and stops gracefully.
+- this module: the connection class made of those parts, and the server that listens,
+  owns the connections, looks at their clocks and stops gracefully.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from .grpc_calls import AbortError, CallContext, GrpcCalls, Method, Stream  # noqa: F401
 from .grpc_hpack import HeaderDecoder  # noqa: F401
 from .grpc_wire import binary_header_value  # noqa: F401
 from .http2_connection import Http2Connection
+from .http2_limits import Http2Limits
+
+log = logging.getLogger("mini_triton.grpc")
 
 # The largest request message by default, inflated or not: INT32_MAX, as tritonserver.
 MAX_MESSAGE_SIZE = 2**31 - 1
@@ -38,13 +46,26 @@ class GrpcServer:
     """Listens, owns the connections, stops gracefully (grpc.aio's `stop(grace)`)."""
 
     def __init__(self, methods: dict[bytes, Method],
-                 max_receive_message_size: int = MAX_MESSAGE_SIZE):
+                 max_receive_message_size: int = MAX_MESSAGE_SIZE,
+                 limits: Http2Limits | None = None):
         self.methods = methods
         self.max_receive_message_size = max_receive_message_size
+        self.limits = limits or Http2Limits()
         self.loop = asyncio.get_running_loop()
         self.connections: set[GrpcConnection] = set()
         self.closing = False
         self._server: asyncio.AbstractServer | None = None
+        self._tick = self.limits.tick()
+        self._clock = self.loop.call_later(self._tick, self._look_at_clocks)
+
+    def _look_at_clocks(self) -> None:
+        now = self.loop.time()
+        for connection in list(self.connections):
+            try:
+                connection.upkeep(now)
+            except Exception:  # one connection's clocks must not stop the others'
+                log.exception("gRPC connection upkeep failed")
+        self._clock = self.loop.call_later(self._tick, self._look_at_clocks)
 
     async def listen(self, address: str, port: int, ssl_context=None) -> int:
         # The address as given, as the HTTP service binds it: no host would bind one
@@ -54,17 +75,28 @@ class GrpcServer:
                                                      ssl=ssl_context)
         return self._server.sockets[0].getsockname()[1]
 
-    async def stop(self, grace: float | None = None) -> None:
+    def begin_shutdown(self) -> None:
+        """Take no new connections, and tell every client, with a graceful GOAWAY, to
+        take its next calls elsewhere; the calls under way go on."""
+        if self.closing:
+            return
         self.closing = True
         if self._server is not None:
             self._server.close()
         for connection in list(self.connections):
             connection.announce_shutdown()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Shut down (begin_shutdown), give the calls under way up to `grace` seconds,
+        then close every connection."""
+        self.begin_shutdown()
         deadline = self.loop.time() + (grace or 0.0)
         while any(c.streams for c in self.connections) and self.loop.time() < deadline:
             await asyncio.sleep(0.02)
+        self._clock.cancel()
         for connection in list(self.connections):
             if connection.transport is not None:
+                connection._finish_go_away()
                 connection.transport.close()
 
 

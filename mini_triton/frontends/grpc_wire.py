@@ -73,6 +73,14 @@ def status_block(code: grpc.StatusCode, message: str) -> bytes:
     return block
 
 
+def refusal_block(http_status: int, message: str) -> bytes:
+    """A request refused before it is a gRPC call (grpc-go's answers): the HTTP status,
+    gRPC's content-type and grpc-status INTERNAL, in one trailers-only block."""
+    return (literal(b":status", str(http_status).encode())
+            + literal(b"content-type", b"application/grpc")
+            + status_block(grpc.StatusCode.INTERNAL, message))
+
+
 # A grpc-timeout that is not one fails its call, in grpc core's words.
 BAD_TIMEOUT_STATUS = status_block(grpc.StatusCode.INTERNAL,
                                   "Error parsing 'grpc-timeout' metadata")

@@ -1,8 +1,12 @@
-"""One HTTP/2 connection on an asyncio Protocol: frames in (parsing, settings, pings,
-header blocks, DATA read in place) and frames out (flow control, held-back DATA,
-resets, GOAWAY). What a stream's headers and body mean is the call layer's
-(grpc_calls.GrpcCalls), reached through `_on_stream_headers`, `_on_body` and
-`_cancel_call`."""
+"""One HTTP/2 connection on an asyncio Protocol, frames in: parsing, settings, pings,
+header blocks, DATA read in place, receive windows, and the RFC 9113 errors for frames
+that break its rules. Frames out are http2_output.py's, clocks http2_upkeep.py's; what
+a stream's headers and body mean is the call layer's (grpc_calls.GrpcCalls), reached
+through `_on_stream_headers`, `_on_body` and `_cancel_call`.
+
+Every limit here is a few integer comparisons per frame: the fast path of a unary call
+(HEADERS, DATA, one write) stays what it was.
+"""
 
 from __future__ import annotations
 
@@ -11,41 +15,53 @@ import logging
 import struct
 
 import hpack
+from hpack.exceptions import OversizedHeaderListError
 
 from .grpc_calls import Stream
 from .grpc_hpack import HeaderDecoder
-from .grpc_wire import MESSAGE_PREFIX, RESPONSE_HEADERS
+from .grpc_wire import MESSAGE_PREFIX
 from .http2_frames import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_FRAME_SIZE,
-                           DEFAULT_WINDOW, END_HEADERS, END_STREAM, FIXED_SIZES,
-                           FLOW_CONTROL_ERROR, FRAME_HEADER, FRAME_SIZE_ERROR, GOAWAY,
-                           HEADERS, INTERNAL_ERROR, MAX_WINDOW, NO_ERROR, OUR_FRAME_SIZE,
-                           PADDED, PING, PREFACE, PRIORITY_FLAG, PROTOCOL_ERROR, PUSH_PROMISE,
-                           RST_STREAM, SETTINGS, SETTINGS_HEADER_TABLE_SIZE,
-                           SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE,
-                           WINDOW_UPDATE, ProtocolError, frame, padded_bounds, strip_padding)
+                           DEFAULT_WINDOW, END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM,
+                           FIXED_SIZES, FLOW_CONTROL_ERROR, FRAME_HEADER, FRAME_SIZE_ERROR,
+                           GOAWAY, HEADERS, INTERNAL_ERROR, MAX_FRAME_SIZE, MAX_WINDOW, PADDED, PING,
+                           PREFACE, PRIORITY, PRIORITY_FLAG, PROTOCOL_ERROR, PUSH_PROMISE,
+                           REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ENABLE_PUSH,
+                           SETTINGS_HEADER_TABLE_SIZE, SETTINGS_INITIAL_WINDOW_SIZE,
+                           SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_MAX_FRAME_SIZE,
+                           SETTINGS_MAX_HEADER_LIST_SIZE, STREAM_CLOSED, WINDOW_UPDATE,
+                           ProtocolError, frame, padded_bounds, strip_padding)
+from .http2_limits import PingPolicy, ResetBudget
+from .http2_output import Http2Output
+from .http2_upkeep import Http2Upkeep
 
 log = logging.getLogger("mini_triton.grpc")
 
-# A message this large is written as it is; smaller ones are joined with their frame.
-LARGE_MESSAGE = 64 * 1024
-# Received bytes are given back to the peer's windows in steps this large, not per frame.
+# Received bytes are given back to the connection's window in steps this large.
 WINDOW_REFILL = 2**24
+# The HPACK table size the peer's encoder may use (SETTINGS_HEADER_TABLE_SIZE's default).
+TABLE_SIZE = 4096
 
 
-class Http2Connection(asyncio.Protocol):
-    """The HTTP/2 half of a gRPC connection: frames in, frames out."""
+class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
+    """The HTTP/2 half of a gRPC connection."""
 
     def __init__(self, server):
         self.server = server
         self.loop = server.loop
+        self.limits = limits = server.limits
         self.max_message = server.max_receive_message_size
         # a unary call's body holds one message: its prefix and at most max_message bytes
         self.max_unary_body = self.max_message + MESSAGE_PREFIX.size
+        self.max_frame = limits.max_frame_size
+        self.max_streams = limits.max_concurrent_streams
+        self.max_held_back = limits.max_held_back_bytes
+        self.window = limits.initial_window_size   # each stream's, towards us
+        self.window_step = self.window // 2        # given back in steps this large
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.preface_seen = False
         self.streams: dict[int, Stream] = {}
-        self.decoder = HeaderDecoder()
+        self.decoder = HeaderDecoder(limits.max_header_list_size)
         self.send_window = DEFAULT_WINDOW          # the connection's, towards the client
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_frame_size = DEFAULT_FRAME_SIZE
@@ -53,31 +69,51 @@ class Http2Connection(asyncio.Protocol):
         self.last_stream_id = 0
         self.headers_in_progress: Stream | None = None
         self.header_block = bytearray()
-        self.going_away = False
-        self.blocked: list[Stream] = []            # streams with DATA waiting for window
+        self.refusing = False   # new streams are refused: a GOAWAY went either way
+        self.ready: list = []   # unary calls to start once this read is parsed
+        self.quiet = 0          # frames in a row that carried no data (a flood's count)
+        self.quiet_mark = 0
+        self.resets = ResetBudget(limits.reset_burst, limits.reset_rate, self.loop.time())
+        self.pings = PingPolicy(limits)
+        self.reads = self.frames = self.opened = 0  # progress, read by the clocks
+        Http2Output.__init__(self)
 
     # --- asyncio.Protocol ---
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.server.connections.add(self)
-        settings = struct.pack(">HIHIHI",
-                               SETTINGS_INITIAL_WINDOW_SIZE, MAX_WINDOW,
-                               SETTINGS_MAX_FRAME_SIZE, OUR_FRAME_SIZE,
-                               SETTINGS_HEADER_TABLE_SIZE, 4096)
+        limits = self.limits
+        transport.set_write_buffer_limits(high=limits.write_buffer_size)
+        settings = struct.pack(">HIHIHIHIHI",
+                               SETTINGS_INITIAL_WINDOW_SIZE, self.window,
+                               SETTINGS_MAX_FRAME_SIZE, self.max_frame,
+                               SETTINGS_HEADER_TABLE_SIZE, TABLE_SIZE,
+                               SETTINGS_MAX_CONCURRENT_STREAMS, self.max_streams,
+                               SETTINGS_MAX_HEADER_LIST_SIZE, limits.max_header_list_size)
         transport.write(frame(SETTINGS, 0, 0, settings)
                         + frame(WINDOW_UPDATE, 0, 0,
                                 struct.pack(">I", MAX_WINDOW - DEFAULT_WINDOW)))
+        self._start_clocks(self.loop.time())
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
         for stream in self.streams.values():
             self._cancel_call(stream)
         self.streams.clear()
+        self.ready.clear()
 
     def data_received(self, data: bytes) -> None:
+        self.reads += 1
+        self.buffer += data
+        if not self.write_paused:
+            self._parse()
+
+    def _parse(self) -> None:
+        """The complete frames in the buffer, until writing pauses (the rest waits in
+        the buffer, and reading with it, until resume_writing); then the unary calls
+        that ended in them, but those their client already reset."""
         buffer = self.buffer
-        buffer += data
         try:
             if not self.preface_seen:
                 # checked as it arrives: a short non-HTTP/2 greeting must not wait forever
@@ -87,12 +123,14 @@ class Http2Connection(asyncio.Protocol):
                     return
                 del buffer[:len(PREFACE)]
                 self.preface_seen = True
+                self.frames += 1
             offset, size = 0, len(buffer)
-            while size - offset >= 9:
+            while size - offset >= 9 and not self.write_paused:
                 length_kind, flags, stream_id = FRAME_HEADER.unpack_from(buffer, offset)
                 length = length_kind >> 8
-                if length > OUR_FRAME_SIZE:
-                    raise ProtocolError(FRAME_SIZE_ERROR, "frame larger than allowed")
+                if length > self.max_frame:
+                    raise ProtocolError(FRAME_SIZE_ERROR, f"a frame of {length} bytes, more "
+                                        f"than SETTINGS_MAX_FRAME_SIZE {self.max_frame}")
                 end = offset + 9 + length
                 if end > size:
                     break
@@ -101,49 +139,70 @@ class Http2Connection(asyncio.Protocol):
                     self._on_data(flags, stream_id & MAX_WINDOW, buffer, start, end)
                 else:
                     self._on_frame(kind, flags, stream_id & MAX_WINDOW, bytes(buffer[start:end]))
-            del buffer[:offset]
+            if offset:
+                del buffer[:offset]
+                self.frames += 1
         except ProtocolError as error:
             self._go_away(error.code, str(error))
+        except OversizedHeaderListError as error:
+            self._go_away(ENHANCE_YOUR_CALM, f"header block: {error}")
         except hpack.HPACKError as error:
             self._go_away(COMPRESSION_ERROR, f"header block: {error}")
         except Exception as error:  # a bug where the connection's state is unknown
             self._fail_connection(error)
+        if self.ready:
+            self._start_ready()
 
     # --- frames in ---
 
     def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        self._check_not_in_header_block(kind)
+        if self.headers_in_progress is not None and kind != CONTINUATION:
+            raise ProtocolError(PROTOCOL_ERROR, "expected CONTINUATION")
         if FIXED_SIZES.get(kind, len(payload)) != len(payload):
             raise ProtocolError(FRAME_SIZE_ERROR, f"frame type {kind} of {len(payload)} bytes")
-        # DATA never comes here: data_received hands it to _on_data in place
+        # DATA never comes here: _parse hands it to _on_data in place
         if kind == HEADERS:
             self._on_headers(flags, stream_id, payload)
         elif kind == CONTINUATION:
             self._on_continuation(flags, stream_id, payload)
-        elif kind == SETTINGS:
-            if not flags & ACK:
-                self._on_settings(payload)
+        elif kind in (SETTINGS, PING, GOAWAY):
+            self._on_connection_frame(kind, flags, stream_id, payload)
         elif kind == WINDOW_UPDATE:
             self._on_window_update(stream_id, payload)
-        elif kind == PING:
-            if not flags & ACK:
-                self.transport.write(frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
-            stream = self.streams.pop(stream_id, None)
-            if stream is not None:
-                self._cancel_call(stream)
-        elif kind == GOAWAY:
-            self.going_away = True
+            self._on_reset(stream_id)
+        elif kind == PRIORITY:
+            self._on_priority(stream_id, payload)
         elif kind == PUSH_PROMISE:
             raise ProtocolError(PROTOCOL_ERROR, "clients may not push")
-        # PRIORITY and unknown frame types are ignored, as RFC 9113 asks
+        else:
+            self._quiet_frame()  # an unknown type: ignored, as RFC 9113 asks, and counted
 
-    def _check_not_in_header_block(self, kind: int) -> None:
-        if self.headers_in_progress is not None and kind != CONTINUATION:
-            raise ProtocolError(PROTOCOL_ERROR, "expected CONTINUATION")
+    def _on_connection_frame(self, kind: int, flags: int, stream_id: int,
+                             payload: bytes) -> None:
+        """SETTINGS, PING and GOAWAY: stream 0 only (RFC 9113 §6.5, 6.7, 6.8)."""
+        if stream_id:
+            raise ProtocolError(PROTOCOL_ERROR, f"frame type {kind} on stream {stream_id}")
+        if kind == PING:
+            if flags & ACK:
+                self._on_ping_ack(payload)
+            elif self.pings.received(self.loop.time(), bool(self.streams), self.sent):
+                self.transport.write(frame(PING, ACK, 0, payload))
+            else:
+                raise ProtocolError(ENHANCE_YOUR_CALM, "too_many_pings")  # grpc core's words
+        elif kind == SETTINGS:
+            if len(payload) % 6 or flags & ACK and payload:
+                raise ProtocolError(FRAME_SIZE_ERROR, f"SETTINGS of {len(payload)} bytes")
+            self._quiet_frame()
+            if not flags & ACK:
+                self._on_settings(payload)
+        else:
+            if len(payload) < 8:
+                raise ProtocolError(FRAME_SIZE_ERROR, f"GOAWAY of {len(payload)} bytes")
+            self.refusing = True  # the client opens no more streams
 
     def _on_settings(self, payload: bytes) -> None:
-        for offset in range(0, len(payload) - len(payload) % 6, 6):
+        for offset in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HI", payload, offset)
             if key == SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
@@ -155,95 +214,212 @@ class Http2Connection(asyncio.Protocol):
             elif key == SETTINGS_MAX_FRAME_SIZE:
                 # out of range is a PROTOCOL_ERROR (RFC 9113 6.5.2); 0 would split our
                 # DATA into empty frames forever
-                if not DEFAULT_FRAME_SIZE <= value <= OUR_FRAME_SIZE:
+                if not DEFAULT_FRAME_SIZE <= value <= MAX_FRAME_SIZE:
                     raise ProtocolError(PROTOCOL_ERROR, f"max frame size {value} out of range")
                 self.peer_frame_size = value
+            elif key == SETTINGS_HEADER_TABLE_SIZE:
+                self._peer_table_size(value)
+            elif key == SETTINGS_ENABLE_PUSH and value > 1:
+                raise ProtocolError(PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH of {value}")
         self.transport.write(frame(SETTINGS, ACK, 0))
         self._flush_blocked()
 
     def _on_window_update(self, stream_id: int, payload: bytes) -> None:
         increment = struct.unpack(">I", payload)[0] & MAX_WINDOW
-        if increment == 0:  # RFC 9113 6.9: an increment of 0 is a protocol error
-            raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE with an increment of 0")
+        self._quiet_frame()
         if stream_id == 0:
+            if increment == 0:  # RFC 9113 6.9: on the connection, a connection error
+                raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE with an increment of 0")
             self.send_window += increment
             if self.send_window > MAX_WINDOW:
                 raise ProtocolError(FLOW_CONTROL_ERROR, "connection window above 2^31-1")
         else:
             stream = self.streams.get(stream_id)
             if stream is None:
+                self._check_not_idle(stream_id, "WINDOW_UPDATE")
+                return  # a closed stream's: ignored
+            if increment == 0:  # on a stream, that stream's error
+                self._reset(stream, PROTOCOL_ERROR)
                 return
             stream.send_window += increment
             if stream.send_window > MAX_WINDOW:
-                raise ProtocolError(FLOW_CONTROL_ERROR, "stream window above 2^31-1")
+                self._reset(stream, FLOW_CONTROL_ERROR)
+                return
         self._flush_blocked()
+
+    def _on_reset(self, stream_id: int) -> None:
+        """RST_STREAM: the stream's call is stopped. Resets of open streams are counted
+        (rapid reset, CVE-2023-44487), beyond the budget GOAWAY ENHANCE_YOUR_CALM."""
+        stream = self.streams.pop(stream_id, None)
+        if stream is None:
+            self._check_not_idle(stream_id, "RST_STREAM")
+            self._quiet_frame()  # a closed stream's: nothing to do, counted
+            return
+        self._cancel_call(stream)
+        if not self.resets.take(self.loop.time()):
+            raise ProtocolError(ENHANCE_YOUR_CALM, "too many stream resets")
+        self._closed_one()
+
+    def _on_priority(self, stream_id: int, payload: bytes) -> None:
+        """Priorities are not used (RFC 9113 §5.3.2), but their errors are errors."""
+        self._quiet_frame()
+        if stream_id == 0:
+            raise ProtocolError(PROTOCOL_ERROR, "PRIORITY on stream 0")
+        if len(payload) != 5:
+            self._stream_error(stream_id, FRAME_SIZE_ERROR, f"PRIORITY of {len(payload)} bytes")
+        elif struct.unpack_from(">I", payload)[0] & MAX_WINDOW == stream_id:
+            self._stream_error(stream_id, PROTOCOL_ERROR, "a stream depending on itself")
 
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         payload = strip_padding(flags, payload)
+        depends_on_itself = False
         if flags & PRIORITY_FLAG:
+            if len(payload) < 5:
+                raise ProtocolError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+            depends_on_itself = struct.unpack_from(">I", payload)[0] & MAX_WINDOW == stream_id
             payload = payload[5:]
         stream = self.streams.get(stream_id)
         if stream is None:
-            if stream_id % 2 == 0 or stream_id <= self.last_stream_id:
-                raise ProtocolError(PROTOCOL_ERROR, f"bad stream id {stream_id}")
-            self.last_stream_id = stream_id
-            stream = Stream(stream_id, self.peer_initial_window)
-            self.streams[stream_id] = stream
+            stream = self._open_stream(stream_id)
+            if depends_on_itself:
+                stream.refused = PROTOCOL_ERROR
+        elif stream.ended:
+            stream.refused = STREAM_CLOSED  # HEADERS after END_STREAM (RFC 9113 §5.1)
+        elif depends_on_itself or not flags & END_STREAM:
+            stream.refused = PROTOCOL_ERROR  # trailers end the stream (RFC 9113 §8.1)
         if flags & END_STREAM:
             stream.ended = True
         if flags & END_HEADERS:
             self._on_header_block(stream, payload)
         else:
+            if len(payload) > self.decoder.decoder.max_header_list_size:
+                raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
+            if not payload:
+                self._quiet_frame()
             self.headers_in_progress = stream
             self.header_block = bytearray(payload)
+
+    def _open_stream(self, stream_id: int) -> Stream:
+        """A new stream; one past the limits is refused (RST_STREAM REFUSED_STREAM once
+        its header block is decoded, which HPACK needs): past
+        SETTINGS_MAX_CONCURRENT_STREAMS, while output held back by flow control is over
+        its limit, or after a GOAWAY."""
+        if stream_id % 2 == 0 or stream_id <= self.last_stream_id:
+            raise ProtocolError(PROTOCOL_ERROR, f"bad stream id {stream_id}")
+        self.last_stream_id = stream_id
+        self.opened += 1
+        self.quiet = 0
+        stream = Stream(stream_id, self.peer_initial_window)
+        if len(self.streams) >= self.max_streams or self.held_back > self.max_held_back \
+                or self.refusing:
+            stream.refused = REFUSED_STREAM
+        else:
+            self.streams[stream_id] = stream
+        return stream
 
     def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         stream = self.headers_in_progress
         if stream is None or stream.id != stream_id:
             raise ProtocolError(PROTOCOL_ERROR, "unexpected CONTINUATION")
         self.header_block += payload
+        # counted across CONTINUATION frames (CVE-2024-27316): the block is not kept
+        # past SETTINGS_MAX_HEADER_LIST_SIZE, nor are empty frames taken without end
+        if len(self.header_block) > self.decoder.decoder.max_header_list_size:
+            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
         if flags & END_HEADERS:
             block, self.header_block = bytes(self.header_block), bytearray()
             self.headers_in_progress = None
             self._on_header_block(stream, block)
+        elif not payload:
+            self._quiet_frame()
 
     def _on_header_block(self, stream: Stream, block: bytes) -> None:
-        headers = self.decoder.decode(block)  # its errors are the connection's
-        self._on_stream_headers(stream, headers)
+        headers, problem = self.decoder.decode_request(block)  # its errors: the connection's
+        if stream.refused:
+            if self.streams.get(stream.id) is stream:
+                self._reset(stream, stream.refused)
+            else:
+                self._send_reset(stream.id, stream.refused)
+            return
+        self._on_stream_headers(stream, headers, problem)
 
     def _on_data(self, flags: int, stream_id: int, buffer: bytearray, start: int,
                  end: int) -> None:
         """A DATA frame, `buffer[start:end]` (read in place: a large message arrives in
-        frames of up to 16 MiB, and each copy of it costs)."""
-        self._check_not_in_header_block(DATA)
+        frames of up to SETTINGS_MAX_FRAME_SIZE, and each copy of it costs)."""
+        if self.headers_in_progress is not None:
+            raise ProtocolError(PROTOCOL_ERROR, "expected CONTINUATION")
         length = end - start
-        self._give_back(None, length)
+        self._give_back(length)
         stream = self.streams.get(stream_id)
-        if stream is None or stream.ended:
+        if stream is None:
+            self._check_not_idle(stream_id, "DATA")
             return  # a stream we reset or finished: its data is dropped
+        if stream.ended:  # DATA after END_STREAM (RFC 9113 §5.1)
+            self._reset(stream, STREAM_CLOSED)
+            return
         if flags & PADDED:
             start, end = padded_bounds(buffer, start, end)
+        if end > start:
+            self.quiet = 0
+        elif not flags & END_STREAM:
+            self._quiet_frame()
         body = stream.body
         before = len(body)
         with memoryview(buffer) as view:
             body += view[start:end]
-        self._give_back(stream, length)
+        stream.received += length
+        if stream.received > self.window:  # beyond the window we gave it
+            self._reset(stream, FLOW_CONTROL_ERROR)
+            return
         self._on_body(stream, flags & END_STREAM, before)
+        if stream.received - stream.queued >= self.window_step:
+            self._give_back_stream(stream)
 
-    def _give_back(self, stream: Stream | None, size: int) -> None:
-        """Refill the client's send windows in large steps as we take its bytes."""
+    def _give_back(self, size: int) -> None:
+        """Refill the client's connection window in large steps as we take its bytes
+        (what a stream may hold is bounded by the stream's window)."""
+        self.received += size
+        if self.received >= WINDOW_REFILL:
+            self.transport.write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.received)))
+            self.received = 0
+
+    def _give_back_stream(self, stream: Stream) -> None:
+        """Refill a stream's window by what its call has taken: all of a unary call's
+        body (bounded by the message size), and of a streaming call's what its handler
+        has taken from its queue."""
+        free = stream.received - stream.queued
+        if free <= 0 or stream.ended or stream.closed or self.transport.is_closing():
+            return
+        stream.received = stream.queued
+        self.transport.write(frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">I", free)))
+
+    # --- rules ---
+
+    def _check_not_idle(self, stream_id: int, kind: str) -> None:
+        """A frame on a stream never opened is a connection error (RFC 9113 §5.1);
+        on a closed one it is ignored, as frames may cross our RST_STREAM."""
+        if stream_id == 0 or stream_id > self.last_stream_id or not stream_id & 1:
+            raise ProtocolError(PROTOCOL_ERROR, f"{kind} on idle stream {stream_id}")
+
+    def _stream_error(self, stream_id: int, code: int, reason: str) -> None:
+        """A stream error: RST_STREAM on an open stream; on another, where no
+        RST_STREAM may go (an idle stream), the connection's error."""
+        stream = self.streams.get(stream_id)
         if stream is None:
-            self.received += size
-            if self.received >= WINDOW_REFILL:
-                self.transport.write(frame(WINDOW_UPDATE, 0, 0,
-                                           struct.pack(">I", self.received)))
-                self.received = 0
-        elif stream.inbox is not None:  # only long-lived streams can exhaust theirs
-            stream.received += size
-            if stream.received >= WINDOW_REFILL:
-                self.transport.write(frame(WINDOW_UPDATE, 0, stream.id,
-                                           struct.pack(">I", stream.received)))
-                stream.received = 0
+            raise ProtocolError(code, reason)
+        self._reset(stream, code)
+
+    def _quiet_frame(self) -> None:
+        """A frame that carried no data: settings, priorities, window updates, resets of
+        closed streams, empty DATA or CONTINUATION, unknown types. More than
+        max_control_frames of them with no stream opened, no request data read and no
+        response sent in between is a flood: GOAWAY ENHANCE_YOUR_CALM."""
+        if self.quiet_mark != self.sent:
+            self.quiet_mark, self.quiet = self.sent, 0
+        self.quiet += 1
+        if self.quiet > self.limits.max_control_frames:
+            raise ProtocolError(ENHANCE_YOUR_CALM, "too many frames without data")
 
     def _fail_connection(self, error: Exception) -> None:
         """An unexpected error where the connection's state is unknown (a bug): GOAWAY
@@ -253,124 +429,3 @@ class Http2Connection(asyncio.Protocol):
         log.error("gRPC connection failed; closing it", exc_info=error)
         self._send_go_away(INTERNAL_ERROR, "internal error")
 
-    # --- frames out ---
-
-    def _send(self, stream: Stream, message: bytes | None,
-              trailers: bytes | None = None) -> None:
-        """The response headers when not sent yet, one message and the trailers, each
-        optional, in one write (headers and trailers in one frame when there is no
-        message: gRPC's trailers-only response). DATA beyond the peer's windows or one
-        frame waits in the stream (as views of `message`, never copied) until
-        WINDOW_UPDATE frees them."""
-        if stream.closed or self.transport is None or self.transport.is_closing():
-            return
-        out = []
-        if not stream.headers_sent:
-            stream.headers_sent = True
-            if message is not None or trailers is None:
-                out.append(self._headers_frames(stream.id, RESPONSE_HEADERS, END_HEADERS))
-            else:
-                trailers = RESPONSE_HEADERS + trailers
-        if message is not None:
-            prefix = MESSAGE_PREFIX.pack(False, len(message))
-            size = len(message) + len(prefix)
-            if stream.pending or size > min(stream.send_window, self.send_window,
-                                            self.peer_frame_size):
-                stream.pending += (memoryview(prefix), memoryview(message))
-                stream.pending_size += size
-                if stream not in self.blocked:
-                    self.blocked.append(stream)
-            else:
-                stream.send_window -= size
-                self.send_window -= size
-                out += (FRAME_HEADER.pack((size << 8) | DATA, 0, stream.id), prefix, message)
-        if trailers is not None:
-            if stream.pending:
-                stream.trailers = trailers  # they follow the held-back DATA
-            else:
-                out.append(self._headers_frames(stream.id, trailers, END_HEADERS | END_STREAM))
-                self._close_stream(stream, out)
-        if message is not None and len(message) > LARGE_MESSAGE:
-            self.transport.writelines(out)  # the message goes out as it is, uncopied
-        else:
-            self.transport.write(b"".join(out))
-        if stream.pending:
-            self._flush_blocked()
-
-    def _headers_frames(self, stream_id: int, block: bytes, flags: int) -> bytes:
-        size = self.peer_frame_size
-        if len(block) <= size:
-            return frame(HEADERS, flags, stream_id, block)
-        frames = [frame(HEADERS, flags & ~END_HEADERS, stream_id, block[:size])]
-        for start in range(size, len(block), size):
-            last = start + size >= len(block)
-            frames.append(frame(CONTINUATION, END_HEADERS if last else 0, stream_id,
-                                block[start:start + size]))
-        return b"".join(frames)
-
-    def _flush_blocked(self) -> None:
-        """Send what flow control held back, as far as the windows now allow."""
-        for stream in list(self.blocked):
-            out = []
-            while stream.pending and self.send_window > 0 and stream.send_window > 0:
-                size = min(stream.pending_size, stream.send_window, self.send_window,
-                           self.peer_frame_size)
-                out.append(FRAME_HEADER.pack((size << 8) | DATA, 0, stream.id))
-                out += _take_pending(stream, size)
-                stream.send_window -= size
-                self.send_window -= size
-            if not stream.pending:
-                self.blocked.remove(stream)
-                if stream.trailers is not None:
-                    out.append(self._headers_frames(stream.id, stream.trailers,
-                                                    END_HEADERS | END_STREAM))
-                    self._close_stream(stream, out)
-            if out:
-                self.transport.writelines(out)
-
-    def _close_stream(self, stream: Stream, out: list) -> None:
-        """Our half is done; when the client's is not, reset the rest of it (as gRPC
-        servers do for a call answered before its request ended)."""
-        stream.closed = True
-        if stream.deadline is not None:
-            stream.deadline.cancel()
-        self.streams.pop(stream.id, None)
-        if not stream.ended:
-            out.append(frame(RST_STREAM, 0, stream.id, struct.pack(">I", NO_ERROR)))
-
-    def _reset(self, stream: Stream, code: int) -> None:
-        self._cancel_call(stream)
-        self.streams.pop(stream.id, None)
-        self.transport.write(frame(RST_STREAM, 0, stream.id, struct.pack(">I", code)))
-
-    def _go_away(self, code: int, reason: str) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        log.info("closing a gRPC connection: %s", reason)
-        self._send_go_away(code, reason)
-
-    def _send_go_away(self, code: int, reason: str) -> None:
-        self.transport.write(frame(GOAWAY, 0, 0, struct.pack(">II", self.last_stream_id, code)
-                                   + reason.encode()[:256]))
-        self.transport.close()
-
-    def announce_shutdown(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(frame(GOAWAY, 0, 0,
-                                       struct.pack(">II", self.last_stream_id, NO_ERROR)))
-
-
-def _take_pending(stream: Stream, size: int) -> list[memoryview]:
-    """The first `size` bytes held back on `stream`, as views, removed from it."""
-    pieces = []
-    stream.pending_size -= size
-    while size:
-        piece = stream.pending[0]
-        if len(piece) <= size:
-            pieces.append(stream.pending.popleft())
-            size -= len(piece)
-        else:
-            pieces.append(piece[:size])
-            stream.pending[0] = piece[size:]
-            size = 0
-    return pieces
