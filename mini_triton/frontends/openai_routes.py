@@ -188,7 +188,7 @@ class OpenAIRoutes:
                 await body.send(DONE)
             else:
                 self._cancel(runs)  # the client is gone
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled (the client is gone), or a bug: stop the work
             self._cancel(runs)
             raise
         finally:
