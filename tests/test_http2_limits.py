@@ -746,3 +746,50 @@ def test_sigterm_is_a_graceful_goaway(tmp_path_factory):
         assert running.proc.wait(30) == 0
     finally:
         running.stop()
+
+
+# --- a streaming call's held-back output, in process ---
+
+def test_a_streaming_call_holds_back_one_message_at_most():
+    """A client that opens no window to a streaming call: its handler's next message
+    waits until the previous one is sent, so what waits in the server is one message,
+    not all the handler would make; a window lets the next ones out."""
+    import asyncio
+
+    from tritonclient.grpc import service_pb2 as pb
+
+    from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method
+    from test_grpc_transport import PREFACE, RecordingTransport
+
+    path = "/inference.GRPCInferenceService/ModelStreamInfer"
+    made = []
+
+    async def handler(requests, context):
+        async for _ in requests:
+            for index in range(100):
+                made.append(index)
+                yield pb.ModelStreamInferResponse(error_message="x" * 65_536)
+
+    async def scenario():
+        server = GrpcServer({path.encode(): Method(pb.ModelInferRequest, handler, True)})
+        connection = GrpcConnection(server)
+        connection.connection_made(RecordingTransport())
+        encoder = hpack.Encoder()
+        block = encoder.encode(request_headers(**{":path": path}))
+        connection.data_received(
+            PREFACE + raw(SETTINGS, 0, 0, struct.pack(">HI", INITIAL_WINDOW_SIZE, 0))
+            + raw(HEADERS, END_HEADERS, 1, block) + raw(DATA, 0, 1, grpc_message(b"")))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        waiting = (len(made), connection.held_back)
+        connection.data_received(raw(WINDOW_UPDATE, 0, 1, struct.pack(">I", 1 << 20))
+                                 + raw(WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 20)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        after = len(made)
+        await server.stop(0)
+        return waiting, after
+
+    (made_while_closed, held_back), made_after = asyncio.run(scenario())
+    assert made_while_closed == 1 and 65_536 < held_back < 65_536 + 16
+    assert made_after > 5
