@@ -5,6 +5,7 @@ one and a vLLM-style one that answers with its prompt (with a chat template)."""
 from __future__ import annotations
 
 import json
+import ssl
 import time
 
 import httpx
@@ -313,3 +314,29 @@ def test_allow_openai_false_leaves_v1_unrouted(tmp_path):
     with ServerThread(server_settings(repository, allow_openai=False)) as running:
         reply = httpx.get(f"http://127.0.0.1:{running.ports['http']}/v1/models")
         assert reply.status_code == 404
+
+
+def test_v1_and_event_streams_over_https(tmp_path):
+    """With --http-use-ssl the /v1 routes and generate_stream are on the HTTPS port like
+    the rest of HTTP."""
+    from mini_triton.frontends.tls import TlsFiles
+    from test_tls import make_pki
+
+    pki = make_pki(tmp_path)
+    trust = ssl.create_default_context(cafile=str(pki["ca"]))
+    repository = write_repository(tmp_path / "models", names=[])
+    http_tls = TlsFiles("HTTP", str(pki["server_cert"]), str(pki["server_key"]),
+                        str(pki["ca"]), False)
+    with ServerThread(server_settings(repository, http_tls=http_tls)) as running:
+        base = f"https://127.0.0.1:{running.ports['http']}"
+        with httpx.Client(verify=trust, timeout=30) as http:
+            reply = http.post(base + "/v2/models/text_stream/generate_stream",
+                              json={"text_input": "the client", "stream": True,
+                                    "parameters": {"max_tokens": 2, "token_interval_ms": 0}})
+            assert reply.text.count("data: ") == 2
+        with openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0,
+                           http_client=httpx.Client(verify=trust)) as client:
+            chunks = list(client.chat.completions.create(
+                model="text_stream", messages=CHAT, stream=True, max_tokens=2,
+                extra_body=QUICK))
+            assert "".join(c.choices[0].delta.content or "" for c in chunks) == "the model"
