@@ -44,6 +44,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,8 +145,13 @@ def server_arguments(block_text: str, folder: Path) -> list[str]:
 
 def start_server(block_text: str, folder: Path) -> ServerProcess:
     args = server_arguments(block_text, folder)
-    return ServerProcess([*args, "--http-port=0", "--grpc-port=0", "--metrics-port=0",
-                          *LOOPBACK]).start()
+    server = ServerProcess([*args, "--http-port=0", "--grpc-port=0", "--metrics-port=0",
+                            *LOOPBACK]).start()
+    # Ready means HTTP and gRPC are up; the metrics port may be logged a moment later.
+    deadline = time.monotonic() + 30
+    while "metrics" not in server.ports and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return server
 
 
 def page_folder(tmp_path: Path) -> Path:
