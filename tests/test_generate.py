@@ -416,3 +416,32 @@ def test_generate_honours_the_restricted_inference_api(tmp_path):
             allowed = post(url, f"/v2/models/echo/{endpoint}", {"text_input": "a"},
                            **{"infer-key": "secret"})
             assert allowed.status_code == 200
+
+
+def test_a_half_close_during_a_stream_leaves_the_stream_whole(server):
+    """A client that half-closes while its stream is being written still reads a valid
+    chunked body to its end: nothing (no interim reply) is written inside the body."""
+    body = json.dumps({"text_input": "the client", "stream": True,
+                       "parameters": {"max_tokens": 20, "ignore_eos": True,
+                                      "token_interval_ms": 20}}).encode()
+    with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=20) as sock:
+        sock.sendall(b"POST /v2/models/text_stream/generate_stream HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        received = sock.recv(65536)  # the head and the first events
+        sock.shutdown(socket.SHUT_WR)
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    head, _, rest = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"100 Continue" not in rest
+    decoded, data = b"", rest
+    while True:  # the chunked framing, strictly
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        decoded, data = decoded + data[:size], data[size + 2:]
+    assert len([e for e in decoded.split(b"\n\n") if e.startswith(b"data: ")]) == 20

@@ -188,6 +188,9 @@ class HttpProtocol(asyncio.Protocol):
         if not self._exchanges or transport.get_extra_info("sslcontext") is not None:
             return None  # the transport closes itself
         self._closing = True
+        head = self._exchanges[0].reply
+        if head is not None and type(head.body) is BodyStream:
+            return True  # a body under way: its own chunks find a closed socket out
         if self.parser.get_http_version() != "1.0":  # no 1xx to HTTP/1.0 (RFC 9110 15.2)
             transport.write(_CLOSED_PROBE)
             self._look_for_reset(0)
