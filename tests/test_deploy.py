@@ -41,7 +41,7 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "mini-triton.json"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 KUBERNETES = DEPLOY / "kubernetes"
 KSERVE = DEPLOY / "kserve"
-DOCS = ROOT / "README.md"
+DOCS = ROOT / "docs" / "observability.md"  # where the dashboard panels are explained
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
