@@ -212,10 +212,9 @@ class GrpcCalls:
 
     def _start_ready(self) -> None:
         """Start the unary calls whose request ended in the read just parsed, but those
-        reset meanwhile (a rapid reset starts no work) or on a closing connection."""
+        reset meanwhile (a rapid reset starts no work; a read that ended the connection
+        left none)."""
         ready, self.ready = self.ready, []
-        if self.transport.is_closing():
-            return
         for stream, message in ready:
             if stream.closed:
                 continue

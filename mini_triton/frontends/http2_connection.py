@@ -72,10 +72,10 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
         self.refusing = False   # new streams are refused: a GOAWAY went either way
         self.ready: list = []   # unary calls to start once this read is parsed
         self.quiet = 0          # frames in a row that carried no data (a flood's count)
-        self.quiet_mark = 0
+        self.quiet_mark = (0, 0)  # (responses sent, last stream id) when it was counted
         self.resets = ResetBudget(limits.reset_burst, limits.reset_rate, self.loop.time())
         self.pings = PingPolicy(limits)
-        self.reads = self.frames = self.opened = 0  # progress, read by the clocks
+        self.reads = self.frames = 0  # progress, read by the clocks
         Http2Output.__init__(self)
 
     # --- asyncio.Protocol ---
@@ -104,16 +104,14 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
         self.ready.clear()
 
     def data_received(self, data: bytes) -> None:
-        self.reads += 1
-        self.buffer += data
-        if not self.write_paused:
-            self._parse()
-
-    def _parse(self) -> None:
         """The complete frames in the buffer, until writing pauses (the rest waits in
-        the buffer, and reading with it, until resume_writing); then the unary calls
-        that ended in them, but those their client already reset."""
+        the buffer, and reading with it, until resume_writing parses it); then the unary
+        calls that ended in them, but those their client already reset."""
+        self.reads += 1
         buffer = self.buffer
+        buffer += data
+        if self.write_paused:
+            return
         try:
             if not self.preface_seen:
                 # checked as it arrives: a short non-HTTP/2 greeting must not wait forever
@@ -143,15 +141,22 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
                 del buffer[:offset]
                 self.frames += 1
         except ProtocolError as error:
+            self.ready.clear()  # the connection ends here: no call starts
             self._go_away(error.code, str(error))
         except OversizedHeaderListError as error:
+            self.ready.clear()
             self._go_away(ENHANCE_YOUR_CALM, f"header block: {error}")
         except hpack.HPACKError as error:
+            self.ready.clear()
             self._go_away(COMPRESSION_ERROR, f"header block: {error}")
         except Exception as error:  # a bug where the connection's state is unknown
+            self.ready.clear()
             self._fail_connection(error)
         if self.ready:
             self._start_ready()
+
+    def _parse(self) -> None:
+        self.data_received(b"")
 
     # --- frames in ---
 
@@ -279,10 +284,21 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
             depends_on_itself = struct.unpack_from(">I", payload)[0] & MAX_WINDOW == stream_id
             payload = payload[5:]
         stream = self.streams.get(stream_id)
-        if stream is None:
-            stream = self._open_stream(stream_id)
+        if stream is None:  # a new stream (inline: once per call)
+            if stream_id % 2 == 0 or stream_id <= self.last_stream_id:
+                raise ProtocolError(PROTOCOL_ERROR, f"bad stream id {stream_id}")
+            self.last_stream_id = stream_id
+            stream = Stream(stream_id, self.peer_initial_window)
             if depends_on_itself:
                 stream.refused = PROTOCOL_ERROR
+            elif len(self.streams) >= self.max_streams or self.held_back > self.max_held_back \
+                    or self.refusing:
+                # refused (RST_STREAM REFUSED_STREAM once its header block is decoded,
+                # which HPACK needs): past SETTINGS_MAX_CONCURRENT_STREAMS, while output
+                # held back by flow control is over its limit, or after a GOAWAY
+                stream.refused = REFUSED_STREAM
+            else:
+                self.streams[stream_id] = stream
         elif stream.ended:
             stream.refused = STREAM_CLOSED  # HEADERS after END_STREAM (RFC 9113 §5.1)
         elif depends_on_itself or not flags & END_STREAM:
@@ -298,24 +314,6 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
                 self._quiet_frame()
             self.headers_in_progress = stream
             self.header_block = bytearray(payload)
-
-    def _open_stream(self, stream_id: int) -> Stream:
-        """A new stream; one past the limits is refused (RST_STREAM REFUSED_STREAM once
-        its header block is decoded, which HPACK needs): past
-        SETTINGS_MAX_CONCURRENT_STREAMS, while output held back by flow control is over
-        its limit, or after a GOAWAY."""
-        if stream_id % 2 == 0 or stream_id <= self.last_stream_id:
-            raise ProtocolError(PROTOCOL_ERROR, f"bad stream id {stream_id}")
-        self.last_stream_id = stream_id
-        self.opened += 1
-        self.quiet = 0
-        stream = Stream(stream_id, self.peer_initial_window)
-        if len(self.streams) >= self.max_streams or self.held_back > self.max_held_back \
-                or self.refusing:
-            stream.refused = REFUSED_STREAM
-        else:
-            self.streams[stream_id] = stream
-        return stream
 
     def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         stream = self.headers_in_progress
@@ -415,8 +413,9 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
         closed streams, empty DATA or CONTINUATION, unknown types. More than
         max_control_frames of them with no stream opened, no request data read and no
         response sent in between is a flood: GOAWAY ENHANCE_YOUR_CALM."""
-        if self.quiet_mark != self.sent:
-            self.quiet_mark, self.quiet = self.sent, 0
+        mark = (self.sent, self.last_stream_id)  # a response sent or a stream opened since
+        if self.quiet_mark != mark:
+            self.quiet_mark, self.quiet = mark, 0
         self.quiet += 1
         if self.quiet > self.limits.max_control_frames:
             raise ProtocolError(ENHANCE_YOUR_CALM, "too many frames without data")

@@ -2,8 +2,8 @@
 seconds (one timer for all connections, none per request): timeouts, server keepalive
 pings, the connection's maximum age, and the graceful GOAWAY of a shutdown.
 
-The connection counts its progress (reads, complete frames, streams opened, output
-moved on); a clock runs while its counter stands still.
+The connection counts its progress (reads, complete frames, the last stream opened,
+output moved on); a clock runs while its counter stands still.
 
 - frame timeout: the preface, or a frame once begun, must complete (a connection
   holding a partial frame, or sending nothing, is cut off: ENHANCE_YOUR_CALM);
@@ -39,7 +39,7 @@ class Http2Upkeep:
 
     def _start_clocks(self, now: float) -> None:
         limits = self.limits
-        self.seen = (-1, -1, -1, -1)     # reads, frames, opened, outflow at the last look
+        self.seen = (-1, -1, -1, -1)     # reads, frames, streams, outflow at the last look
         self.frame_since = self.idle_since = self.stall_since = self.read_since = now
         self.ping_out_since: float | None = None
         self.pings_unanswered_data = 0   # our keepalive PINGs since we last sent data
@@ -55,8 +55,8 @@ class Http2Upkeep:
         """Look at the clocks; called by the server's timer."""
         if self.transport is None or self.transport.is_closing():
             return
-        reads, frames, opened, outflow = seen = self.reads, self.frames, self.opened, \
-            self.outflow
+        reads, frames, opened, outflow = seen = self.reads, self.frames, \
+            self.last_stream_id, self.outflow
         last_reads, last_frames, last_opened, last_outflow = self.seen
         self.seen = seen
         limits = self.limits
