@@ -8,6 +8,7 @@ the execution mode picks `ProcessInstance` (the default) or `ThreadInstance`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from . import process_mode
 from .bridge import ServerBridge
 from .runner import ModelError, ModelRunner, install_module_alias, mentions_auto_complete
 
+log = logging.getLogger("mini_triton.python")
+
 EXECUTION_MODE = "execution_mode"  # "process" (default) or "thread"
 AUTO_STACK = "auto_stack"  # "true": execute gets one request holding the whole batch
 EXECUTE_TIMEOUT_MS = "execute_timeout_ms"  # give up on an execute after this long
@@ -30,6 +33,8 @@ MODE_ENVIRONMENT = "MINI_TRITON_PYTHON_EXECUTION_MODE"  # server-wide default mo
 BUSY_POLL_US = "busy_poll_us"
 BUSY_POLL_ENVIRONMENT = "MINI_TRITON_PYTHON_BUSY_POLL_US"  # server-wide default
 DEFAULT_BUSY_POLL_US = "1000"
+# python_backend's own Python environment per model (a conda-pack archive or folder).
+EXECUTION_ENV_PATH = "EXECUTION_ENV_PATH"
 _MODES = ("process", "thread")
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
@@ -51,6 +56,9 @@ class PythonSettings:
                 return config.parameters[key].string_value.strip().lower()
             return default
 
+        if EXECUTION_ENV_PATH in config.parameters:  # never silently
+            log.warning("model '%s': parameter '%s' is not honoured yet: the model runs in the "
+                        "server's own Python environment", config.name, EXECUTION_ENV_PATH)
         mode = parameter(EXECUTION_MODE, os.environ.get(MODE_ENVIRONMENT, "process").lower())
         if mode not in _MODES:
             raise invalid_arg(f"parameter '{EXECUTION_MODE}' of model '{config.name}' must be "
