@@ -89,3 +89,21 @@ def test_check_config_through_the_command_line_entry_point(configs, capsys):
     good, bad = configs
     assert cli.main(["check-config", str(good)]) == 0
     assert cli.main(["check-config", str(bad)]) == 2
+
+
+def test_check_config_into_a_closed_pipe_stops_quietly():
+    """`mini-triton check-config ... | head -1`: no BrokenPipeError traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repository = Path(__file__).resolve().parent.parent / "model_repository"
+    folders = sorted(str(p) for p in repository.iterdir() if (p / "config.pbtxt").exists())
+    command = [sys.executable, "-m", "mini_triton", "check-config", *folders * 20]
+    reader = subprocess.Popen(["head", "-1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    done = subprocess.run(command, stdout=reader.stdin, stderr=subprocess.PIPE, text=True,
+                          timeout=60)
+    reader.stdin.close()
+    assert reader.stdout.read().strip() == b"{"
+    reader.wait(10)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr

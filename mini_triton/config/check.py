@@ -24,8 +24,15 @@ def main(paths: list[str]) -> int:
         print(USAGE, file=sys.stdout if paths else sys.stderr)
         return 0 if paths else 2
     failed = False
-    for path in paths:
-        failed |= not check_one(path)
+    try:
+        for path in paths:
+            failed |= not check_one(path)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as command-line tools do, with
+        # stdout pointed at /dev/null so that Python's own final flush cannot fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 2 if failed else 0
 
 
