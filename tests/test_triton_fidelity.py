@@ -169,3 +169,28 @@ def test_model_load_retry_count_tries_again(tmp_path):
     finally:
         manager_module.load_record = original
     assert len(calls) == 2
+
+
+def test_classification_with_an_unreadable_label_file_is_an_error_not_a_hang(tmp_path):
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    from conftest import server_settings as settings_for
+
+    (tmp_path / "labelled" / "1").mkdir(parents=True)
+    (tmp_path / "labelled" / "config.pbtxt").write_text(  # labels.txt is not there
+        'name: "labelled"\nbackend: "identity"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] '
+        'label_filename: "labels.txt" } ]\n')
+    with ServerThread(settings_for(tmp_path)) as running:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{running.ports['http']}",
+                                                  network_timeout=20)
+        tensor = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+        tensor.set_data_from_numpy(np.array([[0.1, 0.7, 0.2]], np.float32))
+        output = httpclient.InferRequestedOutput("OUTPUT0", class_count=2)
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("labelled", [tensor], outputs=[output])
+        assert "unable to read the label file" in caught.value.message()
+        assert client.is_server_live()
+        client.close()

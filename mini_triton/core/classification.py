@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import invalid_arg
+from .errors import internal, invalid_arg
 from .tensor import Tensor
 
 
@@ -35,5 +35,11 @@ def _entry(value, index: int, labels: list[str]) -> bytes:
 
 
 def read_labels(path) -> list[str]:
-    with open(path, encoding="utf-8") as handle:
-        return [line.rstrip("\n") for line in handle]
+    """A model's label file, one label a line; a file that cannot be read is the
+    request's INTERNAL error (never an exception loose in the delivering thread)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return [line.rstrip("\n") for line in handle]
+    except (OSError, UnicodeDecodeError) as error:
+        raise internal(f"unable to read the label file of the classification: "
+                       f"{getattr(error, 'strerror', None) or error}") from None
