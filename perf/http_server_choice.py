@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -35,7 +34,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(HERE))
-from measurements import process_tree_cpu  # noqa: E402
+from measurements import inference_count, process_tree_cpu  # noqa: E402
 
 PERF_ANALYZER = HERE / "perf_analyzer"
 # Bodies at or under this are joined and sent as one bytes body; larger ones (a tensor
@@ -213,9 +212,7 @@ class Served:
         return process_tree_cpu(self.proc.pid)
 
     def served(self, model: str) -> int:
-        url = f"http://127.0.0.1:{self.ports['http']}/v2/models/{model}/stats"
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            return sum(s["inference_count"] for s in json.loads(reply.read())["model_stats"])
+        return inference_count(f"http://127.0.0.1:{self.ports['http']}", model)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

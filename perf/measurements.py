@@ -164,3 +164,11 @@ def process_tree_cpu(pid: int) -> float:
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+def inference_count(base_url: str, model: str, context=None) -> int:
+    """Inferences the server at `base_url` has counted for `model` (its statistics
+    API): every request of a run, warm-up included, as process CPU time counts them."""
+    url = f"{base_url}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=10, context=context) as reply:
+        return sum(s["inference_count"] for s in json.loads(reply.read())["model_stats"])

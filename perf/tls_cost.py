@@ -12,7 +12,6 @@ Certificates are made for the run (tests/test_tls.py's make_pki). Prints a markd
 from __future__ import annotations
 
 import argparse
-import json
 import ssl
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from measurements import process_tree_cpu  # noqa: E402
+from measurements import inference_count, process_tree_cpu  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 from test_tls import make_pki  # noqa: E402
 
@@ -90,9 +89,7 @@ def served(server: ServerProcess, pki, model: str) -> int:
     request of a run, warm-up included, as the CPU time counts them all."""
     scheme, context = ("https", ssl.create_default_context(cafile=str(pki["ca"]))) \
         if pki is not None else ("http", None)
-    url = f"{scheme}://localhost:{server.ports['http']}/v2/models/{model}/stats"
-    with urllib.request.urlopen(url, timeout=10, context=context) as reply:
-        return sum(s["inference_count"] for s in json.loads(reply.read())["model_stats"])
+    return inference_count(f"{scheme}://localhost:{server.ports['http']}", model, context)
 
 
 def main() -> int:
