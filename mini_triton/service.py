@@ -403,7 +403,7 @@ def _completion_recorder(loaded: LoadedVersion, trace=None, lookup: CacheLookup 
             stats.record_request(elapsed, False,
                                  _FAILURE_REASONS.get(response.error.code, "BACKEND"))
         if trace is not None:
-            trace.finish(request)
+            trace.finish(request, response)
 
     return record
 

@@ -21,30 +21,116 @@ import os
 import threading
 import time
 
+import numpy as np
+
+from .core import datatypes
+
 DEFAULTS = {"trace_file": "", "trace_level": ["OFF"], "trace_rate": "1000",
             "trace_count": "-1", "log_frequency": "0", "trace_mode": "triton"}
 _LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 
 
 class Trace:
-    """One sampled request."""
+    """One sampled request, written at its end as tritonserver writes it: at level
+    TIMESTAMPS its model entry and then one object per timestamp, at level TENSORS
+    each input (TENSOR_QUEUE_INPUT) and each output of its final response
+    (TENSOR_BACKEND_OUTPUT), in the order Triton records them."""
 
-    def __init__(self, tracer: "Tracer", trace_id: int, file: str, frequency: int):
+    def __init__(self, tracer: "Tracer", trace_id: int, file: str, frequency: int,
+                 levels: tuple[str, ...] = ("TIMESTAMPS",)):
         self.tracer, self.id, self.file, self.frequency = tracer, trace_id, file, frequency
+        self.timestamps = "TIMESTAMPS" in levels
+        self.tensors = "TENSORS" in levels
 
-    def finish(self, request) -> None:
-        marks = [("REQUEST_START", request.arrival_ns), ("QUEUE_START", request.queue_start_ns)]
-        timing = getattr(request, "timing", None)
-        if timing is not None:
-            marks += [("COMPUTE_START", timing.start), ("COMPUTE_INPUT_END", timing.input_end),
-                      ("COMPUTE_OUTPUT_START", timing.infer_end), ("COMPUTE_END", timing.end)]
-        marks.append(("REQUEST_END", time.monotonic_ns()))
-        entries = [
-            {"id": self.id, "model_name": request.model_name,
-             "model_version": int(request.model_version or 0)},
-            {"id": self.id, "timestamps": [{"name": n, "ns": ns} for n, ns in marks if ns]},
-        ]
+    def finish(self, request, response=None) -> None:
+        marks = dict(_marks(request))
+        entries: list[dict] = []
+        if self.timestamps:
+            entries.append(self._model_entry(request))
+            entries += [self._stamp(name, ns) for name, ns in marks.items()
+                        if name in _BEFORE_INPUTS]
+        if self.tensors:
+            entries += [self._tensor("TENSOR_QUEUE_INPUT", t) for t in request.inputs]
+        if self.timestamps:
+            entries += [self._stamp(name, ns) for name, ns in marks.items()
+                        if name not in _BEFORE_INPUTS and name != "REQUEST_END"]
+        if self.tensors and response is not None and response.error is None:
+            entries += [self._tensor("TENSOR_BACKEND_OUTPUT", t) for t in response.outputs]
+        if self.timestamps:
+            entries.append(self._stamp("REQUEST_END", marks["REQUEST_END"]))
         self.tracer.write(self.file, entries, self.frequency)
+
+    def _model_entry(self, request) -> dict:
+        entry = {"id": self.id, "model_name": request.model_name,
+                 "model_version": int(request.model_version or 0)}
+        if request.id:
+            entry["request_id"] = request.id
+        return entry
+
+    def _stamp(self, name: str, ns: int) -> dict:
+        return {"id": self.id, "timestamps": [{"name": name, "ns": ns}]}
+
+    def _tensor(self, activity: str, tensor) -> dict:
+        return {"id": self.id, "activity": activity,
+                "tensor": {"name": tensor.name, "data": tensor_text(tensor),
+                           "shape": ",".join(str(d) for d in tensor.shape),
+                           "dtype": tensor.datatype}}
+
+
+# The timestamps Triton records before the request's inputs are traced (at enqueue).
+_BEFORE_INPUTS = ("REQUEST_START", "QUEUE_START")
+
+
+def _marks(request) -> list[tuple[str, int]]:
+    """The request's timeline, in order, leaving out what it never reached."""
+    marks = [("REQUEST_START", request.arrival_ns), ("QUEUE_START", request.queue_start_ns)]
+    timing = getattr(request, "timing", None)
+    if timing is not None:
+        marks += [("COMPUTE_START", timing.start), ("COMPUTE_INPUT_END", timing.input_end),
+                  ("COMPUTE_OUTPUT_START", timing.infer_end), ("COMPUTE_END", timing.end)]
+    marks.append(("REQUEST_END", time.monotonic_ns()))
+    return [(name, ns) for name, ns in marks if ns]
+
+
+def tensor_text(tensor) -> str:
+    """A tensor's elements as Triton's TENSORS trace writes them: comma-separated,
+    floats as C++ streams print them (6 significant digits), BOOL as 0/1, BYTES
+    elements quoted, FP16 and BF16 left empty (Triton writes no data for them)."""
+    if tensor.datatype in ("FP16", "BF16"):
+        return ""
+    flat = _elements(tensor)
+    if flat is None:
+        return ""
+    if tensor.datatype == "BYTES":
+        return ",".join('"' + _text(item) + '"' for item in flat)
+    if tensor.datatype in ("FP32", "FP64"):
+        return ",".join(_float_text(float(x)) for x in flat)
+    if tensor.datatype == "BOOL":
+        return ",".join("1" if x else "0" for x in flat)
+    return ",".join(str(int(x)) for x in flat)
+
+
+def _elements(tensor):
+    """The tensor's elements as a flat array, from its data or its wire bytes."""
+    if tensor.data is not None:
+        return tensor.data.reshape(-1)
+    if tensor.raw is None:
+        return None
+    if tensor.datatype == "BYTES":
+        return datatypes.deserialize_bytes(tensor.raw)
+    return np.frombuffer(tensor.raw, dtype=datatypes.from_name(tensor.datatype).numpy)
+
+
+def _float_text(value: float) -> str:
+    if value != value:
+        return "nan"
+    if value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    return format(value, ".6g")
+
+
+def _text(item) -> str:
+    return item.decode("utf-8", "replace") if isinstance(item, (bytes, bytearray)) else str(item)
 
 
 class Tracer:
@@ -96,7 +182,8 @@ class Tracer:
             if left > 0:
                 self.remaining[model] = left - 1
             trace_id = next(self.ids)
-        return Trace(self, trace_id, merged["trace_file"], int(merged["log_frequency"]))
+        return Trace(self, trace_id, merged["trace_file"], int(merged["log_frequency"]),
+                     tuple(merged["trace_level"]))
 
     def write(self, path: str, entries: list, frequency: int = 0) -> None:
         """Record one trace's entries in `path` (see the module's note on log_frequency)."""

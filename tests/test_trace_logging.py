@@ -60,7 +60,10 @@ def test_trace_file_records_sampled_requests(protocol, tmp_path):
     models = [t for t in traces if "model_name" in t]
     assert len(models) == 2  # every second request of four
     assert {t["model_name"] for t in models} == {"identity_int32_bytes"}
-    stamps = [t for t in traces if "timestamps" in t][0]["timestamps"]
+    first = models[0]["id"]
+    # one object per timestamp, as tritonserver writes them
+    stamps = [t["timestamps"][0] for t in traces if "timestamps" in t and t["id"] == first]
+    assert all(len(t["timestamps"]) == 1 for t in traces if "timestamps" in t)
     names = [s["name"] for s in stamps]
     assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END"
     assert names == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
@@ -72,6 +75,55 @@ def test_trace_file_records_sampled_requests(protocol, tmp_path):
     global_settings = protocol.client.get_trace_settings()
     assert as_dict(protocol, global_settings if protocol.name == "http" else
                    protocol.client.get_trace_settings(as_json=True))["trace_level"] == ["OFF"]
+
+
+def test_tensors_level_records_inputs_and_outputs_as_triton_does(protocol, tmp_path):
+    """TENSORS with TIMESTAMPS: each input after QUEUE_START (TENSOR_QUEUE_INPUT) and each
+    output before REQUEST_END (TENSOR_BACKEND_OUTPUT), data as comma-separated text."""
+    trace_file = tmp_path / f"tensors_{protocol.name}.json"
+    settings = {"trace_file": str(trace_file), "trace_level": ["TIMESTAMPS", "TENSORS"],
+                "trace_rate": "1", "trace_count": "1"}
+    protocol.client.update_trace_settings(model_name="identity_int32_bytes", settings=settings)
+    a = protocol.module.InferInput("INPUT0", [2], "INT32")
+    a.set_data_from_numpy(np.array([7, -3], dtype=np.int32))
+    b = protocol.module.InferInput("INPUT1", [2], "BYTES")
+    b.set_data_from_numpy(np.array([b"ab", b"c"], dtype=np.object_))
+    protocol.client.infer("identity_int32_bytes", [a, b], request_id="r-17")
+    protocol.client.update_trace_settings(model_name="identity_int32_bytes",
+                                          settings={"trace_level": None, "trace_count": None})
+    traces = json.loads(trace_file.read_text())
+    assert traces[0]["request_id"] == "r-17"
+    kinds = [t.get("activity") or t.get("timestamps", [{}])[0].get("name") or "MODEL"
+             for t in traces]
+    assert kinds == ["MODEL", "REQUEST_START", "QUEUE_START", "TENSOR_QUEUE_INPUT",
+                     "TENSOR_QUEUE_INPUT", "COMPUTE_START", "COMPUTE_INPUT_END",
+                     "COMPUTE_OUTPUT_START", "COMPUTE_END", "TENSOR_BACKEND_OUTPUT",
+                     "TENSOR_BACKEND_OUTPUT", "REQUEST_END"]
+    tensors = {(t["activity"], t["tensor"]["name"]): t["tensor"]
+               for t in traces if "activity" in t}
+    assert tensors[("TENSOR_QUEUE_INPUT", "INPUT0")] == {
+        "name": "INPUT0", "data": "7,-3", "shape": "2", "dtype": "INT32"}
+    assert tensors[("TENSOR_QUEUE_INPUT", "INPUT1")]["data"] == '"ab","c"'
+    assert tensors[("TENSOR_BACKEND_OUTPUT", "OUTPUT0")]["data"] == "7,-3"
+    assert len({t["id"] for t in traces}) == 1
+
+
+def test_tensors_level_alone_writes_only_tensors(tmp_path):
+    trace_file = tmp_path / "only_tensors.json"
+    with ServerThread(server_settings(DEFAULT_REPOSITORY)) as running:
+        protocol = connect("http", running)
+        protocol.client.update_trace_settings(settings={
+            "trace_file": str(trace_file), "trace_level": ["TENSORS"], "trace_rate": "1"})
+        data = np.array([[0.1, 1.0, 1e-7, 123456789.0]], dtype=np.float32)
+        tensor = protocol.module.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(data)
+        protocol.client.infer("identity_fp32", [tensor])
+        protocol.client.close()
+    traces = json.loads(trace_file.read_text())
+    assert [t["activity"] for t in traces] == ["TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT"]
+    # six significant digits, as a C++ stream prints a float
+    assert traces[0]["tensor"] == {"name": "INPUT0", "data": "0.1,1,1e-07,1.23457e+08",
+                                   "shape": "1,4", "dtype": "FP32"}
 
 
 def test_log_frequency_writes_every_n_traces_to_numbered_files(tmp_path):
