@@ -224,8 +224,10 @@ class InferenceService:
     def _submit(self, request: InferenceRequest, loaded: LoadedVersion,
                 requested_version: str) -> None:
         lookup = self._cache_lookup(request, loaded)
-        request.on_complete = _completion_recorder(loaded, self.tracer.sample(request.model_name),
-                                                   lookup)
+        parent = request.parent_trace
+        request.trace = (parent.child() if parent is not None
+                         else self.tracer.sample(request.model_name))
+        request.on_complete = _completion_recorder(loaded, request.trace, lookup)
         if lookup is not None and lookup.outputs is not None:  # answered from the cache
             request.respond(InferenceResponse(request.model_name, request.model_version,
                                               request.id, list(lookup.outputs)))

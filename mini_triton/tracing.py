@@ -37,10 +37,17 @@ class Trace:
     (TENSOR_BACKEND_OUTPUT), in the order Triton records them."""
 
     def __init__(self, tracer: "Tracer", trace_id: int, file: str, frequency: int,
-                 levels: tuple[str, ...] = ("TIMESTAMPS",)):
+                 levels: tuple[str, ...] = ("TIMESTAMPS",), parent_id: int = 0):
         self.tracer, self.id, self.file, self.frequency = tracer, trace_id, file, frequency
+        self.levels, self.parent_id = levels, parent_id
         self.timestamps = "TIMESTAMPS" in levels
         self.tensors = "TENSORS" in levels
+
+    def child(self) -> "Trace":
+        """The trace of a request this one spawns (an ensemble step), as Triton spawns
+        child traces: traced whatever the step model's own settings, with `parent_id`."""
+        return Trace(self.tracer, self.tracer.next_id(), self.file, self.frequency,
+                     self.levels, self.id)
 
     def finish(self, request, response=None) -> None:
         marks = dict(_marks(request))
@@ -65,6 +72,8 @@ class Trace:
                  "model_version": int(request.model_version or 0)}
         if request.id:
             entry["request_id"] = request.id
+        if self.parent_id:
+            entry["parent_id"] = self.parent_id
         return entry
 
     def _stamp(self, name: str, ns: int) -> dict:
@@ -184,6 +193,10 @@ class Tracer:
             trace_id = next(self.ids)
         return Trace(self, trace_id, merged["trace_file"], int(merged["log_frequency"]),
                      tuple(merged["trace_level"]))
+
+    def next_id(self) -> int:
+        with self.lock:
+            return next(self.ids)
 
     def write(self, path: str, entries: list, frequency: int = 0) -> None:
         """Record one trace's entries in `path` (see the module's note on log_frequency)."""

@@ -126,6 +126,33 @@ def test_tensors_level_alone_writes_only_tensors(tmp_path):
                                    "shape": "1,4", "dtype": "FP32"}
 
 
+def test_ensemble_steps_are_child_traces_of_a_traced_ensemble(protocol, tmp_path):
+    """As Triton spawns them: each step of a traced ensemble request is traced (the step
+    model's own settings are OFF) with `parent_id` the ensemble's trace id."""
+    trace_file = tmp_path / f"ensemble_{protocol.name}.json"
+    protocol.client.update_trace_settings(model_name="ensemble_fan_out", settings={
+        "trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"], "trace_rate": "1",
+        "trace_count": "1"})
+    tensor = protocol.module.InferInput("IN", [1, 3], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 3), dtype=np.float32))
+    protocol.client.infer("ensemble_fan_out", [tensor])
+    protocol.client.update_trace_settings(model_name="ensemble_fan_out", settings={
+        "trace_level": None, "trace_count": None, "trace_file": None, "trace_rate": None})
+    deadline = time.monotonic() + 10
+    while True:  # the ensemble's own trace is written when its last step has answered
+        models = [t for t in json.loads(trace_file.read_text()) if "model_name" in t]
+        if len(models) == 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    parent = [t for t in models if t["model_name"] == "ensemble_fan_out"]
+    assert len(parent) == 1 and "parent_id" not in parent[0]
+    children = [t for t in models if t["model_name"] != "ensemble_fan_out"]
+    assert sorted(t["model_name"] for t in children) == [
+        "batched_identity_delay", "identity_fp32", "identity_fp32"]
+    assert {t["parent_id"] for t in children} == {parent[0]["id"]}
+    assert len({t["id"] for t in models}) == 4
+
+
 def test_log_frequency_writes_every_n_traces_to_numbered_files(tmp_path):
     """log_frequency 2: traces 1-2 in trace.json.0, 3-4 in trace.json.1, and the fifth,
     left at shutdown, in trace.json.2 (tritonserver's naming); nothing in trace.json."""

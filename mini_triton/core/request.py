@@ -154,6 +154,8 @@ class InferenceRequest:
     # Filled by the service before scheduling:
     stream: ResponseStream | FinalAnswer | None = None
     on_complete: Callable[["InferenceRequest", InferenceResponse], None] | None = None
+    trace: object | None = None  # tracing.Trace when this request is traced
+    parent_trace: object | None = None  # an ensemble step's: the ensemble request's trace
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     queue_start_ns: int = 0
     cancelled: bool = False

@@ -270,7 +270,8 @@ class _EnsembleRun:
         version = "" if step.model_version < 0 else str(step.model_version)
         return InferenceRequest(step.model_name, version, self.request.id, inputs,
                                 [RequestedOutput(name) for name in step.outputs],
-                                dict(self.request.parameters))
+                                dict(self.request.parameters),
+                                parent_trace=self.request.trace)
 
     @staticmethod
     def _mapped_outputs(step, response: InferenceResponse) -> dict:
