@@ -2,9 +2,10 @@
 
 Settings are global with per-model overrides, as in tritonserver; values are
 strings (and `trace_level` a list of strings) exactly as the API carries them.
-A traced request's file entry is Triton's pair of objects: its model, then its
-timestamps (steady-clock ns): REQUEST_START, QUEUE_START, COMPUTE_START,
-COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END, REQUEST_END.
+A traced request's entries are Triton's: its model, then one object per timestamp
+(steady-clock ns) in the order tritonserver lists them: REQUEST_START, QUEUE_START,
+INFER_RESPONSE_COMPLETE, COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START,
+COMPUTE_END, REQUEST_END; the TENSORS level adds the inputs and outputs after QUEUE_START.
 
 `log_frequency` as in tritonserver: N > 0 writes every N traces to a file of
 their own, `<trace_file>.0`, `<trace_file>.1`, ... (what is left at shutdown
@@ -50,21 +51,19 @@ class Trace:
                      self.levels, self.id)
 
     def finish(self, request, response=None) -> None:
-        marks = dict(_marks(request))
+        marks = _marks(request)
         entries: list[dict] = []
         if self.timestamps:
             entries.append(self._model_entry(request))
-            entries += [self._stamp(name, ns) for name, ns in marks.items()
-                        if name in _BEFORE_INPUTS]
+            entries += [self._stamp(name, ns) for name, ns in marks if name in _QUEUED]
         if self.tensors:
             entries += [self._tensor("TENSOR_QUEUE_INPUT", t) for t in request.inputs]
+            if response is not None and response.error is None:
+                entries += [self._tensor("TENSOR_BACKEND_OUTPUT", t) for t in response.outputs]
         if self.timestamps:
-            entries += [self._stamp(name, ns) for name, ns in marks.items()
-                        if name not in _BEFORE_INPUTS and name != "REQUEST_END"]
-        if self.tensors and response is not None and response.error is None:
-            entries += [self._tensor("TENSOR_BACKEND_OUTPUT", t) for t in response.outputs]
-        if self.timestamps:
-            entries.append(self._stamp("REQUEST_END", marks["REQUEST_END"]))
+            # Triton reports the compute timestamps when the request is released,
+            # after its response: they follow INFER_RESPONSE_COMPLETE in its files.
+            entries += [self._stamp(name, ns) for name, ns in marks if name not in _QUEUED]
         self.tracer.write(self.file, entries, self.frequency)
 
     def _model_entry(self, request) -> dict:
@@ -87,12 +86,14 @@ class Trace:
 
 
 # The timestamps Triton records before the request's inputs are traced (at enqueue).
-_BEFORE_INPUTS = ("REQUEST_START", "QUEUE_START")
+_QUEUED = ("REQUEST_START", "QUEUE_START")
 
 
 def _marks(request) -> list[tuple[str, int]]:
-    """The request's timeline, in order, leaving out what it never reached."""
-    marks = [("REQUEST_START", request.arrival_ns), ("QUEUE_START", request.queue_start_ns)]
+    """The request's timeline in the order Triton's trace file lists it, leaving out
+    what it never reached."""
+    marks = [("REQUEST_START", request.arrival_ns), ("QUEUE_START", request.queue_start_ns),
+             ("INFER_RESPONSE_COMPLETE", time.monotonic_ns())]
     timing = getattr(request, "timing", None)
     if timing is not None:
         marks += [("COMPUTE_START", timing.start), ("COMPUTE_INPUT_END", timing.input_end),

@@ -66,9 +66,13 @@ def test_trace_file_records_sampled_requests(protocol, tmp_path):
     assert all(len(t["timestamps"]) == 1 for t in traces if "timestamps" in t)
     names = [s["name"] for s in stamps]
     assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END"
-    assert names == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
-                     "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
-    assert [s["ns"] for s in stamps] == sorted(s["ns"] for s in stamps)
+    # tritonserver's order: the compute timestamps are reported after the response
+    assert names == ["REQUEST_START", "QUEUE_START", "INFER_RESPONSE_COMPLETE",
+                     "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+                     "COMPUTE_END", "REQUEST_END"]
+    compute = [s["ns"] for s in stamps[3:-1]]
+    assert compute == sorted(compute)
+    assert stamps[0]["ns"] <= stamps[1]["ns"] <= compute[0] <= compute[-1] <= stamps[-1]["ns"]
     # clearing the override returns the model to the global setting (OFF)
     protocol.client.update_trace_settings(model_name="identity_int32_bytes",
                                           settings={"trace_level": None})
@@ -79,7 +83,8 @@ def test_trace_file_records_sampled_requests(protocol, tmp_path):
 
 def test_tensors_level_records_inputs_and_outputs_as_triton_does(protocol, tmp_path):
     """TENSORS with TIMESTAMPS: each input after QUEUE_START (TENSOR_QUEUE_INPUT) and each
-    output before REQUEST_END (TENSOR_BACKEND_OUTPUT), data as comma-separated text."""
+    output (TENSOR_BACKEND_OUTPUT) before the response's timestamps, data as
+    comma-separated text."""
     trace_file = tmp_path / f"tensors_{protocol.name}.json"
     settings = {"trace_file": str(trace_file), "trace_level": ["TIMESTAMPS", "TENSORS"],
                 "trace_rate": "1", "trace_count": "1"}
@@ -95,10 +100,11 @@ def test_tensors_level_records_inputs_and_outputs_as_triton_does(protocol, tmp_p
     assert traces[0]["request_id"] == "r-17"
     kinds = [t.get("activity") or t.get("timestamps", [{}])[0].get("name") or "MODEL"
              for t in traces]
+    # the order of tritonserver 2.51's file for the same request
     assert kinds == ["MODEL", "REQUEST_START", "QUEUE_START", "TENSOR_QUEUE_INPUT",
-                     "TENSOR_QUEUE_INPUT", "COMPUTE_START", "COMPUTE_INPUT_END",
-                     "COMPUTE_OUTPUT_START", "COMPUTE_END", "TENSOR_BACKEND_OUTPUT",
-                     "TENSOR_BACKEND_OUTPUT", "REQUEST_END"]
+                     "TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT", "TENSOR_BACKEND_OUTPUT",
+                     "INFER_RESPONSE_COMPLETE", "COMPUTE_START", "COMPUTE_INPUT_END",
+                     "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
     tensors = {(t["activity"], t["tensor"]["name"]): t["tensor"]
                for t in traces if "activity" in t}
     assert tensors[("TENSOR_QUEUE_INPUT", "INPUT0")] == {
