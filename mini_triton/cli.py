@@ -18,6 +18,7 @@ from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_H
 from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
                                     DEFAULT_MAX_PIPELINED_REQUESTS)
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
+from .frontends.header_forward import compile_pattern
 from .frontends.http2_limits import Http2Limits
 from .frontends.restrictions import parse_restrictions
 from .frontends.tls import TlsFiles
@@ -198,6 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often the CPU gauges are sampled")
     add("--metrics-config", action="append", type=key_value, default=[],
         help="KEY=VALUE, e.g. summary_latencies=true")
+    add("--reuse-http-port", type=boolean, default=False,
+        help="let other servers that set it listen on the same HTTP port (SO_REUSEPORT)")
+    add("--reuse-grpc-port", type=boolean, default=False,
+        help="let other servers that set it listen on the same gRPC port (SO_REUSEPORT)")
+    add("--http-header-forward-pattern", default=None, metavar="REGEX",
+        help="request headers whose name this finds (ignoring case unless it starts with "
+        "(?-i)) become request parameters a model reads")
+    add("--grpc-header-forward-pattern", default=None, metavar="REGEX",
+        help="the same for gRPC metadata")
     add("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
         help="e.g. model-repository,shared-memory:admin-key=secret (repeatable)")
     add("--grpc-restricted-protocol", action="append", default=[], metavar="APIS:KEY=VALUE")
@@ -436,6 +446,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
         rate_limit=args.rate_limit, rate_limit_resources=args.rate_limit_resource,
         grpc_tls=tls_files(args, "grpc", "gRPC"),
         http_tls=tls_files(args, "http", "HTTP"),
+        reuse_http_port=args.reuse_http_port, reuse_grpc_port=args.reuse_grpc_port,
+        http_header_pattern=compile_pattern(args.http_header_forward_pattern,
+                                            "--http-header-forward-pattern"),
+        grpc_header_pattern=compile_pattern(args.grpc_header_forward_pattern,
+                                            "--grpc-header-forward-pattern"),
     )
 
 

@@ -101,6 +101,10 @@ class Settings:
     rate_limit_resources: list = field(default_factory=list)  # (name, count, device)
     grpc_tls: TlsFiles | None = None  # --grpc-use-ssl and its certificate flags
     http_tls: TlsFiles | None = None  # --http-use-ssl (HTTPS on the HTTP port)
+    reuse_http_port: bool = False  # --reuse-http-port: SO_REUSEPORT on the HTTP port
+    reuse_grpc_port: bool = False  # --reuse-grpc-port
+    http_header_pattern: re.Pattern | None = None  # --http-header-forward-pattern
+    grpc_header_pattern: re.Pattern | None = None  # --grpc-header-forward-pattern
 
 
 class StartupError(RuntimeError):
@@ -167,9 +171,11 @@ class Server:
             await self._start_grpc()
         if self.settings.allow_http:
             frontend = HttpFrontend(self.service, self.settings.http_restricted,
-                                    openai=self.settings.allow_openai)
+                                    openai=self.settings.allow_openai,
+                                    header_pattern=self.settings.http_header_pattern)
             self.ports["http"] = await self._listen(frontend.handle, self.settings.http_address,
-                                                    self.settings.http_port, http_tls)
+                                                    self.settings.http_port, http_tls,
+                                                    self.settings.reuse_http_port)
             log.info("Started HTTPService at %s:%d", self.settings.http_address,
                      self.ports["http"])
         if self.settings.model_control_mode == "poll":
@@ -215,7 +221,9 @@ class Server:
             server, port = await grpc_server.start_server(
                 self.service, address, port, self.settings.grpc_restricted,
                 self.settings.grpc_transport, self.settings.grpc_tls,
-                self.settings.grpc_max_receive_message_size, self.settings.grpc_limits)
+                self.settings.grpc_max_receive_message_size, self.settings.grpc_limits,
+                header_pattern=self.settings.grpc_header_pattern,
+                reuse_port=self.settings.reuse_grpc_port)
         except TlsError as error:
             raise StartupError(str(error)) from None
         except RuntimeError as error:
@@ -224,12 +232,13 @@ class Server:
         self.ports["grpc"] = port
         log.info("Started GRPCInferenceService at %s:%d", self.settings.grpc_address, port)
 
-    async def _listen(self, app, address: str, port: int, ssl_context=None) -> int:
+    async def _listen(self, app, address: str, port: int, ssl_context=None,
+                      reuse_port: bool = False) -> int:
         try:
             server, bound = await start_server(app, error_reply, address, port,
                                                self.settings.http_max_input_size, ssl_context,
                                                self._head_limits(),
-                                               self._connection_limits())
+                                               self._connection_limits(), reuse_port)
         except OSError as error:
             raise StartupError(f"cannot listen on {address}:{port}: {error.strerror}") from None
         self._listeners.append(server)

@@ -14,6 +14,7 @@ from ..core.errors import TritonError, invalid_arg
 from ..service import InferenceService
 from . import grpc_codec, grpc_transport
 from .errors import grpc_status
+from .header_forward import forward_headers
 from .http2_limits import Http2Limits
 from .restrictions import GRPC_PREFIX, Restriction, grpc_refusal
 from .tls import TlsFiles, server_context
@@ -22,14 +23,14 @@ MAX_MESSAGE_SIZE = grpc_transport.MAX_MESSAGE_SIZE  # INT32_MAX, as tritonserver
 
 
 def server_options(max_receive_message_size: int = MAX_MESSAGE_SIZE,
-                   limits: Http2Limits | None = None) -> list:
+                   limits: Http2Limits | None = None, reuse_port: bool = False) -> list:
     """grpc.aio's options; grpc core bounds a received message, inflated or not, by
     max_receive_message_length. The keepalive settings go to grpc core as tritonserver
     passes them, with the concurrent streams and header list limits."""
     limits = limits or Http2Limits()
     options = [("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
                ("grpc.max_receive_message_length", max_receive_message_size),
-               ("grpc.so_reuseport", 0),
+               ("grpc.so_reuseport", int(reuse_port)),
                ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
                ("grpc.absolute_max_metadata_size", limits.max_header_list_size),
                ("grpc.keepalive_time_ms", _ms(limits.keepalive_time)),
@@ -117,8 +118,9 @@ def _guarded_stream(method, restriction: Restriction):
 
 class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, service: InferenceService,
-                 restricted: dict[str, Restriction] | None = None):
+                 restricted: dict[str, Restriction] | None = None, header_pattern=None):
         self.service = service
+        self.header_pattern = header_pattern  # --grpc-header-forward-pattern, compiled
         for name, group in RPC_GROUPS.items():
             restriction = (restricted or {}).get(group)
             if restriction is None or not hasattr(self, name):
@@ -261,7 +263,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         exception the call ends with, from the call that delivers the final response
         (our transport writes it from there). Returns what cancels the request."""
         try:
-            infer_request = grpc_codec.decode_infer_request(request)
+            infer_request = self._decode(request, context)
 
             def on_final(response) -> None:
                 try:
@@ -296,7 +298,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Requests and responses interleave: each request's responses are written
         as they come; a failed request is reported in the stream, which goes on."""
         outbox: asyncio.Queue = asyncio.Queue()
-        reader = asyncio.create_task(self._read_stream(request_iterator, outbox))
+        reader = asyncio.create_task(self._read_stream(request_iterator, outbox, context))
         try:
             while True:
                 message = await outbox.get()
@@ -306,12 +308,21 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             reader.cancel()
 
-    async def _read_stream(self, request_iterator, outbox: asyncio.Queue) -> None:
+    def _decode(self, message, context):
+        """The InferenceRequest of a message, with the call's forwarded metadata."""
+        infer_request = grpc_codec.decode_infer_request(message)
+        if self.header_pattern is not None:
+            forward_headers(self.header_pattern, context.invocation_metadata() or (),
+                            infer_request.parameters)
+        return infer_request
+
+    async def _read_stream(self, request_iterator, outbox: asyncio.Queue,
+                           context=None) -> None:
         forwarders: set[asyncio.Task] = set()
         try:
             async for message in request_iterator:
                 try:
-                    infer_request = grpc_codec.decode_infer_request(message)
+                    infer_request = self._decode(message, context)
                     stream = self.service.infer(infer_request)
                 except TritonError as error:
                     outbox.put_nowait(_stream_error(message, error))
@@ -369,16 +380,19 @@ async def start_server(service: InferenceService, address: str, port: int,
                        restricted: dict[str, Restriction] | None = None,
                        transport: str = "native", tls: TlsFiles | None = None,
                        max_receive_message_size: int = MAX_MESSAGE_SIZE,
-                       limits: Http2Limits | None = None):
+                       limits: Http2Limits | None = None, *, header_pattern=None,
+                       reuse_port: bool = False):
     """The gRPC front end listening on address:port; returns it (with `stop(grace)`)
     and the bound port. `native` is our own HTTP/2 transport, `grpcio` grpc.aio;
     `tls` puts TLS on the port (either transport). A request message larger than
     `max_receive_message_size` (after inflating) is RESOURCE_EXHAUSTED on either.
-    `limits` are the HTTP/2 limits (on grpc.aio, those grpc core has)."""
-    frontend = GrpcFrontend(service, restricted)
+    `limits` are the HTTP/2 limits (on grpc.aio, those grpc core has). Metadata whose
+    name `header_pattern` finds becomes request parameters; `reuse_port` lets other
+    servers that set it listen on the same port (SO_REUSEPORT)."""
+    frontend = GrpcFrontend(service, restricted, header_pattern)
     if transport == "grpcio":
         server, bound = create_grpcio_server(frontend, address, port, tls,
-                                             max_receive_message_size, limits)
+                                             max_receive_message_size, limits, reuse_port)
         await server.start()
         return server, bound
     server = grpc_transport.GrpcServer(grpc_transport.methods_of(
@@ -386,7 +400,7 @@ async def start_server(service: InferenceService, address: str, port: int,
         max_receive_message_size, limits)
     context = server_context(tls, ["h2"]) if tls is not None else None
     try:
-        bound = await server.listen(address, port, context)
+        bound = await server.listen(address, port, context, reuse_port)
     except OSError as error:
         raise RuntimeError(error.strerror) from None
     return server, bound
@@ -402,10 +416,11 @@ def begin_shutdown(server) -> None:
 def create_grpcio_server(frontend: GrpcFrontend, address: str, port: int,
                          tls: TlsFiles | None = None,
                          max_receive_message_size: int = MAX_MESSAGE_SIZE,
-                         limits: Http2Limits | None = None,
+                         limits: Http2Limits | None = None, reuse_port: bool = False,
                          ) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server bound to address:port; returns it with the bound port."""
-    server = grpc.aio.server(options=server_options(max_receive_message_size, limits),
+    server = grpc.aio.server(options=server_options(max_receive_message_size, limits,
+                                                    reuse_port),
                              compression=grpc.Compression.NoCompression)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(frontend, server)
     if tls is None:

@@ -67,12 +67,13 @@ class GrpcServer:
                 log.exception("gRPC connection upkeep failed")
         self._clock = self.loop.call_later(self._tick, self._look_at_clocks)
 
-    async def listen(self, address: str, port: int, ssl_context=None) -> int:
+    async def listen(self, address: str, port: int, ssl_context=None,
+                     reuse_port: bool = False) -> int:
         # The address as given, as the HTTP service binds it: no host would bind one
         # socket per address family, each with its own port when the port is 0.
         self._server = await self.loop.create_server(lambda: GrpcConnection(self), address,
                                                      port, reuse_address=True, backlog=1024,
-                                                     ssl=ssl_context)
+                                                     ssl=ssl_context, reuse_port=reuse_port)
         return self._server.sockets[0].getsockname()[1]
 
     def begin_shutdown(self) -> None:

@@ -40,14 +40,15 @@ class Listener:
 async def start_server(app: App, router_error: Callable[[int, str], HttpReply],
                        host: str, port: int, max_body: int,
                        ssl_context=None, limits: HeadLimits = HeadLimits(),
-                       connection_limits: ConnectionLimits = ConnectionLimits()
-                       ) -> tuple[Listener, int]:
+                       connection_limits: ConnectionLimits = ConnectionLimits(),
+                       reuse_port: bool = False) -> tuple[Listener, int]:
     """Listen on host:port (0 = any free port); returns the listener and the bound port.
-    With `ssl_context` the port speaks HTTPS only."""
+    With `ssl_context` the port speaks HTTPS only; with `reuse_port` other servers that
+    set it may listen on the same port (SO_REUSEPORT: the kernel spreads connections)."""
     loop = asyncio.get_running_loop()
     listener = Listener()
     listener.server = await loop.create_server(
         lambda: HttpProtocol(app, router_error, max_body, listener.connections, limits,
                              connection_limits),
-        host, port, reuse_address=True, backlog=1024, ssl=ssl_context)
+        host, port, reuse_address=True, backlog=1024, ssl=ssl_context, reuse_port=reuse_port)
     return listener, listener.server.sockets[0].getsockname()[1]

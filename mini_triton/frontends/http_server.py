@@ -19,6 +19,7 @@ from ..core.validate import config_datatype
 from ..service import InferenceService
 from . import http_codec
 from .errors import http_status
+from .header_forward import forward_headers
 from .http_generate import GenerateEndpoints
 from .http_protocol import Exchange, HttpReply, HttpRequest, Router
 from .openai_routes import OpenAIRoutes
@@ -61,9 +62,11 @@ def _model_and_version(request: HttpRequest) -> tuple[str, str]:
 
 class HttpFrontend:
     def __init__(self, service: InferenceService,
-                 restricted: dict[str, Restriction] | None = None, openai: bool = True):
+                 restricted: dict[str, Restriction] | None = None, openai: bool = True,
+                 header_pattern=None):
         self.service = service
         self.restricted = restricted or {}
+        self.header_pattern = header_pattern  # --http-header-forward-pattern, compiled
         self.router = Router(lambda message: error_reply(404, message))
         self.generate = GenerateEndpoints(service)
         # Handlers that take (request, exchange) and answer through the exchange.
@@ -303,8 +306,12 @@ class HttpFrontend:
         model, version = _model_and_version(request)
         header_length = _header_length(request.headers.get("inference-header-content-length"))
         if header_length == 0:
-            return self._raw_request(model, version, request.body), True
-        return http_codec.decode_infer_request(model, version, request.body, header_length)
+            decoded = self._raw_request(model, version, request.body), True
+        else:
+            decoded = http_codec.decode_infer_request(model, version, request.body,
+                                                      header_length)
+        forward_headers(self.header_pattern, request.headers.items(), decoded[0].parameters)
+        return decoded
 
     def _raw_request(self, model: str, version: str, body: bytes):
         """Inference-Header-Content-Length: 0 — the body is the only input's raw data."""
