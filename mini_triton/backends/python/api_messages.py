@@ -1,0 +1,347 @@
+"""`triton_python_backend_utils` tensors, requests and responses: what `execute`
+receives and returns, response senders, and the iterator of a BLS call's responses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+
+import numpy as np
+
+from .api_core import (_CODE_BY_V2, TRITONSERVER_REQUEST_RELEASE_ALL,
+                       TRITONSERVER_RESPONSE_COMPLETE_FINAL, TritonError, TritonModelException,
+                       _as_object_bytes, _current_host, _v2_datatype)
+
+# --- tensors ---
+
+
+class _DLPackCapsule:
+    """Gives a bare DLPack capsule the protocol numpy.from_dlpack expects (CPU memory)."""
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+
+    def __dlpack__(self, stream=None, **kwargs):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU
+
+
+class Tensor:
+    """A named tensor in CPU memory: `Tensor(name, numpy_array)`."""
+
+    __slots__ = ("_name", "_array", "_datatype")
+
+    def __init__(self, name, tensor):
+        if not isinstance(name, str):
+            raise TypeError("Tensor name must be a string")
+        if not isinstance(tensor, np.ndarray):
+            raise TritonModelException(
+                f"Tensor '{name}' expects a numpy array, got {type(tensor).__name__}")
+        if tensor.dtype.kind not in "OSU" and not tensor.dtype.isnative:
+            tensor = tensor.astype(tensor.dtype.newbyteorder("="))
+        self._datatype = _v2_datatype(tensor)
+        if self._datatype == "BYTES":
+            tensor = _as_object_bytes(tensor)
+        elif not tensor.flags.c_contiguous:
+            tensor = np.ascontiguousarray(tensor)
+        self._name = name
+        self._array = tensor
+
+    @classmethod
+    def _wrap(cls, name: str, array: np.ndarray, datatype: str) -> "Tensor":
+        """A tensor over `array` as the server received it (no checks, no copy)."""
+        tensor = cls.__new__(cls)
+        tensor._name, tensor._array, tensor._datatype = name, array, datatype
+        return tensor
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+    def triton_dtype(self):
+        return _CODE_BY_V2[self._datatype]
+
+    def shape(self):
+        return [int(d) for d in self._array.shape]
+
+    def is_cpu(self):
+        return True
+
+    def to_dlpack(self):
+        if self._datatype == "BYTES":
+            raise TritonModelException("DLPack does not support BYTES tensors")
+        return self._array.__dlpack__()
+
+    def __dlpack__(self, stream=None):
+        return self.to_dlpack()
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    @staticmethod
+    def from_dlpack(name, capsule):
+        """A tensor over memory shared through DLPack (a capsule or an object with `__dlpack__`)."""
+        source = capsule if hasattr(capsule, "__dlpack__") else _DLPackCapsule(capsule)
+        try:
+            array = np.from_dlpack(source)
+        except (TypeError, RuntimeError, BufferError) as error:
+            raise TritonModelException(f"Tensor '{name}': {error}") from error
+        return Tensor(name, array)
+
+    def __repr__(self):
+        return f"Tensor({self._name!r}, {self._datatype}, {self.shape()})"
+
+
+# --- requests and responses ---
+
+
+def _parameters_json(parameters) -> str:
+    if parameters is None:
+        return "{}"
+    if not isinstance(parameters, dict):
+        raise TritonModelException(
+            f"Expect parameters to be a dict, found type '{type(parameters).__name__}'")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type '{type(key).__name__}'")
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                "Expect parameters values to have type bool/int/str, found type "
+                f"'{type(value).__name__}'")
+    return json.dumps(parameters)
+
+
+class InferenceResponse:
+    """One response: output tensors, or an error, and optional parameters."""
+
+    __slots__ = ("_outputs", "_error", "_parameters")
+
+    def __init__(self, output_tensors=None, error=None, parameters=None):
+        outputs = list(output_tensors) if output_tensors is not None else []
+        for tensor in outputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    "InferenceResponse output_tensors must be pb_utils.Tensor objects, found "
+                    f"'{type(tensor).__name__}'")
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException("InferenceResponse error must be a pb_utils.TritonError")
+        self._outputs = outputs
+        self._error = error
+        self._parameters = parameters if isinstance(parameters, str) \
+            else _parameters_json(parameters)
+
+    def output_tensors(self):
+        return self._outputs
+
+    def has_error(self):
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+    def parameters(self):
+        return self._parameters
+
+
+class InferenceResponseSender:
+    """Sends a request's responses (decoupled models send 0..N, then the final flag)."""
+
+    __slots__ = ("_handle", "_closed", "_sent")
+
+    def __init__(self, handle):
+        self._handle = handle
+        self._closed = False
+        self._sent = 0
+
+    def send(self, response=None, flags=0):
+        if self._closed:
+            raise TritonModelException(
+                "Unable to send response. Response sender has been closed.")
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is not "
+                "TRITONSERVER_RESPONSE_COMPLETE_FINAL.")
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"Expected an InferenceResponse, found type '{type(response).__name__}'")
+        if not getattr(self._handle, "decoupled", True):  # Triton's rules for the others
+            if response is not None and self._sent:
+                raise TritonModelException("Unable to send response. Non-decoupled model "
+                                           "cannot send more than one response.")
+            if response is None and not self._sent:
+                raise TritonModelException("Unable to send response. Non-decoupled model "
+                                           "cannot send complete final before sending a "
+                                           "response.")
+        if final:
+            self._closed = True
+        self._sent += 1
+        self._handle.send(response, final)
+
+    def is_cancelled(self):
+        return self._handle.is_cancelled()
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+
+class InferenceRequest:
+    """A request handed to `execute`, or one a model builds to call another model (BLS)."""
+
+    def __init__(self, request_id="", correlation_id=0, inputs=None,
+                 requested_output_names=None, model_name=None, model_version=-1, flags=0,
+                 timeout=0, preferred_memory=None, trace=None, parameters=None):
+        if inputs is None or requested_output_names is None or model_name is None:
+            raise TypeError("InferenceRequest needs inputs, requested_output_names and "
+                            "model_name")
+        if not isinstance(correlation_id, (int, str)) or isinstance(correlation_id, bool):
+            raise TritonModelException("Correlation ID must be integer or string")
+        self._id = str(request_id)
+        self._correlation_id = correlation_id
+        self._inputs = list(inputs)
+        self._outputs = list(requested_output_names)
+        self._model_name = model_name
+        self._model_version = int(model_version)
+        self._flags = int(flags)
+        self._timeout = int(timeout)
+        self._parameters = _parameters_json(parameters)
+        self._handle = None
+        self._sender = None
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+
+    @classmethod
+    def _incoming(cls, handle, request_id, correlation_id, inputs, requested_output_names,
+                  model_name, model_version, flags, timeout, parameters_json):
+        """A request the server hands to `execute`; `handle` sends its responses."""
+        request = cls.__new__(cls)
+        request._id = request_id
+        request._correlation_id = correlation_id
+        request._inputs = inputs
+        request._outputs = requested_output_names
+        request._model_name = model_name
+        request._model_version = model_version
+        request._flags = flags
+        request._timeout = timeout
+        request._parameters = parameters_json
+        request._handle = handle
+        request._sender = None
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        return request
+
+    def inputs(self):
+        return self._inputs
+
+    def request_id(self):
+        return self._id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def flags(self):
+        return self._flags
+
+    def set_flags(self, flags):
+        self._flags = int(flags)
+
+    def timeout(self):
+        return self._timeout
+
+    def parameters(self):
+        return self._parameters
+
+    def requested_output_names(self):
+        return self._outputs
+
+    def trace(self):
+        return None
+
+    def model_name(self):
+        return self._model_name
+
+    def set_release_flags(self, flags):
+        self._release_flags = int(flags)
+
+    def get_response_sender(self):
+        if self._handle is None:
+            raise TritonModelException(
+                "get_response_sender is only available on requests passed to execute")
+        if self._sender is None:
+            self._sender = InferenceResponseSender(self._handle)
+        return self._sender
+
+    def is_cancelled(self):
+        return self._handle.is_cancelled() if self._handle is not None else False
+
+    def exec(self, decoupled=False):
+        """Run this request on `model_name`; errors come back in the response."""
+        return self._exec_on(_current_host(), decoupled)
+
+    def async_exec(self, decoupled=False):
+        """`exec` as an awaitable, for `async def execute`."""
+        host = _current_host()
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(None, self._exec_on, host, decoupled)
+
+    def _exec_on(self, host, decoupled: bool):
+        if self._handle is not None:
+            raise TritonModelException("a request passed to execute cannot be executed again")
+        responses = host.infer(self, bool(decoupled))
+        if decoupled:
+            return ResponseIterator(responses)
+        return responses.final()
+
+    def _bls_parameters(self) -> dict:
+        return json.loads(self._parameters) if self._parameters else {}
+
+
+class _ResponseQueue:
+    """Responses of one BLS call, put by the host from any thread."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+
+    def put(self, response: InferenceResponse, final: bool) -> None:
+        self._queue.put((response, final))
+
+    def next(self) -> tuple[InferenceResponse, bool]:
+        return self._queue.get()
+
+    def final(self) -> InferenceResponse:
+        """The response of a non-decoupled call (its one final response)."""
+        last = None
+        while True:
+            response, final = self.next()
+            if response.output_tensors() or response.has_error() or last is None:
+                last = response
+            if final:
+                return last
+
+
+class ResponseIterator:
+    """The responses of a decoupled BLS call; the last one carries the final flag
+    (and is empty when the model sent the flag alone)."""
+
+    def __init__(self, responses: _ResponseQueue):
+        self._responses = responses
+        self._done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        response, final = self._responses.next()
+        if final:
+            self._done = True
+        return response
+
+    def cancel(self):
+        """Stop reading; responses still arriving are dropped."""
+        self._done = True
