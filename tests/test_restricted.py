@@ -57,15 +57,30 @@ def test_restricted_inference(restricted_server):
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
 
 
-@pytest.mark.parametrize("specs, kind, message", [
-    (["model-repository"], "api", "expected '<api>"),
-    (["nonsense:k=v"], "api", "unknown restricted api 'nonsense'"),
-    (["nonsense:k=v"], "protocol", "unknown restricted protocol 'nonsense'"),
-    (["inference:k"], "api", "expected '<api>"),
-    (["health:a=1", "health,inference:b=2"], "api",
+FORMAT = "{flag} option format is '<config name>:<setting>=<value>'. Got {spec}"
+
+
+@pytest.mark.parametrize("flag, specs, message", [
+    ("--http-restricted-api", ["model-repository"], FORMAT),
+    ("--grpc-restricted-protocol", ["inference:k"], FORMAT),
+    ("--http-restricted-api", ["inference:k="], FORMAT),
+    ("--http-restricted-api", ["nonsense:k=v"], "unknown restricted api 'nonsense'"),
+    ("--grpc-restricted-protocol", ["nonsense:k=v"], "unknown restricted protocol 'nonsense'"),
+    ("--http-restricted-api", ["health:a=1", "health,inference:b=2"],
      "restricted api 'health' can not be specified in multiple config groups"),
+    ("--grpc-restricted-protocol", ["health:a=1", "health:b=2"],
+     "restricted protocol 'health' can not be specified in multiple config groups"),
 ])
-def test_bad_restriction_specs(specs, kind, message):
-    """tritonserver's words for each mistake (its start-up refuses the same ones)."""
-    with pytest.raises(ValueError, match=message):
-        parse_restrictions(specs, kind)
+def test_bad_restriction_specs_stop_the_start_up(flag, specs, message, tmp_path):
+    """tritonserver's words for each mistake, on the command line that starts the server."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "mini_triton", f"--model-repository={tmp_path}",
+            "--http-port=0", "--grpc-port=0", "--metrics-port=0"]
+    for spec in specs:
+        argv += [flag, spec]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    last_line = done.stderr.strip().splitlines()[-1]
+    assert last_line.endswith(message.format(flag=flag, spec=specs[-1]))

@@ -20,20 +20,24 @@ class Restriction:
     value: str
 
 
+# The flag that restricts each kind of group, as tritonserver names it in its errors.
+_OPTION = {"api": "--http-restricted-api", "protocol": "--grpc-restricted-protocol"}
+
+
 def parse_restrictions(specs: list[str], kind: str = "api") -> dict[str, Restriction]:
     """'model-repository,shared-memory:admin-key=admin-value' (repeatable) → group → header.
     `kind` is what tritonserver's messages call a group: "api" for HTTP, "protocol" for
-    gRPC."""
+    gRPC; its messages are tritonserver's start-up errors, word for word."""
     restricted: dict[str, Restriction] = {}
     for spec in specs:
         groups, sep, header = spec.partition(":")
         key, eq, value = header.partition("=")
-        if not sep or not eq or not key:
-            raise ValueError(f"expected '<{kind}>[,<{kind}>...]:<key>=<value>', got '{spec}'")
+        if not sep or not eq or not groups or not key or not value:
+            raise ValueError(f"{_OPTION[kind]} option format is '<config name>:<setting>="
+                             f"<value>'. Got {spec}")
         for group in (g.strip() for g in groups.split(",")):
             if group not in GROUPS:
-                raise ValueError(f"unknown restricted {kind} '{group}' (known: "
-                                 f"{', '.join(GROUPS)})")
+                raise ValueError(f"unknown restricted {kind} '{group}'")
             if group in restricted:
                 raise ValueError(f"restricted {kind} '{group}' can not be specified in multiple "
                                  "config groups")
