@@ -110,16 +110,63 @@ def test_register_missing_key_is_refused(proto):
     assert "does not exist" in caught.value.message()
 
 
-def test_register_beyond_object_is_refused(proto):
-    handle = shm.create_shared_memory_region(f"small_{proto.name}", f"/mt_small_{proto.name}",
-                                             32)
+@pytest.mark.parametrize("offset, byte_size", [(0, 33), (1, 32), (32, 1), (33, 0)])
+def test_register_beyond_object_is_refused(proto, offset, byte_size):
+    """Triton's own out-of-bounds registrations (L0_shared_memory), in its words."""
+    name = f"small_{proto.name}"
+    handle = shm.create_shared_memory_region(name, f"/mt_small_{proto.name}", 32)
     try:
         with pytest.raises(InferenceServerException) as caught:
-            proto.client.register_system_shared_memory(f"small_{proto.name}",
-                                                       f"/mt_small_{proto.name}", 64, offset=8)
-        assert "exceeds the size 32" in caught.value.message()
+            proto.client.register_system_shared_memory(name, f"/mt_small_{proto.name}",
+                                                       byte_size, offset=offset)
+        assert proto.status_of(caught.value) == STATUS[proto.name]["INVALID_ARG"]
+        assert caught.value.message() == \
+            f"failed to register shared memory region '{name}': invalid args"
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+def test_register_without_a_region_name_is_refused(proto):
+    """Triton's words; the HTTP form is the URL without a region."""
+    import http.client
+    import json
+
+    message = "'region name' is necessary to register system shared memory region"
+    if proto.name == "grpc":
+        with pytest.raises(InferenceServerException) as caught:
+            proto.client.register_system_shared_memory("", "/mt_no_name", SIZE)
+        assert proto.status_of(caught.value) == STATUS["grpc"]["INVALID_ARG"]
+        assert caught.value.message() == message
+        return
+    for kind in ("system", "cuda"):
+        connection = http.client.HTTPConnection(*proto.url.split(":"), timeout=10)
+        connection.request("POST", f"/v2/{kind}sharedmemory/register",
+                           json.dumps({"key": "/k", "byte_size": SIZE}))
+        reply = connection.getresponse()
+        assert reply.status == 400
+        assert json.loads(reply.read())["error"] == message.replace("system", kind)
+        connection.close()
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"byte_size": SIZE}, "Shared memory register request has no 'key' field"),
+    ({"key": "/k"}, "Shared memory register request has no 'byte_size' field"),
+    ({"key": 5, "byte_size": SIZE}, "attempt to access JSON non-string as string"),
+    ({"key": "/k", "offset": -1, "byte_size": SIZE},
+     "attempt to access JSON non-unsigned-integer as unsigned-integer"),
+    ({"key": "/k", "byte_size": "64"},
+     "attempt to access JSON non-unsigned-integer as unsigned-integer"),
+])
+def test_http_register_fields_are_checked_as_triton(default_server, body, message):
+    import http.client
+    import json
+
+    connection = http.client.HTTPConnection("127.0.0.1", default_server.ports["http"],
+                                            timeout=10)
+    connection.request("POST", "/v2/systemsharedmemory/region/r/register", json.dumps(body))
+    reply = connection.getresponse()
+    assert (reply.status, json.loads(reply.read())["error"]) == (400, message)
+    connection.close()
 
 
 def test_unknown_region_in_request(proto):
@@ -224,6 +271,7 @@ def test_a_region_in_use_cannot_be_unregistered(tmp_path):
             client = httpclient.InferenceServerClient(f"127.0.0.1:{server.ports['http']}",
                                                       concurrency=2)
             client.register_system_shared_memory("busy", "/mt_busy_region", SIZE)
+            client.register_system_shared_memory("idle", "/mt_busy_region", SIZE)
             tensor = httpclient.InferInput("INPUT0", [1, 16], "FP32")
             tensor.set_shared_memory("busy", SIZE)
             pending = client.async_infer("slow", [tensor])
@@ -235,8 +283,11 @@ def test_a_region_in_use_cannot_be_unregistered(tmp_path):
                 client.unregister_system_shared_memory("busy")
             assert caught.value.message() == ("Cannot unregister shared memory region 'busy', "
                                               "it is currently in use.")
-            with pytest.raises(InferenceServerException):
-                client.unregister_system_shared_memory()  # all: refused as a whole
+            with pytest.raises(InferenceServerException) as caught:
+                client.unregister_system_shared_memory()  # all: the idle one goes
+            assert caught.value.message() == ("Failed to unregister the following system "
+                                              "shared memory regions: busy ,")  # Triton's
+            assert [r["name"] for r in client.get_system_shared_memory_status()] == ["busy"]
             np.testing.assert_array_equal(pending.get_result().as_numpy("OUTPUT0"), data)
             client.unregister_system_shared_memory("busy")
             assert client.get_system_shared_memory_status() == []

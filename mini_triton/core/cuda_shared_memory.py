@@ -99,7 +99,8 @@ class CudaSharedMemoryRegistry(RegionRegistry):
     kind = "cuda"
 
     def register(self, name: str, raw_handle, device_id: int, byte_size: int) -> None:
-        if not name or byte_size <= 0 or device_id < 0:
+        self.check_name(name)
+        if byte_size <= 0 or device_id < 0:
             raise invalid_arg("a CUDA shared memory region needs a name, a device id >= 0 "
                               "and a positive byte size")
         handle_bytes = decode_handle(raw_handle)

@@ -96,18 +96,34 @@ class RegionRegistry:
     def unregister(self, name: str = "") -> None:
         """Unregister one region, or all when `name` is empty (unknown names are fine).
         A region a request is using is refused, as Triton refuses it: its mapping must
-        outlive the request (all-or-nothing when unregistering all)."""
+        outlive the request. Unregistering all, as Triton does, lets go of the regions
+        not in use and names the others in its error."""
         with self.lock:
-            names = [name] if name else list(self.regions)
-            for region_name in names:
-                region = self.regions.get(region_name)
-                if region is not None and region.users:
-                    raise invalid_arg(f"Cannot unregister shared memory region "
-                                      f"'{region_name}', it is currently in use.")
-            for region_name in names:
-                region = self.regions.pop(region_name, None)
-                if region is not None:
-                    region.close()
+            if name:
+                self._unregister_one(name)
+                return
+            busy = [n for n, region in self.regions.items() if region.users]
+            for region_name in [n for n in self.regions if n not in busy]:
+                self.regions.pop(region_name).close()
+        if busy:  # Triton's words, separators and all
+            raise invalid_arg(f"Failed to unregister the following {self.kind} shared memory "
+                              "regions: " + "".join(f"{n} ," for n in busy))
+
+    def _unregister_one(self, name: str) -> None:
+        region = self.regions.get(name)
+        if region is None:
+            return
+        if region.users:
+            raise invalid_arg(
+                f"Cannot unregister shared memory region '{name}', it is currently in use.")
+        self.regions.pop(name).close()
+
+    def check_name(self, name: str) -> None:
+        """A region to register needs a name (Triton's words; its gRPC API registers a
+        region called '' that only unregistering everything can remove)."""
+        if not name:
+            raise invalid_arg(
+                f"'region name' is necessary to register {self.kind} shared memory region")
 
     def hold(self, name: str):
         """The region called `name`, marked in use until `release`, or None."""
@@ -138,11 +154,9 @@ class SharedMemoryRegistry(RegionRegistry):
     kind = "system"
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        if not name:
-            raise invalid_arg("a shared memory region needs a name")
+        self.check_name(name)
         if offset < 0 or byte_size <= 0:
-            raise invalid_arg(f"invalid offset {offset} or byte size {byte_size} for shared "
-                              f"memory region '{name}'")
+            raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
         self._add(name, lambda: Region(name, key, offset, byte_size,
                                        _map(key, name, offset, byte_size)))
 
@@ -171,10 +185,8 @@ def _map(key: str, name: str, offset: int, byte_size: int) -> mmap.mmap:
         if not stat.S_ISREG(info.st_mode) or info.st_dev != _shm_device():
             raise invalid_arg(f"Unable to open shared memory region: '{key}' (not a shared "
                               "memory object)")
-        if offset + byte_size > info.st_size:
-            raise invalid_arg(
-                f"Invalid shared memory region: '{key}' (offset {offset} + byte size "
-                f"{byte_size} exceeds the size {info.st_size} of the object)")
+        if offset + byte_size > info.st_size:  # Triton's words
+            raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
         return mmap.mmap(fd, info.st_size)
     finally:
         os.close(fd)

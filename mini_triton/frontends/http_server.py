@@ -125,11 +125,13 @@ class HttpFrontend:
             ("shared-memory", get, system + "/status", self.shm_status),
             ("shared-memory", get, system + "/region/{region}/status", self.shm_status),
             ("shared-memory", post, system + "/region/{region}/register", self.shm_register),
+            ("shared-memory", post, system + "/register", self.shm_register),  # no name
             ("shared-memory", post, system + "/region/{region}/unregister", self.shm_unregister),
             ("shared-memory", post, system + "/unregister", self.shm_unregister),
             ("shared-memory", get, cuda + "/status", self.cuda_shm_status),
             ("shared-memory", get, cuda + "/region/{region}/status", self.cuda_shm_status),
             ("shared-memory", post, cuda + "/region/{region}/register", self.cuda_shm_register),
+            ("shared-memory", post, cuda + "/register", self.cuda_shm_register),  # no name
             ("shared-memory", post, cuda + "/region/{region}/unregister",
              self.cuda_shm_unregister),
             ("shared-memory", post, cuda + "/unregister", self.cuda_shm_unregister),
@@ -236,12 +238,13 @@ class HttpFrontend:
 
     @handles_errors
     async def shm_register(self, request: HttpRequest) -> HttpReply:
+        region = request.params.get("region", "")
+        self.service.system_shm.check_name(region)
         body = _json_body(request)
-        key, offset, size = body.get("key"), body.get("offset", 0), body.get("byte_size")
-        if not isinstance(key, str) or not isinstance(offset, int) or not isinstance(size, int):
-            raise invalid_arg("register needs 'key' (string), 'offset' and 'byte_size' "
-                              "(integers)")
-        self.service.system_shm.register(request.params["region"], key, offset, size)
+        key = _register_field(body, "key", str)
+        offset = _register_field(body, "offset", int, default=0)
+        size = _register_field(body, "byte_size", int)
+        self.service.system_shm.register(region, key, offset, size)
         return _OK
 
     @handles_errors
@@ -255,7 +258,9 @@ class HttpFrontend:
 
     @handles_errors
     async def cuda_shm_register(self, request: HttpRequest) -> HttpReply:
+        self.service.cuda_shm.check_name(request.params.get("region", ""))
         body = _json_body(request)
+        _register_field(body, "raw_handle", dict)
         handle, device, size = body.get("raw_handle"), body.get("device_id", 0), \
             body.get("byte_size")
         if not isinstance(handle, dict) or not isinstance(handle.get("b64"), str) \
@@ -354,6 +359,23 @@ def _json_body(request: HttpRequest) -> dict:
     if not isinstance(document, dict):
         raise invalid_arg("the request body must be a JSON object")
     return document
+
+
+def _register_field(body: dict, key: str, kind: type, default=None):
+    """A field of a shared-memory registration, in the words of Triton's checks
+    (its JSON type errors are HTTP 500 there, 400 here)."""
+    if key not in body:
+        if default is not None:
+            return default
+        raise invalid_arg(f"Shared memory register request has no '{key}' field")
+    value = body[key]
+    if kind is int and (type(value) is not int or value < 0):
+        raise invalid_arg("attempt to access JSON non-unsigned-integer as unsigned-integer")
+    if kind is str and not isinstance(value, str):
+        raise invalid_arg("attempt to access JSON non-string as string")
+    if kind is dict and not isinstance(value, dict):
+        raise invalid_arg("attempt to access JSON non-object as object")
+    return value
 
 
 def _base64(key: str, value) -> bytes:
