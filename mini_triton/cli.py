@@ -53,8 +53,15 @@ def port(value: str) -> int:
     return number
 
 
+def integer(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{value}'") from None
+
+
 def non_negative(value: str) -> int:
-    number = int(value)
+    number = integer(value)
     if number < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return number
@@ -172,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="read each model's configs/NAME.pbtxt where it exists, else config.pbtxt")
     add("--model-load-retry-count", type=non_negative, default=0,
         help="how many times a failed model load is tried again")
+    add("--model-load-thread-count", type=non_negative, default=4, metavar="N",
+        help="models that load at once (0 counts as 1)")
     add("--strict-model-config", type=boolean, default=None,
         help="deprecated: true is --disable-auto-complete-config")
     add("--http-max-input-size", type=non_negative, default=DEFAULT_MAX_INPUT_SIZE)
@@ -425,7 +434,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         disable_auto_complete_config=args.disable_auto_complete_config
         or bool(args.strict_model_config),
         server_id=args.id, model_config_name=args.model_config_name,
-        model_load_retry_count=args.model_load_retry_count, log_settings=log_settings(args),
+        model_load_retry_count=args.model_load_retry_count,
+        model_load_thread_count=max(1, args.model_load_thread_count),
+        log_settings=log_settings(args),
         trace_settings=trace_settings(args),
         http_max_input_size=args.http_max_input_size,
         http_max_url_size=args.http_max_url_size,

@@ -79,6 +79,7 @@ class Settings:
     server_id: str = "triton"  # --id: the name the server metadata API answers
     model_config_name: str = ""  # --model-config-name
     model_load_retry_count: int = 0  # --model-load-retry-count
+    model_load_thread_count: int = 4  # --model-load-thread-count (Triton's default)
     log_settings: dict = field(default_factory=dict)  # --log-*: the logging extension's keys
     trace_settings: dict = field(default_factory=dict)  # --trace-config: the trace API's keys
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
@@ -133,7 +134,8 @@ class Server:
                                 exit_timeout_secs=settings.exit_timeout_secs,
                                 latency_summaries=metrics_options.summary_latencies,
                                 model_config_name=settings.model_config_name,
-                                model_load_retry_count=settings.model_load_retry_count)
+                                model_load_retry_count=settings.model_load_retry_count,
+                                model_load_thread_count=settings.model_load_thread_count)
         if settings.rate_limit == "execution_count":
             options.rate_limiter = RateLimiter(settings.rate_limit_resources)
         self.manager = ModelRepositoryManager(settings.model_repositories, options,

@@ -110,7 +110,6 @@ NOT_HONOURED: dict[str, tuple[str, str]] = {
                           "onnxruntime, tensorrt); no shared libraries are loaded"),
     "repoagent-directory": (NOT_APPLICABLE, "repository agents are shared libraries"),
     "cache-directory": (NOT_APPLICABLE, "caches are built in (local); no shared libraries"),
-    "model-load-thread-count": (NOT_YET, "models load one at a time"),
     "model-namespacing": (NOT_YET, "model names are global across repositories"),
     "grpc-infer-response-compression-level": (NOT_YET, "responses are sent uncompressed"),
     "allow-sagemaker": (NOT_YET, "no SageMaker front end"),

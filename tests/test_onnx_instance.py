@@ -15,7 +15,7 @@ from mini_triton.backends.onnxruntime import OnnxRuntimeBackend
 from mini_triton.core.request import InferenceRequest
 from mini_triton.core.tensor import Tensor
 from mini_triton.core.validate import ModelSignature, normalize
-from mini_triton.repository.manager import ServerOptions, read_config
+from mini_triton.repository.loading import ServerOptions, read_config
 
 ort = pytest.importorskip("onnxruntime")
 

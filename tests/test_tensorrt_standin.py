@@ -255,7 +255,7 @@ def test_instances_keep_to_their_configured_profiles(server):
 def test_pinned_and_device_buffers_fit_the_largest_admitted_shapes(standin, tmp_path):
     from mini_triton.backends.base import ModelContext
     from mini_triton.backends.tensorrt import TensorRTBackend
-    from mini_triton.repository.manager import ServerOptions, read_config
+    from mini_triton.repository.loading import ServerOptions, read_config
 
     (tmp_path / "m" / "1").mkdir(parents=True)
     (tmp_path / "m" / "1" / "model.plan").write_text(json.dumps(PLAN))

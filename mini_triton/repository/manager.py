@@ -7,106 +7,32 @@ consistent set of versions.
 
 from __future__ import annotations
 
-import enum
+import concurrent.futures
 import logging
 import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..backends.base import Backend, ModelContext
-from ..backends.registry import backend_class
 from ..config import ConfigError, parse_config_file
-from ..config.autofill import AutofillError, check_config, complete_platform, fill_defaults
-from ..config.coverage import load_warnings
 from ..config.json_format import config_from_json
 from ..core.errors import TritonError, invalid_arg, not_found, unavailable
 from ..core.names import check_model_name
-from ..core.stats import ModelStats
-from ..core.validate import ModelSignature
-from ..scheduling import create_scheduler, prepare_version
-from ..scheduling.warmup import warm_up
 from . import scan
+from .loading import load_record
 from .overrides import remove_private_model, remove_private_root, write_private_model
+from .records import (LoadedVersion, ModelRecord, ServerOptions, State,  # noqa: F401
+                      VersionStatus)
 from .storage import ALL, StorageError, is_url, open_repository
 
 log = logging.getLogger("mini_triton.repository")
-
-
-class State(str, enum.Enum):
-    READY = "READY"
-    UNAVAILABLE = "UNAVAILABLE"
-    LOADING = "LOADING"
-    UNLOADING = "UNLOADING"
-
-
-@dataclass
-class LoadedVersion:
-    """One model version serving requests."""
-
-    name: str
-    version: int
-    config: mc.ModelConfig
-    backend: Backend
-    scheduler: object
-    stats: ModelStats
-    signature: ModelSignature = field(init=False)  # what request checks read, made once
-
-    def __post_init__(self) -> None:
-        self.signature = ModelSignature.of(self.config)
-
-    def stop(self, timeout: float) -> None:
-        self.scheduler.stop(timeout)
-        self.backend.unload()
-
-
-@dataclass
-class VersionStatus:
-    version: int
-    state: State
-    reason: str = ""
-
-
-@dataclass
-class ModelRecord:
-    name: str
-    model_dir: Path | None
-    config: mc.ModelConfig | None = None
-    versions: dict[int, LoadedVersion] = field(default_factory=dict)
-    statuses: dict[int, VersionStatus] = field(default_factory=dict)
-    state: State = State.UNAVAILABLE
-    reason: str = ""
-    fingerprint: tuple = ()
-    unloaded: bool = False  # unloaded on purpose: not counted for readiness
-    private_dir: Path | None = None  # a directory written from load-API file overrides
-    config_source: Path | None = None  # the config.pbtxt read (None: an override or none)
-
-    def ensemble_steps(self) -> set[str]:
-        if self.config is None or self.config.platform != "ensemble":
-            return set()
-        return {step.model_name for step in self.config.ensemble_scheduling.step}
-
-
-@dataclass
-class ServerOptions:
-    """Server-wide settings that shape how models load."""
-
-    disable_auto_complete: bool = False
-    exit_timeout_secs: float = 30.0
-    gpu_available: bool = False
-    latency_summaries: bool = False  # keep latency windows for Prometheus summaries
-    rate_limiter: object = None  # --rate-limit=execution_count: the server's RateLimiter
-    model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt first
-    model_load_retry_count: int = 0  # --model-load-retry-count: tries after a failed load
-
 
 CONTROL_DISABLED = ("explicit model load / unload is not allowed if polling is enabled")
 
 
 class ModelRepositoryManager:
-    """Every change of a model's state goes through here, one at a time."""
+    """Every change of a model's state goes through here. Different models may load at
+    once (--model-load-thread-count); records change one at a time, under the lock."""
 
     def __init__(self, repositories: list[Path], options: ServerOptions | None = None,
                  server=None, mode: str = "none"):
@@ -151,20 +77,63 @@ class ModelRepositoryManager:
         explicit_all = self.mode != "explicit" or "*" in (names or [])
         folders = self.model_folders(fetch=ALL if explicit_all else set(names or []))
         never_loaded = []  # named models with no record: not found, or refused by name
-        if self.mode == "explicit":
-            wanted = folders if "*" in (names or []) else {n: None for n in names or []}
-            for name in wanted:
+        if self.mode == "explicit" and "*" not in (names or []):
+            self._load_many(self._with_steps([n for n in names or [] if n in folders], folders))
+            for name in names or []:
+                if name in folders:
+                    continue
                 try:
-                    self.load(name, check_mode=False)
+                    self.load(name, check_mode=False)  # fails with Triton's words
                 except TritonError as error:  # one failure must not stop the others
                     if name not in self.records:
                         log.error("%s", error.message)
                         never_loaded.append(ModelRecord(name, None, reason=error.message))
         else:
-            for name in _dependencies_first(folders, self._peek_steps):
-                self._load_folder(name, folders[name])
+            self._load_many(folders)
         return [r for r in self.records.values()
                 if r.state != State.READY and not r.unloaded] + never_loaded
+
+    def _with_steps(self, names: list[str], folders: dict[str, Path]) -> dict[str, Path]:
+        """The folders of `names` and of the models their ensembles use, recursively."""
+        wanted: dict[str, Path] = {}
+        todo = list(names)
+        while todo:
+            name = todo.pop()
+            if name in wanted or name not in folders:
+                continue
+            wanted[name] = folders[name]
+            todo.extend(self._peek_steps(name, folders[name]))
+        return wanted
+
+    def _load_many(self, folders: dict[str, Path]) -> None:
+        """Load these model folders, up to --model-load-thread-count at once (as Triton's
+        model lifecycle does), each ensemble after the models it uses. Model code runs in
+        the pool; every change of a record happens in this thread, under the lock."""
+        order = _dependencies_first(folders, self._peek_steps)
+        if not order:
+            return
+        position = {name: index for index, name in enumerate(order)}
+        waits_for = {name: {s for s in self._peek_steps(name, folders[name])
+                            if position.get(s, len(order)) < position[name]}
+                     for name in order}  # only earlier steps: a cycle cannot deadlock
+        pending, running = list(order), {}
+        threads = max(1, self.options.model_load_thread_count)
+        with concurrent.futures.ThreadPoolExecutor(threads, "model-load") as pool:
+            while pending or running:
+                busy = set(pending) | {n for n, _ in running.values()}
+                startable = [n for n in pending if not waits_for[n] & busy]
+                for name in startable[:threads - len(running)]:
+                    pending.remove(name)
+                    with self.lock:
+                        previous = self._mark_loading(name, folders[name])
+                    future = pool.submit(self._load_with_retries, name, folders[name], None)
+                    running[future] = (name, previous)
+                done, _ = concurrent.futures.wait(
+                    running, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    name, previous = running.pop(future)
+                    with self.lock:
+                        self._install(name, future.result(), previous)
 
     def load_all(self) -> list[ModelRecord]:
         return self.load_startup(["*"])
@@ -184,8 +153,7 @@ class ModelRepositoryManager:
             changed = [name for name, folder in folders.items()
                        if name not in self.records
                        or self.records[name].fingerprint != scan.fingerprint(folder)]
-            for name in _dependencies_first({n: folders[n] for n in changed}, self._peek_steps):
-                self._load_folder(name, folders[name])
+            self._load_many({n: folders[n] for n in changed})
 
     # --- explicit control (the model-repository API) ---
 
@@ -327,12 +295,25 @@ class ModelRepositoryManager:
         """Load a new record next to the old one and swap it in; a failed reload keeps
         the old versions serving and records why in the index."""
         with self.lock:
-            previous = self.records.get(name)
-            if previous is None or not previous.versions:
-                self.records[name] = ModelRecord(name, folder, state=State.LOADING,
-                                                 statuses=_loading_statuses(previous))
+            previous = self._mark_loading(name, folder)
             record = self._load_with_retries(name, folder, override)
             record.private_dir = private_dir
+            return self._install(name, record, previous)
+
+    def _mark_loading(self, name: str, folder: Path) -> ModelRecord | None:
+        """A model about to load shows LOADING, unless older versions keep serving;
+        returns its current record."""
+        previous = self.records.get(name)
+        if previous is None or not previous.versions:
+            self.records[name] = ModelRecord(name, folder, state=State.LOADING,
+                                             statuses=_loading_statuses(previous))
+        return previous
+
+    def _install(self, name: str, record: ModelRecord,
+                 previous: ModelRecord | None) -> ModelRecord:
+        """Swap a loaded record in and stop the previous one; a failed reload keeps
+        the previous versions serving."""
+        with self.lock:
             if record.state != State.READY and previous is not None and previous.versions:
                 previous.reason = f"failed to reload '{name}': {record.reason}"
                 previous.fingerprint = record.fingerprint
@@ -477,133 +458,3 @@ def _stop_quietly(loaded: LoadedVersion, timeout: float) -> None:
 def _stop_versions(record: ModelRecord, timeout: float) -> None:
     for loaded in list(record.versions.values()):
         _stop_quietly(loaded, timeout)
-
-
-# --- loading one model folder ---
-
-
-def load_record(name: str, folder: Path, options: ServerOptions, server=None,
-                override: mc.ModelConfig | None = None) -> ModelRecord:
-    """Read, complete and load every version of one model folder. Never raises:
-    a failure becomes an UNAVAILABLE record whose reason says why."""
-    record = ModelRecord(name, folder, fingerprint=scan.fingerprint(folder))
-    started = time.monotonic()
-    try:
-        record.config = read_config(name, folder, options, server, override)
-    except TritonError as error:
-        record.reason = f"failed to load '{name}': {error.message}"
-        return record
-    source = scan.config_path(folder, options.model_config_name)
-    if override is None and source.is_file():
-        record.config_source = source
-    versions = scan.versions_to_load(scan.available_versions(folder),
-                                     record.config.version_policy)
-    if not versions:
-        record.reason = (f"failed to load '{name}': at least one version must be available "
-                         "under the version policy of the model")
-        return record
-    for version in versions:
-        _load_version(record, version, options, server)
-    elapsed = time.monotonic() - started
-    for loaded in record.versions.values():
-        loaded.stats.load_duration_secs = elapsed
-    record.state = State.READY if record.versions else State.UNAVAILABLE
-    if not record.versions:
-        record.reason = "; ".join(s.reason for s in record.statuses.values())
-    return record
-
-
-def read_config(name: str, folder: Path, options: ServerOptions, server=None,
-                override: mc.ModelConfig | None = None) -> mc.ModelConfig:
-    """The completed config of a model folder (an override, else config.pbtxt, then
-    auto-complete)."""
-    config_path = scan.config_path(folder, options.model_config_name)
-    try:
-        if override is not None:
-            config = mc.ModelConfig()
-            config.CopyFrom(override)
-        elif config_path.exists():
-            config = parse_config_file(config_path)
-        elif options.disable_auto_complete:
-            raise unavailable(f"model configuration file {config_path} does not exist "
-                              "(auto-complete is disabled)")
-        else:
-            config = mc.ModelConfig()
-        return complete_config(name, folder, config, options, server)
-    except ConfigError as error:
-        raise unavailable(str(error)) from error
-    except AutofillError as error:
-        raise unavailable(str(error)) from error
-
-
-def complete_config(name: str, folder: Path, config: mc.ModelConfig, options: ServerOptions,
-                    server=None) -> mc.ModelConfig:
-    if not config.name:
-        config.name = name
-    elif config.name != name:
-        raise unavailable(
-            f"unexpected model name '{config.name}' in "
-            f"{scan.config_path(folder, options.model_config_name)}: the "
-            f"name must match the model folder '{name}'")
-    complete_platform(config, folder)
-    cls = backend_class(backend_name(config))
-    if not options.disable_auto_complete:
-        versions = scan.available_versions(folder)
-        context = ModelContext(name, versions[-1] if versions else 1, config, folder,
-                               folder.parent, server, options=vars(options))
-        cls.auto_complete(config, context)
-    fill_defaults(config, options.gpu_available)
-    check_config(config)
-    return config
-
-
-def backend_name(config: mc.ModelConfig) -> str:
-    """The registry key: the backend, or the platform for ensembles (which have none)."""
-    return config.backend or config.platform
-
-
-def _load_version(record: ModelRecord, version: int, options: ServerOptions, server) -> None:
-    config = mc.ModelConfig()
-    config.CopyFrom(record.config)
-    context = ModelContext(record.name, version, config, record.model_dir,
-                           record.model_dir.parent, server, options=vars(options),
-                           config_source=record.config_source)
-    try:
-        loaded = _start_version(context)
-    except TritonError as error:
-        reason = f"failed to load '{record.name}' version {version}: {error.message}"
-        record.statuses[version] = VersionStatus(version, State.UNAVAILABLE, reason)
-        return
-    except Exception as error:  # model code raised while loading
-        reason = (f"failed to load '{record.name}' version {version}: "
-                  f"{type(error).__name__}: {error}")
-        record.statuses[version] = VersionStatus(version, State.UNAVAILABLE, reason)
-        return
-    record.versions[version] = loaded
-    record.statuses[version] = VersionStatus(version, State.READY)
-
-
-def _start_version(context: ModelContext) -> LoadedVersion:
-    config = context.config
-    for warning in load_warnings(config, context.options.get("gpu_available", False)):
-        log.warning("%s", warning)  # never silent about a field we do not honour
-    samples = prepare_version(context)  # config checks and warmup data, before any instance
-    backend = backend_class(backend_name(config))(context)
-    stats = ModelStats(context.name, str(context.version),
-                       summaries=context.options.get("latency_summaries", False))
-    instances = []
-    try:
-        for group in config.instance_group:
-            kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
-            devices = list(group.gpus) or [0]
-            for index in range(group.count):
-                instances.append(
-                    backend.create_instance(len(instances), kind, devices[index % len(devices)]))
-                warm_up(instances[-1], samples, context, len(instances) - 1)
-        scheduler = create_scheduler(context, backend, instances, stats)
-    except BaseException:
-        for instance in instances:
-            instance.finalize()
-        backend.unload()
-        raise
-    return LoadedVersion(context.name, context.version, config, backend, scheduler, stats)

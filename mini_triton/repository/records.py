@@ -1,0 +1,82 @@
+"""What the repository manager keeps per model: records, versions, their states, and
+the server-wide options that shape loading."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..backends.base import Backend
+from ..core.stats import ModelStats
+from ..core.validate import ModelSignature
+
+
+class State(str, enum.Enum):
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass
+class LoadedVersion:
+    """One model version serving requests."""
+
+    name: str
+    version: int
+    config: mc.ModelConfig
+    backend: Backend
+    scheduler: object
+    stats: ModelStats
+    signature: ModelSignature = field(init=False)  # what request checks read, made once
+
+    def __post_init__(self) -> None:
+        self.signature = ModelSignature.of(self.config)
+
+    def stop(self, timeout: float) -> None:
+        self.scheduler.stop(timeout)
+        self.backend.unload()
+
+
+@dataclass
+class VersionStatus:
+    version: int
+    state: State
+    reason: str = ""
+
+
+@dataclass
+class ModelRecord:
+    name: str
+    model_dir: Path | None
+    config: mc.ModelConfig | None = None
+    versions: dict[int, LoadedVersion] = field(default_factory=dict)
+    statuses: dict[int, VersionStatus] = field(default_factory=dict)
+    state: State = State.UNAVAILABLE
+    reason: str = ""
+    fingerprint: tuple = ()
+    unloaded: bool = False  # unloaded on purpose: not counted for readiness
+    private_dir: Path | None = None  # a directory written from load-API file overrides
+    config_source: Path | None = None  # the config.pbtxt read (None: an override or none)
+
+    def ensemble_steps(self) -> set[str]:
+        if self.config is None or self.config.platform != "ensemble":
+            return set()
+        return {step.model_name for step in self.config.ensemble_scheduling.step}
+
+
+@dataclass
+class ServerOptions:
+    """Server-wide settings that shape how models load."""
+
+    disable_auto_complete: bool = False
+    exit_timeout_secs: float = 30.0
+    gpu_available: bool = False
+    latency_summaries: bool = False  # keep latency windows for Prometheus summaries
+    rate_limiter: object = None  # --rate-limit=execution_count: the server's RateLimiter
+    model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt first
+    model_load_retry_count: int = 0  # --model-load-retry-count: tries after a failed load
+    model_load_thread_count: int = 4  # --model-load-thread-count: models loading at once
