@@ -291,6 +291,19 @@ class InferenceService:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, lambda: self.manager.unload(name, unload_dependents))
 
+    async def register_model_repository(self, repository: str,
+                                        mapping: dict[str, str]) -> None:
+        """Serve another folder's models too (explicit mode), `mapping` giving some of
+        them another name (model name → subfolder), as Triton's
+        TRITONSERVER_ServerRegisterModelRepository."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(
+            None, lambda: self.manager.register_repository(repository, mapping))
+
+    async def unregister_model_repository(self, repository: str) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, lambda: self.manager.unregister_repository(repository))
+
     # --- trace and logging extensions ---
 
     def trace_settings(self, model: str = "", changes: dict | None = None) -> dict:

@@ -11,6 +11,8 @@ import base64
 import binascii
 import functools
 import logging
+from dataclasses import dataclass
+from typing import Callable
 
 from ..config.json_format import config_to_json
 from ..core.datatypes import from_name
@@ -278,38 +280,56 @@ class HttpFrontend:
     # --- inference ---
 
     def infer(self, request: HttpRequest, exchange: Exchange) -> None:
-        """Start the inference now; its final response is encoded and written from the
-        call that delivers it (on the loop), without a task in between."""
+        """POST /v2/models/NAME[/versions/V]/infer: the JSON header's length comes from
+        the Inference-Header-Content-Length header."""
+        model, version = _model_and_version(request)
         try:
-            infer_request, binary_output = self._decode_infer(request)
+            header_length = _header_length(
+                request.headers.get("inference-header-content-length"))
         except TritonError as error:
-            exchange.answer(self._undecodable(request, error))
+            exchange.answer(self._undecodable(model, version, error, V2_REPLIES))
+            return
+        self.start_infer(request, exchange, model, version, header_length)
+
+    def start_infer(self, request: HttpRequest, exchange: Exchange, model: str, version: str,
+                    header_length: int | None, replies: "InferReplies" = None) -> None:
+        """Start an inference of `model` whose body's JSON header is `header_length`
+        bytes (None: all of it; 0: the body is the only input's raw data); the final
+        response is encoded and written from the call that delivers it (on the loop),
+        without a task in between. `replies` shapes the reply (the v2 API's, or a cloud
+        front end's status codes and content types)."""
+        replies = replies or V2_REPLIES
+        try:
+            infer_request, binary_output = self._decode_infer(request, model, version,
+                                                              header_length)
+        except TritonError as error:
+            exchange.answer(self._undecodable(model, version, error, replies))
             return
         try:
             def reply(response) -> None:
-                exchange.answer(_infer_reply(response, infer_request, binary_output))
+                exchange.answer(_infer_reply(response, infer_request, binary_output, replies))
 
             self.service.start_unary(infer_request, "HTTP end point", reply)
         except TritonError as error:
-            exchange.answer(error_reply(http_status(error.code), error.message))
+            exchange.answer(replies.error(error))
             return
         if exchange.reply is None:
             exchange.cancel = lambda: self.service.cancel(infer_request)
 
-    def _undecodable(self, request: HttpRequest, error: TritonError) -> HttpReply:
+    def _undecodable(self, model: str, version: str, error: TritonError,
+                     replies: "InferReplies") -> HttpReply:
         """The reply to a body that does not decode: as in Triton, the model is looked
         up first (an unknown or failed model is 404 whatever the body), then the body
         error. Only this failing path pays for the lookup."""
         try:
-            self.service.model_config(*_model_and_version(request))
+            self.service.model_config(model, version)
         except TritonError as lookup:
             error = lookup
-        return error_reply(http_status(error.code), error.message)
+        return replies.error(error)
 
-    def _decode_infer(self, request: HttpRequest):
+    def _decode_infer(self, request: HttpRequest, model: str, version: str,
+                      header_length: int | None):
         """(InferenceRequest, whether outputs default to binary)."""
-        model, version = _model_and_version(request)
-        header_length = _header_length(request.headers.get("inference-header-content-length"))
         if header_length == 0:
             decoded = self._raw_request(model, version, request.body), True
         else:
@@ -330,22 +350,40 @@ class HttpFrontend:
         return http_codec.decode_raw_request(model, version, body, tensor.name, datatype, shape)
 
 
-def _infer_reply(response, request, binary_output: bool) -> HttpReply:
+@dataclass(frozen=True)
+class InferReplies:
+    """How an inference front end answers: the reply to an error, and the headers of
+    a reply whose body holds `json_length` bytes of JSON then binary outputs (None:
+    JSON only)."""
+
+    error: Callable[[TritonError], HttpReply]
+    binary_headers: Callable[[int | None], tuple[str, dict[str, str]]]
+
+
+def _v2_binary_headers(json_length: int | None) -> tuple[str, dict[str, str]]:
+    if json_length is None:
+        return _JSON, {}
+    return _BINARY, {http_codec.HEADER_LENGTH: str(json_length)}
+
+
+V2_REPLIES = InferReplies(lambda error: error_reply(http_status(error.code), error.message),
+                          _v2_binary_headers)
+
+
+def _infer_reply(response, request, binary_output: bool, replies: InferReplies) -> HttpReply:
     """The HTTP reply of an inference's final response."""
     if response.error is not None:
-        return error_reply(http_status(response.error.code), response.error.message)
+        return replies.error(response.error)
     try:
         chunks, json_length = http_codec.encode_infer_response(response, request,
                                                                binary_output)
     except TritonError as error:
-        return error_reply(http_status(error.code), error.message)
+        return replies.error(error)
     except Exception as error:  # a bug here must not reach the model's scheduler
         log.exception("cannot encode the response of model '%s'", request.model_name)
         return error_reply(500, f"internal error: {error}")
-    if json_length is None:
-        return HttpReply(200, chunks, compressible=True)
-    return HttpReply(200, chunks, _BINARY, {http_codec.HEADER_LENGTH: str(json_length)},
-                     compressible=True)
+    content_type, headers = replies.binary_headers(json_length)
+    return HttpReply(200, chunks, content_type, headers, compressible=True)
 
 
 def _json_body(request: HttpRequest) -> dict:

@@ -82,8 +82,8 @@ def read_config(name: str, folder: Path, options: ServerOptions, server=None,
 
 def complete_config(name: str, folder: Path, config: mc.ModelConfig, options: ServerOptions,
                     server=None) -> mc.ModelConfig:
-    if not config.name:
-        config.name = name
+    if not config.name or folder.name != name:
+        config.name = name  # a mapped model (registered repository) takes its mapped name
     elif config.name != name:
         raise unavailable(
             f"unexpected model name '{config.name}' in "

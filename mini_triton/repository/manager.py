@@ -23,6 +23,7 @@ from .loading import load_record
 from .overrides import remove_private_model, remove_private_root, write_private_model
 from .records import (LoadedVersion, ModelRecord, ServerOptions, State,  # noqa: F401
                       VersionStatus)
+from .registered import RegisteredRepositories
 from .storage import ALL, StorageError, is_url, open_repository
 
 log = logging.getLogger("mini_triton.repository")
@@ -42,6 +43,7 @@ class ModelRepositoryManager:
         self.server = server
         self.mode = mode
         self.records: dict[str, ModelRecord] = {}
+        self.registered = RegisteredRepositories()  # added at run time (SageMaker MME)
         self.lock = threading.RLock()  # serialises loads, reloads and unloads
 
     # --- discovery ---
@@ -67,7 +69,17 @@ class ModelRepositoryManager:
         for repository in self.storages:
             for name, path in repository.model_dirs(fetch, strict).items():
                 folders.setdefault(name, path)
+        folders.update(self.registered.model_dirs())  # a mapped name wins, as in Triton
         return folders
+
+    def register_repository(self, repository: str, mapping: dict[str, str]) -> None:
+        """Serve `repository`'s models too, `mapping` (name → subfolder) renaming some."""
+        with self.lock:
+            self.registered.register(repository, mapping, self.mode)
+
+    def unregister_repository(self, repository: str) -> None:
+        with self.lock:
+            self.registered.unregister(repository, self.mode)
 
     # --- start-up, poll ---
 
