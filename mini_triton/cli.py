@@ -32,6 +32,8 @@ from .tracing import Tracer
 from .triton_flags import (NOT_APPLICABLE, accepted_flags_given, add_accepted_flags,
                            grouped_adder)
 from .server import Settings, run
+from .endpoint_flags import (add_endpoint_flags, check_port_collisions, sagemaker_settings,
+                             vertex_mode, vertex_settings)
 
 _TRUE = ("true", "1", "yes", "on", "t")
 _FALSE = ("false", "0", "no", "off", "f")
@@ -153,8 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-address", default="0.0.0.0")
     add("--grpc-address", default="0.0.0.0")
     add("--metrics-address", default="0.0.0.0")
-    add("--allow-http", type=boolean, default=True)
-    add("--allow-grpc", type=boolean, default=True)
+    add("--allow-http", type=boolean, default=None,
+        help="default true (false when AIP_MODE=PREDICTION, as in Vertex AI)")
+    add("--allow-grpc", type=boolean, default=None,
+        help="default true (false when AIP_MODE=PREDICTION, as in Vertex AI)")
     add("--allow-metrics", type=boolean, default=True)
     add("--allow-openai", type=boolean, default=True,
         help="the OpenAI-compatible routes (/v1/models, /v1/completions, "
@@ -237,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         "device or (without DEVICE) on each (repeatable)")
     add_tls_flags(add)
     add_trace_flags(add)
+    add_endpoint_flags(add, port, boolean)
     add_accepted_flags(parser, add)
     return parser
 
@@ -418,13 +423,22 @@ def log_settings(args: argparse.Namespace) -> dict:
             "log_format": args.log_format, "log_file": args.log_file}
 
 
+def default_repositories(environ=os.environ) -> list:
+    """Without --model-repository: AIP_STORAGE_URI (Vertex AI), else ./model_repository."""
+    storage_uri = environ.get("AIP_STORAGE_URI", "")
+    return [repository_location(storage_uri) if storage_uri else Path("model_repository")]
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
-    return Settings(
-        model_repositories=args.model_repository or [Path("model_repository")],
+    front_ends_default = not vertex_mode(os.environ)
+    settings = Settings(
+        model_repositories=args.model_repository or default_repositories(),
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         http_address=args.http_address, grpc_address=args.grpc_address,
-        metrics_address=args.metrics_address, allow_http=args.allow_http,
-        allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
+        metrics_address=args.metrics_address,
+        allow_http=front_ends_default if args.allow_http is None else args.allow_http,
+        allow_grpc=front_ends_default if args.allow_grpc is None else args.allow_grpc,
+        allow_metrics=args.allow_metrics,
         allow_openai=args.allow_openai,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs, load_models=args.load_model,
@@ -462,7 +476,23 @@ def settings_from(args: argparse.Namespace) -> Settings:
                                             "--http-header-forward-pattern"),
         grpc_header_pattern=compile_pattern(args.grpc_header_forward_pattern,
                                             "--grpc-header-forward-pattern"),
+        sagemaker=sagemaker_settings(args), vertex_ai=vertex_settings(args),
     )
+    check_port_collisions(enabled_services(settings),
+                          settings.sagemaker.safe_port_range if settings.sagemaker else None)
+    return settings
+
+
+def enabled_services(settings: Settings) -> list[tuple[str, str, int]]:
+    """(name, address, port) of each service the settings start, in Triton's order."""
+    services = [("HTTP", settings.http_address, settings.http_port, settings.allow_http),
+                ("GRPC", settings.grpc_address, settings.grpc_port, settings.allow_grpc),
+                ("metrics", settings.metrics_address, settings.metrics_port,
+                 settings.allow_metrics)]
+    for name, cloud in (("SageMaker", settings.sagemaker), ("Vertex AI", settings.vertex_ai)):
+        if cloud is not None:
+            services.append((name, cloud.address, cloud.port, True))
+    return [(name, address, port) for name, address, port, enabled in services if enabled]
 
 
 def configure_logging(verbose: int, info: bool, log_format: str = "default") -> None:

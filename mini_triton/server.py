@@ -23,10 +23,14 @@ from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_
 from .frontends.http_listener import start_server
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
 from .frontends.http2_limits import Http2Limits
+from .frontends.sagemaker_routes import UNSPECIFIED_MODEL, SagemakerFrontend, SagemakerSettings
+from .frontends.vertex_ai_routes import (VertexFrontend, VertexSettings, check_routes,
+                                         default_model)
 from .frontends.tls import TlsError, TlsFiles, server_context
 from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
 from .metrics import Metrics, MetricsOptions
 from .repository.manager import ModelRepositoryManager, ServerOptions
+from .core.errors import TritonError
 from .repository.storage import StorageError, is_url
 from .scheduling.rate_limiter import RateLimiter
 from .service import InferenceService
@@ -39,11 +43,13 @@ STARTED_SERVICE_LINES = {
     "http": re.compile(r"Started HTTPService at [^:\s]+:(\d+)"),
     "grpc": re.compile(r"Started GRPCInferenceService at [^:\s]+:(\d+)"),
     "metrics": re.compile(r"Started Metrics Service at [^:\s]+:(\d+)"),
+    "sagemaker": re.compile(r"Started Sagemaker HTTPService at [^:\s]+:(\d+)"),
+    "vertex_ai": re.compile(r"Started Vertex AI HTTPService at [^:\s]+:(\d+)"),
 }
 
 
 def started_service(line: str) -> tuple[str, int] | None:
-    """('http'|'grpc'|'metrics', port) when `line` says a service started listening."""
+    """('http'|'grpc'|'metrics'|'sagemaker'|'vertex_ai', port) when `line` says a service started listening."""
     for name, pattern in STARTED_SERVICE_LINES.items():
         match = pattern.search(line)
         if match:
@@ -106,6 +112,8 @@ class Settings:
     reuse_grpc_port: bool = False  # --reuse-grpc-port
     http_header_pattern: re.Pattern | None = None  # --http-header-forward-pattern
     grpc_header_pattern: re.Pattern | None = None  # --grpc-header-forward-pattern
+    sagemaker: SagemakerSettings | None = None  # --allow-sagemaker: its port and routes
+    vertex_ai: VertexSettings | None = None  # --allow-vertex-ai
 
 
 class StartupError(RuntimeError):
@@ -180,6 +188,10 @@ class Server:
                                                     self.settings.reuse_http_port)
             log.info("Started HTTPService at %s:%d", self.settings.http_address,
                      self.ports["http"])
+        if self.settings.sagemaker is not None:
+            await self._start_sagemaker(self.settings.sagemaker)
+        if self.settings.vertex_ai is not None:
+            await self._start_vertex_ai(self.settings.vertex_ai)
         if self.settings.model_control_mode == "poll":
             self._poller = asyncio.create_task(self._poll_repository())
         if self.settings.allow_metrics:
@@ -188,6 +200,30 @@ class Server:
                                                        self.settings.metrics_port)
             log.info("Started Metrics Service at %s:%d", self.settings.metrics_address,
                      self.ports["metrics"])
+
+    async def _start_sagemaker(self, settings: SagemakerSettings) -> None:
+        model = settings.default_model
+        if model is None:  # as Triton's SageMaker container: the repository's one model
+            names = {entry["name"] for entry in self.service.repository_index()}
+            model = names.pop() if len(names) == 1 else UNSPECIFIED_MODEL
+        frontend = SagemakerFrontend(self.service, settings, model)
+        self.ports["sagemaker"] = await self._listen(frontend.handle, settings.address,
+                                                     settings.port)
+        log.info("Started Sagemaker HTTPService at %s:%d", settings.address,
+                 self.ports["sagemaker"])
+
+    async def _start_vertex_ai(self, settings: VertexSettings) -> None:
+        try:
+            check_routes(settings)
+            model = default_model(self.service, settings.default_model)
+        except TritonError as error:
+            raise StartupError(f"failed to start Vertex AI service: {error.code.value} - "
+                               f"{error.message}") from None
+        frontend = VertexFrontend(self.service, settings, model)
+        self.ports["vertex_ai"] = await self._listen(frontend.handle, settings.address,
+                                                     settings.port)
+        log.info("Started Vertex AI HTTPService at %s:%d", settings.address,
+                 self.ports["vertex_ai"])
 
     def _apply_log_settings(self) -> None:
         try:

@@ -112,14 +112,10 @@ NOT_HONOURED: dict[str, tuple[str, str]] = {
     "cache-directory": (NOT_APPLICABLE, "caches are built in (local); no shared libraries"),
     "model-namespacing": (NOT_YET, "model names are global across repositories"),
     "grpc-infer-response-compression-level": (NOT_YET, "responses are sent uncompressed"),
-    "allow-sagemaker": (NOT_YET, "no SageMaker front end"),
-    "sagemaker-port": (NOT_YET, "no SageMaker front end"),
-    "sagemaker-safe-port-range": (NOT_YET, "no SageMaker front end"),
-    "sagemaker-thread-count": (NOT_APPLICABLE, "a thread pool of Triton's HTTP library"),
-    "allow-vertex-ai": (NOT_YET, "no Vertex AI front end"),
-    "vertex-ai-port": (NOT_YET, "no Vertex AI front end"),
-    "vertex-ai-thread-count": (NOT_APPLICABLE, "a thread pool of Triton's HTTP library"),
-    "vertex-ai-default-model": (NOT_YET, "no Vertex AI front end"),
+    "sagemaker-thread-count": (NOT_APPLICABLE, "a thread pool of Triton's HTTP library; "
+                               "the event loop serves the SageMaker port"),
+    "vertex-ai-thread-count": (NOT_APPLICABLE, "a thread pool of Triton's HTTP library; "
+                               "the event loop serves the Vertex AI port"),
     "backend-config": (NOT_YET, "backend settings come from each model's config"),
 }
 

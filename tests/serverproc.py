@@ -32,6 +32,10 @@ class ServerProcess:
     env: dict | None = None
     ready_timeout: float = 60.0
     expect_ready: bool = True
+    # The services whose "Started ..." lines mean the server is up; readiness is
+    # waited on through the first one (its /v2/health/ready, or ready_path).
+    services: tuple[str, ...] = ("http", "grpc")
+    ready_path: str = "/v2/health/ready"
     proc: subprocess.Popen | None = None
     ports: dict[str, int] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
@@ -69,18 +73,19 @@ class ServerProcess:
             started = started_service(line)
             if started:
                 self.ports[started[0]] = started[1]
-            if "http" in self.ports and "grpc" in self.ports:
+            if all(service in self.ports for service in self.services):
                 self._seen_ports.set()
         self._seen_ports.set()
 
     def _wait_for_ports(self) -> None:
-        if not self._seen_ports.wait(self.ready_timeout) or "http" not in self.ports:
+        if not self._seen_ports.wait(self.ready_timeout) \
+                or self.services[0] not in self.ports:
             self.stop()
             raise RuntimeError("server did not report its ports:\n" + self.output)
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout
-        url = f"http://{self.http_url}/v2/health/ready"
+        url = f"http://127.0.0.1:{self.ports[self.services[0]]}{self.ready_path}"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("server exited early:\n" + self.output)

@@ -4,6 +4,7 @@ in Triton, the others are named once at start-up, never silently ignored."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,10 @@ SPECIFIC_VALUES = {"model-control-mode": "explicit", "log-format": "ISO8601",
                    "grpc-infer-response-compression-level": "none",
                    "model-store": None, "model-repository": None,
                    "http-address": "127.0.0.1", "grpc-address": "127.0.0.1",
-                   "metrics-address": "127.0.0.1"}
+                   "metrics-address": "127.0.0.1", "http-port": "18000",
+                   "grpc-port": "18001", "metrics-port": "18002", "sagemaker-port": "0",
+                   "vertex-ai-port": "0", "sagemaker-safe-port-range": "0-65535",
+                   "vertex-ai-default-model": "m"}
 # --help exits; TLS needs certificate files; the old cache flag conflicts with
 # --cache-config (as in tritonserver).
 SKIPPED = {"help", "grpc-use-ssl", "grpc-use-ssl-mutual", "response-cache-byte-size"}
@@ -100,7 +104,9 @@ def test_a_server_started_with_every_flag_serves_and_names_the_ones_it_ignores(t
             if not a.startswith(("--http-port", "--grpc-port", "--metrics-port",
                                  "--http-restricted-api", "--grpc-restricted-protocol",
                                  "--log-file"))]
-    with ServerProcess(args) as server:
+    # --allow-vertex-ai needs the routes Vertex AI sets.
+    env = dict(os.environ, AIP_PREDICT_ROUTE="/predict", AIP_HEALTH_ROUTE="/health")
+    with ServerProcess(args, env=env) as server:
         import urllib.request
 
         with urllib.request.urlopen(f"http://{server.http_url}/v2", timeout=10) as reply:
