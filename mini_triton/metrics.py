@@ -76,40 +76,71 @@ LATENCY_COUNTERS = (
      lambda s: _us(s.durations["compute_output"].ns)),
 )
 
-# Response-cache counters (only when the server has a cache): family, how to read it.
+# Response-cache counters, for the models whose config enables the cache (as Triton,
+# whether or not the server has one): family, how to read it.
 CACHE_COUNTERS = (
     (Family("nv_cache_num_hits_per_model", "counter", "Number of cache hits per model"),
      lambda s: s.durations["cache_hit"].count),
-    (Family("nv_cache_num_misses_per_model", "counter", "Number of cache misses per model"),
-     lambda s: s.durations["cache_miss"].count),
     (Family("nv_cache_hit_duration_per_model", "counter",
             "Total cache hit duration per model, in microseconds"),
      lambda s: _us(s.durations["cache_hit"].ns)),
+    (Family("nv_cache_num_misses_per_model", "counter", "Number of cache misses per model"),
+     lambda s: s.durations["cache_miss"].count),
     (Family("nv_cache_miss_duration_per_model", "counter",
             "Total cache miss (insert+lookup) duration per model, in microseconds"),
      lambda s: _us(s.durations["cache_miss"].ns)),
 )
 
-# Latency summaries: family, the ModelStats window it reads.
+# The server's response cache (only with --cache-config): Triton's local cache reports
+# these as gauges; the key is what ResponseCache.counters() calls each.
+CACHE_GAUGES = (
+    (Family("nv_cache_util", "gauge", "Cache utilization [0.0 - 1.0]"), "cache_util"),
+    (Family("nv_cache_num_entries", "gauge", "Number of responses stored in response cache"),
+     "cache_num_entries"),
+    (Family("nv_cache_num_hits", "gauge", "Number of cache hits in response cache"),
+     "cache_num_hits"),
+    (Family("nv_cache_num_misses", "gauge", "Number of cache misses in response cache"),
+     "cache_num_misses"),
+    (Family("nv_cache_num_lookups", "gauge", "Number of cache lookups in response cache"),
+     "cache_num_lookups"),
+    (Family("nv_cache_num_evictions", "gauge", "Number of cache evictions in response cache"),
+     "cache_num_evictions"),
+    (Family("nv_cache_lookup_duration", "gauge",
+            "Total cache lookup duration (hit and miss), in microseconds"),
+     "cache_lookup_duration"),
+    (Family("nv_cache_insertion_duration", "gauge",
+            "Total cache insertion duration, in microseconds"), "cache_insertion_duration"),
+)
+
+# Latency summaries: family, the ModelStats window it reads. Triton's help texts (the
+# compute ones say "Cumulative", as Triton 2.51 words them). A model with the response
+# cache has no request summary (Triton leaves it out there) but the two cache summaries.
+REQUEST_SUMMARY = (Family("nv_inference_request_summary_us", "summary",
+                          "Summary of inference request duration in microseconds (includes "
+                          "cached requests)"), "request")
 LATENCY_SUMMARIES = (
-    (Family("nv_inference_request_summary_us", "summary",
-            "Summary of inference request duration in microseconds (includes cached requests)"),
-     "request"),
     (Family("nv_inference_queue_summary_us", "summary",
             "Summary of inference queuing duration in microseconds (includes cached requests)"),
      "queue"),
     (Family("nv_inference_compute_input_summary_us", "summary",
-            "Summary of compute input duration in microseconds (does not include cached "
+            "Cumulative compute input duration in microseconds (does not include cached "
             "requests)"),
      "compute_input"),
     (Family("nv_inference_compute_infer_summary_us", "summary",
-            "Summary of compute inference duration in microseconds (does not include cached "
+            "Cumulative compute inference duration in microseconds (does not include cached "
             "requests)"),
      "compute_infer"),
     (Family("nv_inference_compute_output_summary_us", "summary",
-            "Summary of compute output duration in microseconds (does not include cached "
-            "requests)"),
+            "Cumulative inference compute output duration in microseconds (does not include "
+            "cached requests)"),
      "compute_output"),
+)
+CACHE_SUMMARIES = (
+    (Family("nv_cache_hit_summary_per_model", "summary",
+            "Summary of cache hit counts/durations per model, in microseconds."), "cache_hit"),
+    (Family("nv_cache_miss_summary_per_model", "summary",
+            "Summary of cache miss counts/durations per model, in microseconds."),
+     "cache_miss"),
 )
 
 PENDING = Family("nv_inference_pending_request_count", "gauge",
@@ -152,16 +183,25 @@ class MetricsText:
         self.lines: list[str] = []
 
     def family(self, family: Family, samples: list[tuple[dict, float]]) -> None:
-        self.lines.append(f"# HELP {family.name} {family.help}")
-        self.lines.append(f"# TYPE {family.name} {family.kind}")
+        """A family with its samples; none at all (no model has it) leaves it out, as
+        prometheus-cpp does for Triton."""
+        if not samples:
+            return
+        self.header(family)
         for labels, value in samples:
             self.lines.append(f"{family.name}{_labels(labels)} {_number(value)}")
+
+    def header(self, family: Family) -> None:
+        """A family's HELP and TYPE lines (its samples follow)."""
+        self.lines.append(f"# HELP {family.name} {family.help}")
+        self.lines.append(f"# TYPE {family.name} {family.kind}")
 
     def summary(self, family: Family, series: list[tuple[dict, list, float, int]],
                 quantiles: tuple) -> None:
         """`series`: (labels, quantile values, sum, count) per labelled summary."""
-        self.lines.append(f"# HELP {family.name} {family.help}")
-        self.lines.append(f"# TYPE {family.name} summary")
+        if not series:
+            return
+        self.header(family)
         for labels, values, total, count in series:
             for quantile, value in zip(quantiles, values):
                 self.lines.append(f"{family.name}{_labels({**labels, 'quantile': quantile})} "
@@ -223,7 +263,7 @@ class Metrics:
         # The models' statistics keep latency windows only when summaries are asked
         # for (ServerOptions.latency_summaries, read from the same config).
         self.options = MetricsOptions.from_config(config)
-        self.cache_counters = False  # the server has a response cache
+        self.response_cache = None  # the server's ResponseCache (--cache-config)
         psutil.cpu_percent(None)  # prime the utilisation counter
         self._cpu_at = -math.inf
 
@@ -231,19 +271,26 @@ class Metrics:
         self.extra_sources.append(source)
 
     def render(self) -> str:
+        """The exposition, families grouped by kind as prometheus-cpp orders Triton's:
+        counters, then gauges, then summaries, then the models' own metrics."""
         text = MetricsText()
-        stats = [v.stats for v in self.manager.loaded_versions()]
-        self._model_families(text, stats)
+        versions = self.manager.loaded_versions()
+        self._model_counters(text, versions)
+        self._model_gauges(text, versions)
         text.family(PINNED_TOTAL, [({}, 0)])  # no pinned memory pool on a CPU server
         text.family(PINNED_USED, [({}, 0)])
         if self.allow_cpu:
             self._cpu_families(text)
+        if self.response_cache is not None:
+            self._cache_families(text)
+        if self.options.summary_latencies:
+            self._model_summaries(text, versions)
         for source in self.extra_sources:
             source(text)
         return text.render()
 
-    def _model_families(self, text: MetricsText, stats: list[ModelStats]) -> None:
-        labelled = [({"model": s.name, "version": s.version}, s) for s in stats]
+    def _model_counters(self, text: MetricsText, versions: list) -> None:
+        labelled = [(_labels_of(v.stats), v.stats) for v in versions]
         snapshots = [(labels, _snapshot(s)) for labels, s in labelled]
         text.family(SUCCESS, [(l, s["success"]) for l, s in snapshots])
         text.family(FAILURE, [({"model": l["model"], "reason": reason, "version": l["version"]},
@@ -251,27 +298,39 @@ class Metrics:
                               for l, s in snapshots for reason in FAILURE_REASONS])
         text.family(COUNT, [(l, s["inference_count"]) for l, s in snapshots])
         text.family(EXEC_COUNT, [(l, s["execution_count"]) for l, s in snapshots])
-        counters = (LATENCY_COUNTERS if self.options.counter_latencies else ()) + \
-            (CACHE_COUNTERS if self.cache_counters else ())
-        for family, read in counters:
-            samples = []
-            for labels, stat in labelled:
+        if self.options.counter_latencies:
+            for family, read in LATENCY_COUNTERS:
+                text.family(family, _read_each(labelled, read))
+        cached = [(_labels_of(v.stats), v.stats) for v in versions if _caches(v)]
+        for family, read in CACHE_COUNTERS:
+            text.family(family, _read_each(cached, read))
+
+    def _model_gauges(self, text: MetricsText, versions: list) -> None:
+        labelled = [(_labels_of(v.stats), v.stats) for v in versions]
+        text.family(PENDING, [(l, _snapshot(s)["pending"]) for l, s in labelled])
+        text.family(LOAD_DURATION, [(l, s.load_duration_secs) for l, s in labelled])
+
+    def _model_summaries(self, text: MetricsText, versions: list) -> None:
+        quantiles = self.options.quantiles
+        now = time.monotonic_ns()
+        plain = [v for v in versions if not _caches(v)]
+        cached = [v for v in versions if _caches(v)]
+        families = [(REQUEST_SUMMARY, plain)] + [(f, versions) for f in LATENCY_SUMMARIES] + \
+            [(f, cached) for f in CACHE_SUMMARIES]
+        for (family, key), members in families:
+            series = []
+            for version in members:
+                stat = version.stats
+                window = stat.summaries[key]
                 with stat.lock:
-                    samples.append((labels, read(stat)))
-            text.family(family, samples)
-        if self.options.summary_latencies:
-            quantiles = self.options.quantiles
-            now = time.monotonic_ns()
-            for family, key in LATENCY_SUMMARIES:
-                series = []
-                for labels, stat in labelled:
-                    window = stat.summaries[key]
-                    with stat.lock:
-                        values = window.quantiles(quantiles, now)
-                        series.append((labels, values, window.total, window.count))
-                text.summary(family, series, quantiles)
-        text.family(PENDING, [(l, s["pending"]) for l, s in snapshots])
-        text.family(LOAD_DURATION, [(l, stat.load_duration_secs) for l, stat in labelled])
+                    series.append((_labels_of(stat), window.quantiles(quantiles, now),
+                                   window.total, window.count))
+            text.summary(family, series, quantiles)
+
+    def _cache_families(self, text: MetricsText) -> None:
+        counters = self.response_cache.counters()
+        for family, key in CACHE_GAUGES:
+            text.family(family, [({}, counters[key])])
 
     def _cpu_families(self, text: MetricsText) -> None:
         now = time.monotonic()
@@ -284,6 +343,24 @@ class Metrics:
         text.family(CPU_UTILIZATION, [({}, utilization)])
         text.family(CPU_TOTAL, [({}, total)])
         text.family(CPU_USED, [({}, used)])
+
+
+def _labels_of(stats: ModelStats) -> dict:
+    return {"model": stats.name, "version": stats.version}
+
+
+def _caches(version) -> bool:
+    """Whether the model's config enables the response cache (Triton then reports the
+    cache families for it)."""
+    return version.config.response_cache.enable
+
+
+def _read_each(labelled: list, read) -> list:
+    samples = []
+    for labels, stat in labelled:
+        with stat.lock:
+            samples.append((labels, read(stat)))
+    return samples
 
 
 def _snapshot(stats: ModelStats) -> dict:

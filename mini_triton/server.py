@@ -158,7 +158,7 @@ class Server:
         self.service.metrics = self.metrics  # backends add their own families (custom metrics)
         if settings.response_cache_bytes:
             self.service.response_cache = ResponseCache(settings.response_cache_bytes)
-            self.metrics.cache_counters = True
+            self.metrics.response_cache = self.service.response_cache
         self.ports: dict[str, int] = {}
         self._listeners: list = []
         self._grpc = None

@@ -32,6 +32,20 @@ CPU_GAUGES = ("nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_
 SUMMARIES = ("nv_inference_request_summary_us", "nv_inference_queue_summary_us",
              "nv_inference_compute_input_summary_us", "nv_inference_compute_infer_summary_us",
              "nv_inference_compute_output_summary_us")
+SUMMARY_HELP = {
+    "nv_inference_request_summary_us":
+        "Summary of inference request duration in microseconds (includes cached requests)",
+    "nv_inference_queue_summary_us":
+        "Summary of inference queuing duration in microseconds (includes cached requests)",
+    "nv_inference_compute_input_summary_us":
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+    "nv_inference_compute_infer_summary_us":
+        "Cumulative compute inference duration in microseconds (does not include cached "
+        "requests)",
+    "nv_inference_compute_output_summary_us":
+        "Cumulative inference compute output duration in microseconds (does not include "
+        "cached requests)",
+}
 
 
 def start_server(tmp_path_factory, **overrides) -> ServerThread:
@@ -149,6 +163,17 @@ def test_summaries_with_summary_latencies(summary_server):
     assert sample(parsed["nv_inference_request_summary_us"], quantile="0.99", **labels) >= \
         sample(parsed["nv_inference_request_summary_us"], quantile="0.5", **labels) > 0
     assert "nv_inference_request_duration_us" in parsed  # counters stay on
+    # Triton 2.51's help texts (its compute summaries say "Cumulative").
+    assert {name: parsed[name].documentation for name in SUMMARIES} == SUMMARY_HELP
+
+
+def test_a_server_without_models_declares_no_model_families(tmp_path):
+    """prometheus-cpp leaves out a family with no samples, so Triton's page for an
+    empty repository has the pinned-memory and CPU gauges only."""
+    with ServerThread(server_settings(tmp_path)) as running:
+        names = [f.name for f in text_string_to_metric_families(scrape(running))]
+    assert names == ["nv_pinned_memory_pool_total_bytes", "nv_pinned_memory_pool_used_bytes",
+                     *CPU_GAUGES]
 
 
 def test_metrics_config_keys_follow_triton():

@@ -8,6 +8,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import connect, server_settings
 from mini_triton.cli import build_parser, settings_from
@@ -156,6 +157,48 @@ def test_a_decoupled_model_with_response_cache_does_not_load(server):
     assert "decoupled" in entry["reason"]
 
 
+# Triton 2.51's local cache families: name → help (all gauges, no labels), in its order.
+GLOBAL_CACHE_FAMILIES = {
+    "nv_cache_util": "Cache utilization [0.0 - 1.0]",
+    "nv_cache_num_entries": "Number of responses stored in response cache",
+    "nv_cache_num_hits": "Number of cache hits in response cache",
+    "nv_cache_num_misses": "Number of cache misses in response cache",
+    "nv_cache_num_lookups": "Number of cache lookups in response cache",
+    "nv_cache_num_evictions": "Number of cache evictions in response cache",
+    "nv_cache_lookup_duration": "Total cache lookup duration (hit and miss), in microseconds",
+    "nv_cache_insertion_duration": "Total cache insertion duration, in microseconds",
+}
+# Triton's per-model cache counters, in its order.
+MODEL_CACHE_FAMILIES = {
+    "nv_cache_num_hits_per_model": "Number of cache hits per model",
+    "nv_cache_hit_duration_per_model": "Total cache hit duration per model, in microseconds",
+    "nv_cache_num_misses_per_model": "Number of cache misses per model",
+    "nv_cache_miss_duration_per_model":
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+}
+
+
+def scrape(server) -> str:
+    url = f"http://127.0.0.1:{server.ports['metrics']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return reply.read().decode()
+
+
+def parsed(text: str) -> dict:
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def cache_families(text: str) -> list[str]:
+    """The nv_cache_* family names in the order the page declares them."""
+    return [line.split()[2] for line in text.splitlines()
+            if line.startswith("# TYPE nv_cache_")]
+
+
+def global_values(text: str) -> dict:
+    families = parsed(text)
+    return {name: families[name].samples[0].value for name in GLOBAL_CACHE_FAMILIES}
+
+
 def test_cache_counters_on_the_metrics_endpoint(server):
     proto = connect("http", server)
     try:
@@ -163,16 +206,105 @@ def test_cache_counters_on_the_metrics_endpoint(server):
         infer(proto, "cached", [99.0])
     finally:
         proto.client.close()
-    url = f"http://127.0.0.1:{server.ports['metrics']}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
-    lines = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-             if line.startswith("nv_cache_")}
-    labels = '{model="cached",version="1"}'
-    assert lines[f"nv_cache_num_hits_per_model{labels}"] >= 1
-    assert lines[f"nv_cache_num_misses_per_model{labels}"] >= 1
-    assert f"nv_cache_hit_duration_per_model{labels}" in lines
-    assert f"nv_cache_miss_duration_per_model{labels}" in lines
+    families = parsed(scrape(server))
+    for name, help_text in MODEL_CACHE_FAMILIES.items():
+        assert (families[name].type, families[name].documentation) == ("counter", help_text)
+    labels = {"model": "cached", "version": "1"}
+    by_model = {name: {tuple(sorted(s.labels.items())): s.value
+                       for s in families[name].samples} for name in MODEL_CACHE_FAMILIES}
+    key = tuple(sorted(labels.items()))
+    assert by_model["nv_cache_num_hits_per_model"][key] >= 1
+    assert by_model["nv_cache_num_misses_per_model"][key] >= 1
+    assert key in by_model["nv_cache_hit_duration_per_model"]
+    assert key in by_model["nv_cache_miss_duration_per_model"]
+
+
+def test_per_model_cache_families_only_for_models_with_the_cache_on(server):
+    """As Triton: the models whose config enables the cache, in Triton's family order."""
+    text = scrape(server)
+    families = parsed(text)
+    for name in MODEL_CACHE_FAMILIES:
+        models = {s.labels["model"] for s in families[name].samples}
+        assert models == {"cached", "cached_sequence", "cached_ensemble"}, name
+    assert cache_families(text)[:4] == list(MODEL_CACHE_FAMILIES)
+
+
+def test_global_cache_gauges_as_triton_reports_them(server):
+    text = scrape(server)
+    families = parsed(text)
+    for name, help_text in GLOBAL_CACHE_FAMILIES.items():
+        family = families[name]
+        assert (family.type, family.documentation) == ("gauge", help_text), name
+        assert [s.labels for s in family.samples] == [{}], name
+    assert cache_families(text)[-8:] == list(GLOBAL_CACHE_FAMILIES)
+
+
+def test_global_cache_gauges_count_lookups_hits_misses_and_entries(server):
+    before = global_values(scrape(server))
+    proto = connect("grpc", server)
+    try:
+        for values in ([61.0], [62.0], [61.0], [61.0]):  # two misses, then two hits
+            infer(proto, "cached", values)
+        infer(proto, "uncached", [61.0])  # no lookup: its config does not enable the cache
+    finally:
+        proto.client.close()
+    after = global_values(scrape(server))
+    change = {name: after[name] - before[name] for name in after}
+    assert change["nv_cache_num_lookups"] == 4
+    assert change["nv_cache_num_hits"] == 2
+    assert change["nv_cache_num_misses"] == 2
+    assert change["nv_cache_num_entries"] == 2
+    assert change["nv_cache_num_evictions"] == 0
+    assert change["nv_cache_util"] > 0 and 0 < after["nv_cache_util"] <= 1
+    assert change["nv_cache_lookup_duration"] >= 0
+    assert change["nv_cache_insertion_duration"] >= 0
+
+
+def test_evictions_are_counted(tmp_path):
+    """A cache with room for about one response: each new response evicts the last."""
+    settings = server_settings(write_repository(tmp_path), exit_on_error=False,
+                               strict_readiness=False, response_cache_bytes=300)
+    with ServerThread(settings) as running:
+        proto = connect("http", running)
+        try:
+            for value in (1.0, 2.0, 3.0):
+                infer(proto, "cached", [value] * 16)
+        finally:
+            proto.client.close()
+        values = global_values(scrape(running))
+    assert values["nv_cache_num_evictions"] == 2
+    assert values["nv_cache_num_entries"] == 1
+    assert values["nv_cache_num_misses"] == 3
+
+
+def test_latency_summaries_of_cached_models_are_triton_s(tmp_path):
+    """With summary_latencies: a model with the cache has the cache hit and miss
+    summaries and, as on Triton, no request summary; the others keep theirs."""
+    settings = server_settings(write_repository(tmp_path), exit_on_error=False,
+                               strict_readiness=False, response_cache_bytes=1 << 20,
+                               metrics_config={"summary_latencies": "true"})
+    with ServerThread(settings) as running:
+        proto = connect("http", running)
+        try:
+            for model in ("cached", "cached", "uncached"):
+                infer(proto, model, [5.0])
+        finally:
+            proto.client.close()
+        families = parsed(scrape(running))
+
+    def models(name: str) -> set:
+        return {s.labels["model"] for s in families[name].samples}
+
+    assert models("nv_inference_request_summary_us") == {"uncached"}
+    assert models("nv_inference_queue_summary_us") >= {"cached", "uncached"}
+    cached = {"cached", "cached_sequence", "cached_ensemble"}
+    assert models("nv_cache_hit_summary_per_model") == cached
+    assert models("nv_cache_miss_summary_per_model") == cached
+    assert families["nv_cache_hit_summary_per_model"].documentation == \
+        "Summary of cache hit counts/durations per model, in microseconds."
+    counts_of = {s.labels["model"]: s.value for s in families["nv_cache_hit_summary_per_model"]
+                 .samples if s.name.endswith("_count")}
+    assert counts_of["cached"] == 1
 
 
 def test_without_a_server_cache_nothing_is_cached(tmp_path):
@@ -188,9 +320,12 @@ def test_without_a_server_cache_nothing_is_cached(tmp_path):
                 "executions": 2, "success": 2, "hits": 0, "misses": 0}
         finally:
             proto.client.close()
-        metrics = urllib.request.urlopen(
-            f"http://127.0.0.1:{running.ports['metrics']}/metrics", timeout=10).read().decode()
-        assert "nv_cache_num_hits_per_model" not in metrics
+        families = parsed(scrape(running))
+    # No cache, no cache gauges; the models that enable it still have their (zero)
+    # per-model counters, as on Triton.
+    assert not set(GLOBAL_CACHE_FAMILIES) & set(families)
+    hits = {s.labels["model"]: s.value for s in families["nv_cache_num_hits_per_model"].samples}
+    assert hits == {"cached": 0, "cached_sequence": 0, "cached_ensemble": 0}
 
 
 # --- the cache itself ---

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import threading
+import time
 
 import numpy as np
 
@@ -70,7 +71,9 @@ def parse_cache_config(entries: list[str], byte_size: int | None) -> int:
 
 class ResponseCache:
     """Response outputs by request hash, least recently used first out, bounded in bytes.
-    Thread-safe: requests of every model and thread share it."""
+    Thread-safe: requests of every model and thread share it. It counts what Triton's
+    local cache reports (the `nv_cache_*` gauges): lookups, hits, misses, evictions and
+    the time spent looking up and inserting."""
 
     def __init__(self, size_bytes: int):
         self.size_bytes = size_bytes
@@ -78,6 +81,20 @@ class ResponseCache:
         self.entries: collections.OrderedDict[bytes, tuple[list[Tensor], int]] = \
             collections.OrderedDict()
         self.lock = threading.Lock()
+        self.hits = self.misses = self.evictions = 0
+        self.lookup_ns = self.insertion_ns = 0
+
+    def counters(self) -> dict:
+        """The cache's figures at this moment, under Triton's metric names (less `nv_`)."""
+        with self.lock:
+            return {"cache_util": self.used_bytes / self.size_bytes if self.size_bytes else 0.0,
+                    "cache_num_entries": len(self.entries),
+                    "cache_num_hits": self.hits,
+                    "cache_num_misses": self.misses,
+                    "cache_num_lookups": self.hits + self.misses,
+                    "cache_num_evictions": self.evictions,
+                    "cache_lookup_duration": self.lookup_ns // 1000,
+                    "cache_insertion_duration": self.insertion_ns // 1000}
 
     def key(self, request: InferenceRequest) -> bytes:
         """The request's hash (inputs are numpy arrays once validated)."""
@@ -92,29 +109,39 @@ class ResponseCache:
         return digest.digest()
 
     def lookup(self, key: bytes) -> list[Tensor] | None:
+        start = time.monotonic_ns()
         with self.lock:
             entry = self.entries.get(key)
             if entry is None:
-                return None
-            self.entries.move_to_end(key)
-            return entry[0]
+                self.misses += 1
+            else:
+                self.hits += 1
+                self.entries.move_to_end(key)
+            self.lookup_ns += time.monotonic_ns() - start
+        return None if entry is None else entry[0]
 
     def insert(self, key: bytes, outputs: list[Tensor]) -> bool:
         """Keep a response's outputs (copied); False when they cannot fit at all."""
+        start = time.monotonic_ns()
         kept = [_frozen_copy(tensor) for tensor in outputs]
         size = _ENTRY_OVERHEAD + sum(_ENTRY_OVERHEAD + len(t.name) + _data_size(t) for t in kept)
-        if size > self.size_bytes:
-            return False
         with self.lock:
-            previous = self.entries.pop(key, None)
-            if previous is not None:
-                self.used_bytes -= previous[1]
-            while self.entries and self.used_bytes + size > self.size_bytes:
-                _, (_, evicted) = self.entries.popitem(last=False)
-                self.used_bytes -= evicted
-            self.entries[key] = (kept, size)
-            self.used_bytes += size
-        return True
+            if size <= self.size_bytes:
+                self._make_room_and_keep(key, kept, size)
+            self.insertion_ns += time.monotonic_ns() - start
+        return size <= self.size_bytes
+
+    def _make_room_and_keep(self, key: bytes, kept: list[Tensor], size: int) -> None:
+        """Evict least recently used entries until `size` fits, then keep; lock held."""
+        previous = self.entries.pop(key, None)
+        if previous is not None:
+            self.used_bytes -= previous[1]
+        while self.entries and self.used_bytes + size > self.size_bytes:
+            _, (_, evicted) = self.entries.popitem(last=False)
+            self.used_bytes -= evicted
+            self.evictions += 1
+        self.entries[key] = (kept, size)
+        self.used_bytes += size
 
 
 def _frozen_copy(tensor: Tensor) -> Tensor:

@@ -27,7 +27,8 @@ STAT_NAMES = ("success", "fail", "queue", "compute_input", "compute_infer", "com
               "cache_hit", "cache_miss")
 
 # The latencies Prometheus summaries are kept for (see metrics.py).
-SUMMARY_NAMES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+SUMMARY_NAMES = ("request", "queue", "compute_input", "compute_infer", "compute_output",
+                 "cache_hit", "cache_miss")
 # What each request that succeeded adds to, in `record_compute`'s argument order.
 COMPUTE_NAMES = ("queue", "compute_input", "compute_infer", "compute_output")
 
@@ -176,8 +177,11 @@ class ModelStats:
 
     def record_cache(self, hit: bool, ns: int) -> None:
         """A response-cache lookup (a hit's time) or a miss (lookup plus insertion)."""
+        name = "cache_hit" if hit else "cache_miss"
         with self.lock:
-            self.durations["cache_hit" if hit else "cache_miss"].add(max(0, ns))
+            self.durations[name].add(max(0, ns))
+            if self.summaries is not None:
+                self.summaries[name].observe(max(0, ns) // 1000)
 
     def record_response(self, key: str, kind: str, ns: int) -> None:
         """One response of a decoupled request, by its index: kind is compute_infer,

@@ -129,7 +129,8 @@ class CustomMetrics:
                 if family.kind != "histogram":
                     text.family(header, [(s.labels, s.value) for s in series])
                     continue
-                text.family(header, [])
+                if series:  # a family with no series is left out, as the others
+                    text.header(header)
                 for s in series:
                     _histogram_lines(text, family.name, s)
 
