@@ -145,6 +145,8 @@ class InferenceRequest:
     inputs: list[Tensor] = field(default_factory=list)
     outputs: list[RequestedOutput] = field(default_factory=list)
     parameters: dict = field(default_factory=dict)
+    # The one input is a raw body whose name and shape core.validate deduces.
+    raw_input: bool = False
     # Filled by core.validate.normalize:
     batch_size: int = 0
     priority: int = 0

@@ -74,6 +74,8 @@ def normalize(request: InferenceRequest, model: ModelSignature) -> None:
 
     Raises TritonError(INVALID_ARG) with Triton's wording on the first problem.
     """
+    if request.raw_input:
+        _named(request, _deduce_raw_input, model)
     _apply_control_parameters(request)
     inputs_by_name = _index_inputs(request, model.name)
     _check_known_inputs(inputs_by_name, model.inputs, model.name)
@@ -83,12 +85,63 @@ def normalize(request: InferenceRequest, model: ModelSignature) -> None:
         for tensor in request.inputs:
             _check_input(tensor, model.inputs[tensor.name], model, batch_size)
     except TritonError as error:
-        # Triton's request checks name the request (InferenceRequest::LogRequest).
-        error.message = f"[request id: {request.id or '<id_unknown>'}] {error.message}"
-        error.args = (error.message,)
-        raise
+        raise _naming_request(error, request)
     _check_outputs(request, model)
     request.batch_size = batch_size
+
+
+def _naming_request(error: TritonError, request: InferenceRequest) -> TritonError:
+    """Triton's request checks name the request (InferenceRequest::LogRequest)."""
+    error.message = f"[request id: {request.id or '<id_unknown>'}] {error.message}"
+    error.args = (error.message,)
+    return error
+
+
+def _named(request: InferenceRequest, check, model: ModelSignature) -> None:
+    try:
+        check(request, model)
+    except TritonError as error:
+        raise _naming_request(error, request)
+
+
+# --- a raw binary body (HTTP `Inference-Header-Content-Length: 0`) ---
+
+RAW_INPUT_NAME = "raw_input"  # Triton's name for the input until it is deduced
+
+
+def raw_input(data: memoryview | bytes) -> Tensor:
+    """The one input of a raw request: its bytes, its name and shape still unknown."""
+    return Tensor(RAW_INPUT_NAME, "", (), raw=data)
+
+
+def _deduce_raw_input(request: InferenceRequest, model: ModelSignature) -> None:
+    """Give the raw input the model's only input's name, datatype and shape, as
+    Triton deduces them: the batch dimension is 1, one -1 takes what the byte count
+    implies, and a BYTES input must be a single element (its bytes become one string)."""
+    if len(request.inputs) != 1 or len(model.inputs) != 1:
+        raise invalid_arg(
+            f"Raw request must only have 1 input (found {len(request.inputs)}) to be deduced "
+            f"but got {len(model.inputs)} inputs in '{model.name}' model configuration")
+    tensor = request.inputs[0]
+    name, spec = next(iter(model.inputs.items()))
+    dims = list(spec.dims)
+    if dims.count(-1) > 1:
+        raise invalid_arg(
+            f"The shape of the raw input '{name}' can not be deduced because there are more "
+            "than one variable-sized dimension")
+    raw = bytes(tensor.raw) if spec.datatype == "BYTES" else tensor.raw
+    if spec.datatype == "BYTES":
+        if -1 in dims or datatypes.element_count(dims) != 1:
+            raise invalid_arg(f"For BYTE datatype raw input '{name}', the model must have "
+                              "input shape [1]")
+        raw = len(raw).to_bytes(4, "little") + raw  # Triton's framing of one string
+    elif -1 in dims:
+        known = datatypes.element_count([d for d in dims if d != -1])
+        element_size = datatypes.from_name(spec.datatype).byte_size
+        dims[dims.index(-1)] = len(raw) // known // element_size if known else 0
+    batch = [1] if model.max_batch_size > 0 else []
+    request.inputs = [Tensor(name, spec.datatype, tuple(batch + dims), raw=raw,
+                             parameters=tensor.parameters)]
 
 
 def _apply_control_parameters(request: InferenceRequest) -> None:
@@ -264,11 +317,22 @@ def _materialize(tensor: Tensor, model: str) -> None:
 
 
 def _check_array(tensor: Tensor, count: int, model: str) -> None:
-    if tensor.data.size != count:
+    """Decoded data (JSON, gRPC contents) against its shape, in the words Triton's
+    byte-size checks use for the same mistake."""
+    got = tensor.data.size
+    if got != count:
+        if tensor.datatype == "BYTES":
+            if got > count:  # Triton stops at the first element too many
+                raise invalid_arg(
+                    f"unexpected number of string elements {count + 1} for inference input "
+                    f"'{tensor.name}' for model '{model}', expecting {count}")
+            raise invalid_arg(
+                f"expected {count} string elements for inference input '{tensor.name}' "
+                f"for model '{model}', got {got}")
+        size = datatypes.from_name(tensor.datatype).byte_size
         raise invalid_arg(
-            f"unexpected number of elements for input '{tensor.name}' for model '{model}': "
-            f"shape {format_shape(tensor.shape)} needs {count}, got {tensor.data.size}"
-        )
+            f"input byte size mismatch for input '{tensor.name}' for model '{model}'. "
+            f"Expected {count * size}, got {got * size}")
     tensor.data = tensor.data.reshape(tensor.shape)
 
 

@@ -10,6 +10,8 @@ from ..core import datatypes
 from ..core.errors import invalid_arg
 from ..core.request import InferenceRequest, InferenceResponse
 from ..core.tensor import RequestedOutput, Tensor
+from .grpc_parameters import (check_output_parameters, check_request_parameters,
+                              check_shared_memory_parameters)
 
 FINAL_RESPONSE = "triton_final_response"
 
@@ -40,28 +42,39 @@ def write_parameters(target, values: dict) -> None:
 
 
 def decode_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
+    check_request_parameters(message.parameters)
     raw_contents = message.raw_input_contents
     if raw_contents and len(raw_contents) != len(message.inputs):
         raise invalid_arg(
             f"expected {len(message.inputs)} raw_input_contents, got {len(raw_contents)}: "
             "raw contents must be given for every input or for none")
-    inputs = []
-    for index, item in enumerate(message.inputs):
-        datatypes.from_name(item.datatype)
-        tensor = Tensor(item.name, item.datatype, tuple(item.shape),
-                        parameters=read_parameters(item.parameters))
-        if raw_contents:
-            if item.HasField("contents"):  # Triton refuses the two together
-                raise invalid_arg(
-                    "contents field must not be specified when using raw_input_contents for "
-                    f"'{item.name}' for model '{message.model_name}'")
-            tensor.raw = raw_contents[index]
-        elif "shared_memory_region" not in tensor.parameters:
-            tensor.data = _typed_contents(item)
-        inputs.append(tensor)
-    outputs = [RequestedOutput(o.name, read_parameters(o.parameters)) for o in message.outputs]
+    inputs = [_decode_input(item, index, message) for index, item in enumerate(message.inputs)]
+    outputs = []
+    for output in message.outputs:
+        check_output_parameters(output)
+        outputs.append(RequestedOutput(output.name, read_parameters(output.parameters)))
     return InferenceRequest(message.model_name, message.model_version, message.id, inputs,
                             outputs, read_parameters(message.parameters))
+
+
+def _decode_input(item, index: int, message: pb.ModelInferRequest) -> Tensor:
+    datatypes.from_name(item.datatype)
+    tensor = Tensor(item.name, item.datatype, tuple(item.shape),
+                    parameters=read_parameters(item.parameters))
+    if check_shared_memory_parameters(item):
+        if item.HasField("contents"):  # Triton's words
+            raise invalid_arg(
+                "unexpected 'content' provided when using shared memory for input tensor "
+                f"'{item.name}' for model '{message.model_name}'")
+    elif message.raw_input_contents:
+        if item.HasField("contents"):  # Triton refuses the two together
+            raise invalid_arg(
+                "contents field must not be specified when using raw_input_contents for "
+                f"'{item.name}' for model '{message.model_name}'")
+        tensor.raw = message.raw_input_contents[index]
+    else:
+        tensor.data = _typed_contents(item)
+    return tensor
 
 
 def _typed_contents(item) -> np.ndarray:

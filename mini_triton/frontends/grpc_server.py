@@ -309,8 +309,14 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
 
     def _decode(self, message, context):
-        """The InferenceRequest of a message, with the call's forwarded metadata."""
-        infer_request = grpc_codec.decode_infer_request(message)
+        """The InferenceRequest of a message, with the call's forwarded metadata. As in
+        Triton, the model is looked up before the message is read: an unknown or failed
+        model is NOT_FOUND whatever the message holds (only a failing message pays)."""
+        try:
+            infer_request = grpc_codec.decode_infer_request(message)
+        except TritonError:
+            self.service.model_config(message.model_name, message.model_version)
+            raise
         if self.header_pattern is not None:
             forward_headers(self.header_pattern, context.invocation_metadata() or (),
                             infer_request.parameters)

@@ -11,6 +11,9 @@ from ..core import datatypes
 from ..core.errors import TritonError, invalid_arg
 from ..core.request import InferenceRequest, InferenceResponse
 from ..core.tensor import RequestedOutput, Tensor
+from ..core.validate import format_shape, raw_input
+from .http_parameters import (check_input_parameters, check_output_parameters,
+                              check_request_parameters as _check_request_parameters)
 
 try:  # orjson is optional; it is faster for large JSON tensors
     import orjson
@@ -54,7 +57,8 @@ def dumps_sorted(obj) -> bytes:
 
 def decode_infer_request(model: str, version: str, body: bytes,
                          header_length: int | None) -> tuple[InferenceRequest, bool]:
-    """Decode an /infer body; returns the request and whether outputs default to binary."""
+    """Decode an /infer body; returns the request and whether outputs that the request
+    does not list are sent in binary (`binary_data_output`)."""
     view = memoryview(body)
     if header_length is None:
         header_length = len(view)
@@ -65,7 +69,8 @@ def decode_infer_request(model: str, version: str, body: bytes,
     if not isinstance(document, dict):
         raise invalid_arg("the request JSON must be an object")
     parameters = dict(_optional(document, "parameters", dict, {}))
-    binary_output = bool(parameters.pop("binary_data_output", False))
+    _check_request_parameters(parameters)
+    binary_output = parameters.pop("binary_data_output", False)
     request = InferenceRequest(model, version, id=str(_optional(document, "id", str, "")),
                                parameters=parameters)
     binary = _BinaryCursor(view[header_length:])
@@ -78,11 +83,12 @@ def decode_infer_request(model: str, version: str, body: bytes,
     return request, binary_output
 
 
-def decode_raw_request(model: str, version: str, body: bytes, input_name: str, datatype: str,
-                       shape: tuple[int, ...]) -> InferenceRequest:
-    """A body that is the binary data of the model's only input, no JSON header."""
-    tensor = Tensor(input_name, datatype, shape, raw=memoryview(body))
-    return InferenceRequest(model, version, inputs=[tensor])
+def decode_raw_request(model: str, version: str, body: bytes) -> InferenceRequest:
+    """A body that is the binary data of the model's only input, no JSON header
+    (`Inference-Header-Content-Length: 0`); `core.validate` deduces its name and shape."""
+    request = InferenceRequest(model, version, inputs=[raw_input(memoryview(body))])
+    request.raw_input = True
+    return request
 
 
 def _parse_json(data):
@@ -125,6 +131,7 @@ class _BinaryCursor:
 def _decode_input(item, binary: _BinaryCursor, model: str) -> Tensor:
     if not isinstance(item, dict):
         raise invalid_arg("each input must be a JSON object")
+    check_input_parameters(item)
     name = item.get("name")
     datatype = item.get("datatype")
     shape = item.get("shape")
@@ -136,25 +143,67 @@ def _decode_input(item, binary: _BinaryCursor, model: str) -> Tensor:
     # type() is int: integers only, not booleans (a bool is an int subclass)
     if not isinstance(shape, list) or not all(type(d) is int for d in shape):
         raise invalid_arg(f"input '{name}' must have a 'shape' array of integers")
-    parameters = dict(_optional(item, "parameters", dict, {}))
+    parameters = dict(item.get("parameters") or {})
     tensor = Tensor(name, datatype, tuple(shape), parameters=parameters)
     size = parameters.pop("binary_data_size", None)
     if size is not None:
-        if isinstance(size, bool) or not isinstance(size, int):
-            raise invalid_arg(f"input '{name}': binary_data_size must be an integer")
         tensor.raw = binary.take(size, name, model)
     elif "shared_memory_region" in parameters:
         pass  # resolved by the service against registered regions
-    elif "data" in item:
-        tensor.data = json_to_array(item["data"], datatype, name)
     else:
-        raise invalid_arg(f"input '{name}' must have 'data' or a 'binary_data_size' parameter")
+        tensor.data = json_to_array(item["data"], datatype, name, tensor.shape)
     return tensor
 
 
-def json_to_array(data, datatype: str, name: str) -> np.ndarray:
-    """JSON tensor data (nested or flat) → a flat numpy array of the datatype."""
+def json_to_array(data, datatype: str, name: str, shape: tuple[int, ...] | None = None
+                  ) -> np.ndarray:
+    """JSON tensor data (flat, or nested exactly as `shape`) → a flat numpy array.
+
+    With a `shape`, the element count is checked here, before the request's inputs
+    are counted, in Triton's words (BYTES counts are checked in `core.validate`,
+    as Triton does); data nested otherwise than its shape is refused.
+    """
+    if shape is not None:
+        if not isinstance(data, list):
+            raise invalid_arg("Unable to parse 'data': attempt to access JSON non-array as array")
+        if datatypes.element_count(shape) == 0:
+            data = []  # Triton reads no data for an empty tensor
+    nested = isinstance(data, list) and any(isinstance(v, list) for v in data)
     flat = _flatten(data) if isinstance(data, list) else [data]
+    if shape is not None:
+        if datatype != "BYTES" and len(flat) != datatypes.element_count(shape):
+            raise invalid_arg(SHAPE_MISMATCH)
+        if nested:
+            _check_nesting(data, shape, name)
+    return _flat_to_array(flat, datatype, name)
+
+
+# Triton's words for 'data' whose element count is not its shape's (clients compare them).
+SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
+
+
+def _check_nesting(data: list, shape: tuple[int, ...], name: str) -> None:
+    """Nested data must be nested exactly as its shape: `[[[0..15]]]` or sixteen
+    one-element lists are not a [1,16] tensor (Triton flattens them and serves)."""
+    rank = len(shape)
+    pending = [(data, 0)]  # a stack, not recursion: JSON may nest a thousand deep
+    while pending:
+        value, depth = pending.pop()
+        if depth == rank:
+            fits = not isinstance(value, list)
+        else:
+            fits = isinstance(value, list) and len(value) == shape[depth]
+            if fits and depth + 1 < rank:
+                pending.extend((v, depth + 1) for v in value)
+            elif fits:
+                fits = not any(isinstance(v, list) for v in value)
+        if not fits:
+            raise invalid_arg(
+                f"Unable to parse 'data': the nesting of 'data' of input '{name}' does not "
+                f"match its shape {format_shape(shape)}")
+
+
+def _flat_to_array(flat: list, datatype: str, name: str) -> np.ndarray:
     dtype = datatypes.from_name(datatype)
     try:
         if datatype == "BYTES":
@@ -200,9 +249,15 @@ def _to_bytes(value, name: str) -> bytes:
 
 
 def _decode_output(item) -> RequestedOutput:
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+    if not isinstance(item, dict):
         raise invalid_arg("each requested output must be an object with a 'name'")
-    return RequestedOutput(item["name"], dict(_optional(item, "parameters", dict, {})))
+    check_output_parameters(item)
+    if not isinstance(item.get("name"), str):
+        raise invalid_arg("each requested output must be an object with a 'name'")
+    parameters = dict(item.get("parameters") or {})
+    if parameters.get("classification") == 0:
+        del parameters["classification"]  # Triton: a class count of 0 is no classification
+    return RequestedOutput(item["name"], parameters)
 
 
 # --- responses ---
@@ -211,9 +266,12 @@ def _decode_output(item) -> RequestedOutput:
 def encode_infer_response(response: InferenceResponse, request: InferenceRequest,
                           binary_default: bool) -> tuple[list, int | None]:
     """The response body as a list of byte chunks, and the JSON header length
-    when binary outputs follow (None for a pure JSON body)."""
-    wants_binary = {o.name: o.parameters.get("binary_data", binary_default)
-                    for o in request.outputs}
+    when binary outputs follow (None for a pure JSON body).
+
+    Triton's rule: an output the request lists is binary only if its own
+    `binary_data` says so; `binary_default` (the request's `binary_data_output`)
+    is for the outputs it does not list."""
+    wants_binary = {o.name: o.parameters.get("binary_data", False) for o in request.outputs}
     outputs, chunks = [], []
     for tensor in response.outputs:
         entry = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}

@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..config.json_format import config_to_json
-from ..core.datatypes import from_name
 from ..core.errors import TritonError, invalid_arg
-from ..core.validate import config_datatype
 from ..service import InferenceService
 from . import http_codec
 from .errors import http_status
@@ -331,23 +329,12 @@ class HttpFrontend:
                       header_length: int | None):
         """(InferenceRequest, whether outputs default to binary)."""
         if header_length == 0:
-            decoded = self._raw_request(model, version, request.body), True
+            decoded = http_codec.decode_raw_request(model, version, request.body), True
         else:
             decoded = http_codec.decode_infer_request(model, version, request.body,
                                                       header_length)
         forward_headers(self.header_pattern, request.headers.items(), decoded[0].parameters)
         return decoded
-
-    def _raw_request(self, model: str, version: str, body: bytes):
-        """Inference-Header-Content-Length: 0 — the body is the only input's raw data."""
-        config = self.service.model_config(model, version)
-        if len(config.input) != 1:
-            raise invalid_arg(
-                f"raw binary request body requires model '{model}' to have exactly one input")
-        tensor = config.input[0]
-        datatype = config_datatype(tensor.data_type)
-        shape = _raw_shape(tensor, config.max_batch_size, len(body), datatype)
-        return http_codec.decode_raw_request(model, version, body, tensor.name, datatype, shape)
 
 
 @dataclass(frozen=True)
@@ -435,25 +422,3 @@ def _header_length(value: str | None) -> int | None:
     if length < 0:
         raise invalid_arg(f"invalid {http_codec.HEADER_LENGTH} header '{value}'")
     return length
-
-
-def _raw_shape(tensor, max_batch_size: int, size: int, datatype: str) -> tuple[int, ...]:
-    """The shape of a raw single-input body: the config's dims, with one -1 (or the
-    batch dimension) taking whatever the byte count implies."""
-    dims = ([-1] if max_batch_size > 0 else []) + list(tensor.dims)
-    element_size = from_name(datatype).byte_size
-    known = 1
-    for dim in dims:
-        if dim != -1:
-            known *= dim
-    if dims.count(-1) > 1 and max_batch_size > 0:
-        dims[0] = 1
-    if dims.count(-1) > 1 or element_size == 0:
-        raise invalid_arg(
-            f"raw binary request body cannot infer the shape of input '{tensor.name}'")
-    if -1 in dims:
-        if not known or size % (known * element_size):
-            raise invalid_arg(
-                f"raw binary request body of {size} bytes does not fit input '{tensor.name}'")
-        dims[dims.index(-1)] = size // (known * element_size)
-    return tuple(dims)

@@ -1,0 +1,89 @@
+"""The kinds (`InferParameter` oneof fields) of the parameters Triton's gRPC front
+end reads itself, checked as a `ModelInferRequest` is decoded, in Triton 2.51's
+words and order: request parameters, then each input, then each requested output.
+
+The HTTP twin is `http_parameters` (JSON types); what the parameters mean is
+checked once, for both, by the service and `core.validate`.
+"""
+
+from __future__ import annotations
+
+from ..core.errors import invalid_arg
+
+# The request parameters Triton interprets: key → the kinds it accepts.
+_REQUEST_KINDS = {
+    "sequence_id": ("int64_param", "string_param"),
+    "sequence_start": ("bool_param",),
+    "sequence_end": ("bool_param",),
+    "priority": ("int64_param", "uint64_param"),
+    "timeout": ("int64_param",),
+    "triton_enable_empty_final_response": ("bool_param",),
+}
+# Keys starting with 'triton_' that a client may send.
+_TRITON_KEYS = ("triton_enable_empty_final_response",)
+# Kinds a parameter of the model's own may have (a uint64 is not one, in Triton).
+_FREE_KINDS = ("int64_param", "bool_param", "string_param", "double_param")
+
+
+def _kind(parameter) -> str | None:
+    return parameter.WhichOneof("parameter_choice")
+
+
+def check_request_parameters(parameters) -> None:
+    """The request's `parameters` map."""
+    for key, parameter in parameters.items():
+        kind = _kind(parameter)
+        if key.startswith("triton_") and key not in _TRITON_KEYS:
+            raise invalid_arg(
+                "parameter keys starting with 'triton_' are reserved for Triton usage. Only "
+                "the following keys starting with 'triton_' are allowed: "
+                + " ".join(_TRITON_KEYS))
+        expected = _REQUEST_KINDS.get(key)
+        if expected is None:
+            if kind not in _FREE_KINDS:
+                raise invalid_arg(f"invalid value type for '{key}' parameter, expected "
+                                  "int64_param, bool_param, or string_param.")
+        elif kind not in expected:
+            raise invalid_arg(f"invalid value type for '{key}' parameter, expected "
+                              f"{' or '.join(expected)}.")
+        elif key == "priority" and kind == "int64_param" and parameter.int64_param < 0:
+            raise invalid_arg("invalid value for 'priority', expected value >= 0.")
+
+
+def check_shared_memory_parameters(tensor) -> bool:
+    """An input's or requested output's shared-memory parameters; whether it uses
+    shared memory."""
+    parameters = tensor.parameters
+    has_region = "shared_memory_region" in parameters
+    if has_region and _kind(parameters["shared_memory_region"]) != "string_param":
+        raise invalid_arg("invalid value type for 'shared_memory_region' parameter for "
+                          f"tensor '{tensor.name}', expected string_param.")
+    for key in ("shared_memory_offset", "shared_memory_byte_size"):
+        if key not in parameters:
+            continue
+        if not has_region:
+            raise invalid_arg(f"'{key}' can not be specified without 'shared_memory_region' "
+                              f"parameter for tensor '{tensor.name}'")
+        if _kind(parameters[key]) != "int64_param":
+            raise invalid_arg(f"invalid value type for '{key}' parameter for tensor "
+                              f"'{tensor.name}', expected int64_param.")
+    if has_region and "shared_memory_byte_size" not in parameters:
+        raise invalid_arg("'shared_memory_byte_size' must be specified along with "
+                          f"'shared_memory_region' parameter for tensor '{tensor.name}'")
+    return has_region
+
+
+def check_output_parameters(output) -> None:
+    """A requested output: shared memory, classification, not both."""
+    uses_shared_memory = check_shared_memory_parameters(output)
+    parameter = output.parameters.get("classification")
+    if parameter is None:
+        return
+    if _kind(parameter) != "int64_param":
+        raise invalid_arg(
+            "invalid value type for 'classification' parameter, expected int64_param")
+    if parameter.int64_param <= 0:
+        raise invalid_arg("invalid value for 'classification' parameter, expected >= 0")
+    if uses_shared_memory:
+        raise invalid_arg(
+            "output can't set both 'shared_memory_region' and 'classification'")

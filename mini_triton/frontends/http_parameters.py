@@ -1,0 +1,111 @@
+"""The JSON types of the parameters Triton's HTTP front end reads itself, checked
+before anything else is done with a request, in Triton 2.51's order and words.
+
+Each check is one row of a table: the parameter, the JSON type it must have, and
+the verb of Triton's message ("Unable to parse 'KEY': attempt to access JSON
+non-boolean as boolean"). Triton answers these with HTTP 500 (TritonJson's
+errors are INTERNAL); the client sent them, so they are 400 here.
+"""
+
+from __future__ import annotations
+
+from ..core.errors import invalid_arg
+
+_UINT64_END = 2 ** 64
+
+
+def _is_uint(value) -> bool:
+    return type(value) is int and 0 <= value < _UINT64_END
+
+
+def _is_bool(value) -> bool:
+    return type(value) is bool
+
+
+def _is_string(value) -> bool:
+    return isinstance(value, str)
+
+
+# kind → (test, TritonJson's reason when the value is not of that kind)
+_KINDS = {
+    "uint": (_is_uint, "attempt to access JSON non-unsigned-integer as unsigned-integer"),
+    "bool": (_is_bool, "attempt to access JSON non-boolean as boolean"),
+    "string": (_is_string, "attempt to access JSON non-string as string"),
+}
+
+# Request-level parameters Triton interprets: key → kind. `sequence_id` is either.
+_REQUEST = {"sequence_start": "bool", "sequence_end": "bool", "priority": "uint",
+            "timeout": "uint", "binary_data_output": "bool"}
+# Per-tensor parameters: (key, kind, verb of the message).
+_SHARED_MEMORY = (("shared_memory_region", "string", "Unable to parse"),
+                  ("shared_memory_offset", "uint", "Unable to parse"),
+                  ("shared_memory_byte_size", "uint", "Unable to parse"))
+_INPUT = (("binary_data_size", "uint", "Unable to parse"),) + _SHARED_MEMORY
+_OUTPUT = (("classification", "uint", "Unable to set"),) + _SHARED_MEMORY + \
+    (("binary_data", "bool", "Unable to parse"),)
+_CONTENT_FIELDS = ("'data'", "'binary_data_size'", "'shared_memory_region'")
+
+
+def _check_kind(parameters: dict, key: str, kind: str, verb: str) -> None:
+    if key in parameters:
+        test, reason = _KINDS[kind]
+        if not test(parameters[key]):
+            raise invalid_arg(f"{verb} '{key}': {reason}")
+
+
+def check_request_parameters(parameters: dict) -> None:
+    """The request's `parameters` object: Triton's types for the keys it reads,
+    JSON scalars for the rest, no key of its own (`triton_...`)."""
+    for key, value in parameters.items():
+        if key == "sequence_id":
+            if not (_is_uint(value) or _is_string(value)):
+                raise invalid_arg(
+                    "Unable to parse 'sequence_id': attempt to access JSON non-string as "
+                    "string")
+        elif key in _REQUEST:
+            _check_kind(parameters, key, _REQUEST[key], "Unable to parse")
+        elif key.startswith("triton_"):
+            raise invalid_arg("parameter keys starting with 'triton_' are reserved for "
+                              "Triton usage and should not be specified.")
+        elif value is None or isinstance(value, (list, dict)):
+            raise invalid_arg(f"parameter '{key}' has invalid type. It should be either "
+                              "'int', 'bool', or 'string'.")
+
+
+def _tensor_parameters(item: dict) -> dict:
+    parameters = item.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise invalid_arg("'parameters' must be of JSON type dict")
+    return parameters
+
+
+def check_input_parameters(item: dict) -> None:
+    """One input: exactly one source of data, and each parameter of its type."""
+    parameters = _tensor_parameters(item)
+    present = ("data" in item, "binary_data_size" in parameters,
+               "shared_memory_region" in parameters)
+    if sum(present) != 1:
+        found = " ".join(f for f, p in zip(_CONTENT_FIELDS, present) if p)
+        raise invalid_arg(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+            "'parameters', 'shared_memory_region' in 'parameters'. But "
+            + (f"set {found}" if found else "no field is set"))
+    for key, kind, verb in _INPUT:
+        _check_kind(parameters, key, kind, verb)
+
+
+def check_output_parameters(item: dict) -> None:
+    """One requested output: shared memory excludes classification and binary data;
+    each parameter of its type."""
+    parameters = _tensor_parameters(item)
+    if "shared_memory_region" in parameters:
+        if "classification" in parameters:
+            raise invalid_arg(
+                "Output can't set both 'shared_memory_region' and 'classification'")
+        if "binary_data" in parameters:
+            _check_kind(parameters, "binary_data", "bool", "Unable to set")
+            if parameters["binary_data"]:
+                raise invalid_arg(
+                    "Output can't set both 'shared_memory_region' and 'binary_data'")
+    for key, kind, verb in _OUTPUT:
+        _check_kind(parameters, key, kind, verb)
