@@ -322,3 +322,48 @@ def test_grpc_contents_unlike_the_shape_are_triton_s_message(default_server, dat
     getattr(request.inputs[0].contents, contents).extend(values)
     assert grpc_error(default_server, request) == (
         grpc.StatusCode.INVALID_ARGUMENT, f"[request id: <id_unknown>] {message}")
+
+
+# --- the same checks on the model repository API ---
+
+@pytest.mark.parametrize("action, parameters, message", [
+    ("load", {"config": 5}, STRING),
+    ("load", {"config": "{}", "foo": "bar"}, "unexpected error on creating Triton parameter"),
+    ("unload", {"unload_dependents": "yes"}, f"Unable to parse 'unload_dependents': {BOOL}"),
+])
+def test_http_repository_parameters_are_checked_as_triton(default_server, action, parameters,
+                                                           message):
+    status, reply, _ = post(default_server, f"/v2/repository/models/not_a_model/{action}",
+                            json.dumps({"parameters": parameters}).encode())
+    assert (status, json.loads(reply)["error"]) == (400, message)
+
+
+def load_parameter(key, kind, value):
+    request = service_pb2.RepositoryModelLoadRequest(model_name="not_a_model")
+    setattr(request.parameters[key], kind, value)
+    return "RepositoryModelLoad", request
+
+
+def unload_parameter(key, kind, value):
+    request = service_pb2.RepositoryModelUnloadRequest(model_name="not_a_model")
+    setattr(request.parameters[key], kind, value)
+    return "RepositoryModelUnload", request
+
+
+@pytest.mark.parametrize("call, message", [
+    (load_parameter("config", "bytes_param", b"{}"),
+     "invalid value type for load parameter 'config', expected string_param."),
+    (load_parameter("file:1/model.py", "string_param", "x"),
+     "invalid value type for load parameter 'file:1/model.py', expected bytes_param."),
+    (load_parameter("foo", "string_param", "bar"), "unrecognized load parameter 'foo'."),
+    (unload_parameter("unload_dependents", "string_param", "yes"),
+     "invalid value type for 'unload_dependents' parameter, expected bool_param."),
+])
+def test_grpc_repository_parameters_are_checked_as_triton(default_server, call, message):
+    method, request = call
+    with grpc.insecure_channel(f"127.0.0.1:{default_server.ports['grpc']}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            getattr(stub, method)(request, timeout=10)
+    assert (caught.value.code(), caught.value.details()) == \
+        (grpc.StatusCode.INVALID_ARGUMENT, message)

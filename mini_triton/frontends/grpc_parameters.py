@@ -87,3 +87,25 @@ def check_output_parameters(output) -> None:
     if uses_shared_memory:
         raise invalid_arg(
             "output can't set both 'shared_memory_region' and 'classification'")
+
+
+def check_load_parameters(parameters) -> None:
+    """A RepositoryModelLoad's parameters: `config` a string, `file:...` bytes, nothing
+    else."""
+    for key, parameter in parameters.items():
+        if key == "config":
+            expected = "string_param"
+        elif key.startswith("file:"):
+            expected = "bytes_param"
+        else:
+            raise invalid_arg(f"unrecognized load parameter '{key}'.")
+        if _kind(parameter) != expected:
+            raise invalid_arg(
+                f"invalid value type for load parameter '{key}', expected {expected}.")
+
+
+def check_unload_parameters(parameters) -> None:
+    parameter = parameters.get("unload_dependents")
+    if parameter is not None and _kind(parameter) != "bool_param":
+        raise invalid_arg(
+            "invalid value type for 'unload_dependents' parameter, expected bool_param.")

@@ -10,9 +10,9 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from ..core.errors import TritonError, invalid_arg
+from ..core.errors import TritonError
 from ..service import InferenceService
-from . import grpc_codec, grpc_transport
+from . import grpc_codec, grpc_parameters, grpc_transport
 from .errors import grpc_status
 from .header_forward import forward_headers
 from .http2_limits import Http2Limits
@@ -172,20 +172,19 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @aborts_on_error
     async def RepositoryModelLoad(self, request, context):
+        grpc_parameters.check_load_parameters(request.parameters)
         parameters = grpc_codec.read_parameters(request.parameters)
         config = parameters.get("config")
-        if config is not None and not isinstance(config, (str, bytes)):
-            raise invalid_arg("the 'config' parameter must be a string holding JSON")
-        files = {key: value if isinstance(value, bytes) else str(value).encode()
-                 for key, value in parameters.items() if key.startswith("file:")}
+        files = {key: value for key, value in parameters.items() if key.startswith("file:")}
         await self.service.load_model(request.model_name, config, files or None)
         return pb.RepositoryModelLoadResponse()
 
     @aborts_on_error
     async def RepositoryModelUnload(self, request, context):
+        grpc_parameters.check_unload_parameters(request.parameters)
         parameters = grpc_codec.read_parameters(request.parameters)
         await self.service.unload_model(request.model_name,
-                                        bool(parameters.get("unload_dependents", False)))
+                                        parameters.get("unload_dependents", False))
         return pb.RepositoryModelUnloadResponse()
 
     # --- shared memory extensions ---

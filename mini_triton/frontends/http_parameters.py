@@ -109,3 +109,16 @@ def check_output_parameters(item: dict) -> None:
                     "Output can't set both 'shared_memory_region' and 'binary_data'")
     for key, kind, verb in _OUTPUT:
         _check_kind(parameters, key, kind, verb)
+
+
+def check_load_parameters(parameters: dict) -> None:
+    """A model load's `parameters`: strings only, and only `config` and `file:...`."""
+    for key, value in parameters.items():
+        if not _is_string(value):
+            raise invalid_arg(_KINDS["string"][1])
+        if key != "config" and not key.startswith("file:"):
+            raise invalid_arg("unexpected error on creating Triton parameter")
+
+
+def check_unload_parameters(parameters: dict) -> None:
+    _check_kind(parameters, "unload_dependents", "bool", "Unable to parse")

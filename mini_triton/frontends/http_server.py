@@ -17,7 +17,7 @@ from typing import Callable
 from ..config.json_format import config_to_json
 from ..core.errors import TritonError, invalid_arg
 from ..service import InferenceService
-from . import http_codec
+from . import http_codec, http_parameters
 from .errors import http_status
 from .header_forward import forward_headers
 from .http_generate import GenerateEndpoints
@@ -201,9 +201,8 @@ class HttpFrontend:
         parameters = (_json_body(request)).get("parameters", {})
         if not isinstance(parameters, dict):
             raise invalid_arg("'parameters' must be a JSON object")
+        http_parameters.check_load_parameters(parameters)
         config = parameters.get("config")
-        if config is not None and not isinstance(config, str):
-            raise invalid_arg("the 'config' parameter must be a string holding JSON")
         files = {key: _base64(key, value) for key, value in parameters.items()
                  if key.startswith("file:")}
         await self.service.load_model(request.params["model"], config, files or None)
@@ -212,9 +211,11 @@ class HttpFrontend:
     @handles_errors
     async def unload_model(self, request: HttpRequest) -> HttpReply:
         parameters = (_json_body(request)).get("parameters", {})
-        dependents = parameters.get("unload_dependents", False) if isinstance(parameters, dict) \
-            else False
-        await self.service.unload_model(request.params["model"], bool(dependents))
+        if not isinstance(parameters, dict):
+            parameters = {}  # Triton reads no parameters out of a non-object
+        http_parameters.check_unload_parameters(parameters)
+        await self.service.unload_model(request.params["model"],
+                                        parameters.get("unload_dependents", False))
         return _OK
 
     # --- trace and logging extensions ---
