@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from . import TRITON_VERSION, __version__
+from .backends.backend_config import backend_setting, by_backend, start_up_notes
 from .core.names import model_name_problem
 from .core.response_cache import parse_cache_config
 from .frontends.grpc_server import MAX_MESSAGE_SIZE
@@ -116,6 +117,13 @@ def config_name(value: str) -> str:
         raise argparse.ArgumentTypeError(
             f"'{value}' cannot name a file in configs/: {problem or 'it contains a space'}")
     return value
+
+
+def backend_config(value: str) -> tuple[str, str, str]:
+    try:
+        return backend_setting(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def key_value(value: str) -> tuple[str, str]:
@@ -230,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES", help="largest gRPC request message, after inflating a compressed "
         "one; larger is RESOURCE_EXHAUSTED")
     add_grpc_http2_flags(add)
+    add("--backend-config", action="append", type=backend_config, default=[],
+        metavar="[BACKEND,]SETTING=VALUE", help="a backend setting, e.g. "
+        "default-max-batch-size=8 or onnxruntime,default-max-batch-size=8 (repeatable); "
+        "settings not acted on here are named at start-up")
     add("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
         help="response cache, e.g. local,size=1048576 (models opt in with response_cache)")
     add("--response-cache-byte-size", type=non_negative, default=None,
@@ -471,6 +483,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         rate_limit=args.rate_limit, rate_limit_resources=args.rate_limit_resource,
         grpc_tls=tls_files(args, "grpc", "gRPC"),
         http_tls=tls_files(args, "http", "HTTP"),
+        backend_config=by_backend(args.backend_config),
         reuse_http_port=args.reuse_http_port, reuse_grpc_port=args.reuse_grpc_port,
         http_header_pattern=compile_pattern(args.http_header_forward_pattern,
                                             "--http-header-forward-pattern"),
@@ -519,7 +532,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--load-model requires --model-control-mode=explicit")
     configure_logging(args.log_verbose, args.log_info, args.log_format)
     log_accepted_flags(args)
+    log_backend_config(settings.backend_config)
     return run(settings)
+
+
+def log_backend_config(table: dict) -> None:
+    """Name, once, each --backend-config setting given that no backend here acts on."""
+    log = logging.getLogger("mini_triton")
+    for status, line in start_up_notes(table):
+        if status == NOT_APPLICABLE:
+            log.info("%s", line)
+        else:
+            log.warning("%s", line)
 
 
 def log_accepted_flags(args: argparse.Namespace) -> None:

@@ -108,6 +108,7 @@ class Settings:
     rate_limit_resources: list = field(default_factory=list)  # (name, count, device)
     grpc_tls: TlsFiles | None = None  # --grpc-use-ssl and its certificate flags
     http_tls: TlsFiles | None = None  # --http-use-ssl (HTTPS on the HTTP port)
+    backend_config: dict = field(default_factory=dict)  # --backend-config: backend → {k: v}
     reuse_http_port: bool = False  # --reuse-http-port: SO_REUSEPORT on the HTTP port
     reuse_grpc_port: bool = False  # --reuse-grpc-port
     http_header_pattern: re.Pattern | None = None  # --http-header-forward-pattern
@@ -143,7 +144,8 @@ class Server:
                                 latency_summaries=metrics_options.summary_latencies,
                                 model_config_name=settings.model_config_name,
                                 model_load_retry_count=settings.model_load_retry_count,
-                                model_load_thread_count=settings.model_load_thread_count)
+                                model_load_thread_count=settings.model_load_thread_count,
+                                backend_config=settings.backend_config)
         if settings.rate_limit == "execution_count":
             options.rate_limiter = RateLimiter(settings.rate_limit_resources)
         self.manager = ModelRepositoryManager(settings.model_repositories, options,

@@ -116,7 +116,6 @@ NOT_HONOURED: dict[str, tuple[str, str]] = {
                                "the event loop serves the SageMaker port"),
     "vertex-ai-thread-count": (NOT_APPLICABLE, "a thread pool of Triton's HTTP library; "
                                "the event loop serves the Vertex AI port"),
-    "backend-config": (NOT_YET, "backend settings come from each model's config"),
 }
 
 BY_NAME = {flag.name: flag for flag in TRITON_FLAGS}

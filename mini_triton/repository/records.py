@@ -80,3 +80,5 @@ class ServerOptions:
     model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt first
     model_load_retry_count: int = 0  # --model-load-retry-count: tries after a failed load
     model_load_thread_count: int = 4  # --model-load-thread-count: models loading at once
+    # --backend-config: backend ("" for all) → {setting: value} (backend_config.settings_for)
+    backend_config: dict = field(default_factory=dict)

@@ -15,6 +15,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ...core.errors import invalid_arg, unavailable
+from ..backend_config import settings_for
 from ..base import Backend, ModelContext, TensorBatchInstance
 from . import session as sessions
 from .signature import (DEFAULT_MAX_BATCH_SIZE, Signature, auto_complete, check_against_model,
@@ -135,6 +136,6 @@ def utf8_strings(name: str, array: np.ndarray) -> np.ndarray:
 
 
 def _default_max_batch_size(context: ModelContext) -> int:
-    """`--backend-config=onnxruntime,default-max-batch-size=N` where the server passes it."""
-    settings = (context.options.get("backend_config") or {}).get("onnxruntime") or {}
+    """`--backend-config=[onnxruntime,]default-max-batch-size=N`, else Triton's 4."""
+    settings = settings_for(context.options, "onnxruntime")
     return int(settings.get("default-max-batch-size", DEFAULT_MAX_BATCH_SIZE))
