@@ -293,6 +293,13 @@ def add_grpc_http2_flags(add) -> None:
     add("--grpc-http2-max-held-back-bytes", type=non_negative, metavar="BYTES",
         default=d.max_held_back_bytes, help="response bytes per connection waiting for "
         "the client's flow-control window past which new streams are refused")
+    add("--grpc-http2-held-back-cutoff-bytes", type=non_negative, metavar="BYTES",
+        default=d.held_back_cutoff_bytes, help="response bytes per connection waiting for "
+        "its window past which a call's response is not kept: the call ends "
+        "RESOURCE_EXHAUSTED (a response alone is always kept; 0: no limit)")
+    add("--grpc-max-connections", type=non_negative, metavar="N",
+        default=d.max_connections, help="open gRPC connections; more get GOAWAY saying so "
+        "and are closed (0: no limit)")
     add("--grpc-http2-reset-burst", type=positive, metavar="N", default=d.reset_burst,
         help="resets of open streams a client may send at once (rapid reset); more is "
         "GOAWAY ENHANCE_YOUR_CALM")
@@ -305,6 +312,9 @@ def add_grpc_http2_flags(add) -> None:
     add("--grpc-http2-frame-timeout-secs", type=non_negative_seconds, metavar="SECONDS",
         default=d.frame_timeout, help="time the preface, or a frame once begun, may take "
         "to arrive (0: no limit)")
+    add("--grpc-http2-settings-timeout-secs", type=non_negative_seconds, metavar="SECONDS",
+        default=d.settings_timeout, help="time the client has to acknowledge our SETTINGS; "
+        "then GOAWAY SETTINGS_TIMEOUT (0: no limit)")
     add("--grpc-http2-idle-timeout-secs", type=non_negative_seconds, metavar="SECONDS",
         default=d.idle_timeout, help="a connection with no stream open this long gets "
         "GOAWAY and is closed (0: no limit)")
@@ -345,6 +355,9 @@ def grpc_http2_limits(args: argparse.Namespace) -> Http2Limits:
         initial_window_size=args.grpc_http2_initial_window_size,
         write_buffer_size=args.grpc_http2_write_buffer_size,
         max_held_back_bytes=args.grpc_http2_max_held_back_bytes,
+        held_back_cutoff_bytes=args.grpc_http2_held_back_cutoff_bytes,
+        max_connections=args.grpc_max_connections,
+        settings_timeout=args.grpc_http2_settings_timeout_secs,
         reset_burst=args.grpc_http2_reset_burst, reset_rate=args.grpc_http2_reset_rate,
         max_control_frames=args.grpc_http2_max_control_frames,
         frame_timeout=args.grpc_http2_frame_timeout_secs,

@@ -41,6 +41,8 @@ def server_options(max_receive_message_size: int = MAX_MESSAGE_SIZE,
                ("grpc.http2.min_recv_ping_interval_without_data_ms",
                 _ms(limits.min_recv_ping_interval)),
                ("grpc.http2.max_ping_strikes", limits.max_ping_strikes)]
+    if limits.max_connections:
+        options.append(("grpc.max_allowed_incoming_connections", limits.max_connections))
     if limits.max_connection_age > 0:  # as tritonserver: set only when given
         options.append(("grpc.max_connection_age_ms", _ms(limits.max_connection_age)))
     if limits.max_connection_age_grace > 0:

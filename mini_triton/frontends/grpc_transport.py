@@ -53,6 +53,7 @@ class GrpcServer:
         self.limits = limits or Http2Limits()
         self.loop = asyncio.get_running_loop()
         self.connections: set[GrpcConnection] = set()
+        self.over_limit = 0  # of them, opened past limits.max_connections: refused
         self.closing = False
         self._server: asyncio.AbstractServer | None = None
         self._tick = self.limits.tick()

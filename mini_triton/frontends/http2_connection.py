@@ -14,17 +14,19 @@ import asyncio
 import logging
 import struct
 
+import grpc
 import hpack
 from hpack.exceptions import OversizedHeaderListError
 
 from .grpc_calls import Stream
 from .grpc_hpack import HeaderDecoder
-from .grpc_wire import MESSAGE_PREFIX
+from .grpc_wire import MESSAGE_PREFIX, status_block
 from .http2_frames import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_FRAME_SIZE,
                            DEFAULT_WINDOW, END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM,
                            FIXED_SIZES, FLOW_CONTROL_ERROR, FRAME_HEADER, FRAME_SIZE_ERROR,
-                           GOAWAY, HEADERS, INTERNAL_ERROR, MAX_FRAME_SIZE, MAX_WINDOW, PADDED,
-                           PING, PREFACE, PRIORITY, PRIORITY_FLAG, PROTOCOL_ERROR, PUSH_PROMISE,
+                           GOAWAY, HEADERS, INTERNAL_ERROR, MAX_FRAME_SIZE, MAX_WINDOW,
+                           PADDED, PING, PREFACE, PRIORITY, PRIORITY_FLAG, PROTOCOL_ERROR,
+                           PUSH_PROMISE,
                            REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ENABLE_PUSH,
                            SETTINGS_HEADER_TABLE_SIZE, SETTINGS_INITIAL_WINDOW_SIZE,
                            SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_MAX_FRAME_SIZE,
@@ -40,6 +42,9 @@ log = logging.getLogger("mini_triton.grpc")
 WINDOW_REFILL = 2**24
 # The HPACK table size the peer's encoder may use (SETTINGS_HEADER_TABLE_SIZE's default).
 TABLE_SIZE = 4096
+# The RST_STREAM code of no stream: its call is answered that the server has too many
+# connections (a refusal code, never sent).
+OVER_LIMIT = -1
 
 
 class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
@@ -76,20 +81,28 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
         self.resets = ResetBudget(limits.reset_burst, limits.reset_rate, self.loop.time())
         self.pings = PingPolicy(limits)
         self.reads = self.frames = 0  # progress, read by the clocks
+        self.settings_acked = False   # the client acknowledged our SETTINGS
+        self.over_limit = False       # opened past the server's max_connections
         Http2Output.__init__(self)
 
     # --- asyncio.Protocol ---
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.server.connections.add(self)
-        limits = self.limits
+        server, limits = self.server, self.limits
+        server.connections.add(self)
+        if limits.max_connections and \
+                len(server.connections) - server.over_limit > limits.max_connections:
+            # past the server's limit: every call is answered UNAVAILABLE saying so,
+            # then GOAWAY (a refused stream or a bare GOAWAY would be retried at once)
+            self.over_limit, self.max_streams = True, 0
+            server.over_limit += 1
         transport.set_write_buffer_limits(high=limits.write_buffer_size)
         settings = struct.pack(">HIHIHIHIHI",
                                SETTINGS_INITIAL_WINDOW_SIZE, self.window,
                                SETTINGS_MAX_FRAME_SIZE, self.max_frame,
                                SETTINGS_HEADER_TABLE_SIZE, TABLE_SIZE,
-                               SETTINGS_MAX_CONCURRENT_STREAMS, self.max_streams,
+                               SETTINGS_MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams,
                                SETTINGS_MAX_HEADER_LIST_SIZE, limits.max_header_list_size)
         transport.write(frame(SETTINGS, 0, 0, settings)
                         + frame(WINDOW_UPDATE, 0, 0,
@@ -98,6 +111,8 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
+        if self.over_limit:
+            self.server.over_limit -= 1
         for stream in self.streams.values():
             self._cancel_call(stream)
         self.streams.clear()
@@ -201,6 +216,8 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
             self._quiet_frame()
             if not flags & ACK:
                 self._on_settings(payload)
+            else:
+                self.settings_acked = True
         else:
             if len(payload) < 8:
                 raise ProtocolError(FRAME_SIZE_ERROR, f"GOAWAY of {len(payload)} bytes")
@@ -296,7 +313,7 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
                 # refused (RST_STREAM REFUSED_STREAM once its header block is decoded,
                 # which HPACK needs): past SETTINGS_MAX_CONCURRENT_STREAMS, while output
                 # held back by flow control is over its limit, or after a GOAWAY
-                stream.refused = REFUSED_STREAM
+                stream.refused = OVER_LIMIT if self.over_limit else REFUSED_STREAM
             else:
                 self.streams[stream_id] = stream
         elif stream.ended:
@@ -334,7 +351,9 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
     def _on_header_block(self, stream: Stream, block: bytes) -> None:
         headers, problem = self.decoder.decode_request(block)  # its errors: the connection's
         if stream.refused:
-            if self.streams.get(stream.id) is stream:
+            if stream.refused == OVER_LIMIT:
+                self._refuse_over_limit(stream)
+            elif self.streams.get(stream.id) is stream:
                 self._reset(stream, stream.refused)
             else:
                 self._send_reset(stream.id, stream.refused)
@@ -391,6 +410,17 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
             return
         stream.received = stream.queued
         self.transport.write(frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">I", free)))
+
+    def _refuse_over_limit(self, stream: Stream) -> None:
+        """A call on a connection past the server's max_connections: UNAVAILABLE with
+        why, and after the calls of this read, GOAWAY and close."""
+        limit = self.limits.max_connections
+        self._send(stream, None, status_block(
+            grpc.StatusCode.UNAVAILABLE, f"the server has its limit of {limit} gRPC "
+            "connections open (--grpc-max-connections); try again later"))
+        if not self.refusing:
+            self.refusing = True
+            self.loop.call_soon(self._finish_go_away)
 
     # --- rules ---
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TWO_HOURS = 7200.0
+TICK = 0.25  # seconds: the most a timeout may fire late
 
 
 @dataclass(frozen=True)
@@ -23,12 +24,20 @@ class Http2Limits:
     write_buffer_size: int = 1 << 20         # reading pauses while more waits unsent
     max_held_back_bytes: int = 64 << 20      # DATA waiting for window; past it new streams
     #                                          are refused
+    held_back_cutoff_bytes: int = 256 << 20  # a response that would take the held-back
+    #                                          DATA past it is not kept: its call ends
+    #                                          RESOURCE_EXHAUSTED (one alone always fits)
     # floods
     reset_burst: int = 1000                  # client resets of open streams at once, then
     reset_rate: float = 33.0                 # this many per second (nghttp2's figures)
     max_control_frames: int = 1000           # frames without data in a row: then GOAWAY
+    # connections of the server (0: no limit); more are told GOAWAY and closed
+    max_connections: int = 4096              # as --http-max-connections
     # timeouts (seconds; 0: none)
     frame_timeout: float = 10.0              # the preface, or a frame once begun
+    settings_timeout: float = 60.0           # our SETTINGS unacknowledged: GOAWAY
+    #                                          SETTINGS_TIMEOUT (RFC 9113 6.5.3; grpc core's
+    #                                          default, twice keepalive_timeout or 60 s)
     idle_timeout: float = 300.0              # no stream open
     stall_timeout: float = 60.0              # output waiting and nothing of it moving
     # keepalive and ping policing (tritonserver's flags, grpc core's defaults)
@@ -43,11 +52,13 @@ class Http2Limits:
 
     def tick(self) -> float:
         """How often the server looks at its connections' clocks: often enough for the
-        shortest timeout here, at most once a second."""
+        shortest timeout here, and at least every TICK seconds, so that a timeout fires
+        within a quarter of a second of its time (one timer for all connections)."""
         timeouts = [t for t in (self.frame_timeout, self.idle_timeout, self.stall_timeout,
-                                self.keepalive_time, self.keepalive_timeout,
-                                self.max_connection_age, self.max_connection_age_grace) if t > 0]
-        return max(0.02, min([1.0] + [t / 4 for t in timeouts]))
+                                self.settings_timeout, self.keepalive_time,
+                                self.keepalive_timeout, self.max_connection_age,
+                                self.max_connection_age_grace) if t > 0]
+        return max(0.02, min([TICK] + [t / 4 for t in timeouts]))
 
 
 class ResetBudget:

@@ -7,6 +7,8 @@ output moved on); a clock runs while its counter stands still.
 
 - frame timeout: the preface, or a frame once begun, must complete (a connection
   holding a partial frame, or sending nothing, is cut off: ENHANCE_YOUR_CALM);
+- settings timeout: our SETTINGS must be acknowledged (RFC 9113 §6.5.3: GOAWAY
+  SETTINGS_TIMEOUT);
 - idle timeout: no stream open (GOAWAY NO_ERROR, as grpc core's max_connection_idle);
 - stall timeout: output waiting (the write buffer full, or DATA held back by a closed
   window) and none of it moving (ENHANCE_YOUR_CALM, and the connection aborted);
@@ -27,7 +29,8 @@ from __future__ import annotations
 import random
 import struct
 
-from .http2_frames import (ENHANCE_YOUR_CALM, GOAWAY, MAX_WINDOW, NO_ERROR, PING, frame)
+from .http2_frames import (ENHANCE_YOUR_CALM, GOAWAY, MAX_WINDOW, NO_ERROR, PING,
+                           SETTINGS_TIMEOUT, frame)
 
 KEEPALIVE_PING = b"keepaliv"
 SHUTDOWN_PING = b"shutdown"
@@ -41,6 +44,7 @@ class Http2Upkeep:
         limits = self.limits
         self.seen = (-1, -1, -1, -1)     # reads, frames, streams, outflow at the last look
         self.frame_since = self.idle_since = self.stall_since = self.read_since = now
+        self.settings_since = now
         self.ping_out_since: float | None = None
         self.pings_unanswered_data = 0   # our keepalive PINGs since we last sent data
         self.pings_sent_mark = -1
@@ -66,6 +70,9 @@ class Http2Upkeep:
         elif 0 < limits.frame_timeout <= now - self.frame_since:
             return self._time_out(ENHANCE_YOUR_CALM, "no complete frame in "
                                   f"{limits.frame_timeout:g} s")
+        if not self.settings_acked and 0 < limits.settings_timeout <= now - self.settings_since:
+            return self._time_out(SETTINGS_TIMEOUT, "SETTINGS not acknowledged in "
+                                  f"{limits.settings_timeout:g} s")
         if self.streams or opened != last_opened or self.blocked:
             self.idle_since = now
         elif 0 < limits.idle_timeout <= now - self.idle_since:
