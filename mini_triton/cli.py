@@ -13,7 +13,8 @@ from . import TRITON_VERSION, __version__
 from .backends.backend_config import backend_setting, by_backend, start_up_notes
 from .core.names import model_name_problem
 from .core.response_cache import parse_cache_config
-from .frontends.grpc_server import MAX_MESSAGE_SIZE
+from .frontends.grpc_server import MAX_MESSAGE_SIZE, GrpcOptions
+from .frontends.grpc_stream import DEFAULT_STREAM_MAX_QUEUED_BYTES
 from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
                                       DEFAULT_MAX_URL_SIZE)
 from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
@@ -237,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--grpc-max-receive-message-size", type=message_size, default=MAX_MESSAGE_SIZE,
         metavar="BYTES", help="largest gRPC request message, after inflating a compressed "
         "one; larger is RESOURCE_EXHAUSTED")
+    add("--grpc-stream-max-queued-bytes", type=non_negative, metavar="BYTES",
+        default=DEFAULT_STREAM_MAX_QUEUED_BYTES, help="responses of one ModelStreamInfer "
+        "call waiting for its client (each counts 1 KiB more than its size); past it the "
+        "stream ends RESOURCE_EXHAUSTED and its requests are cancelled (0: no limit)")
     add_grpc_http2_flags(add)
     add("--backend-config", action="append", type=backend_config, default=[],
         metavar="[BACKEND,]SETTING=VALUE", help="a backend setting, e.g. "
@@ -491,6 +496,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         grpc_transport=args.grpc_transport,
         grpc_max_receive_message_size=args.grpc_max_receive_message_size,
         grpc_limits=grpc_http2_limits(args),
+        grpc_options=GrpcOptions(stream_max_queued_bytes=args.grpc_stream_max_queued_bytes),
         response_cache_bytes=parse_cache_config(args.cache_config,
                                                 args.response_cache_byte_size),
         rate_limit=args.rate_limit, rate_limit_resources=args.rate_limit_resource,

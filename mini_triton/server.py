@@ -103,6 +103,7 @@ class Settings:
     grpc_transport: str = "native"
     grpc_max_receive_message_size: int = grpc_server.MAX_MESSAGE_SIZE  # inflated, too
     grpc_limits: Http2Limits = field(default_factory=Http2Limits)  # --grpc-http2-*, keepalive
+    grpc_options: grpc_server.GrpcOptions = field(default_factory=grpc_server.GrpcOptions)
     response_cache_bytes: int = 0  # --cache-config local,size=N; 0: no response cache
     rate_limit: str = "off"  # --rate-limit: off or execution_count
     rate_limit_resources: list = field(default_factory=list)  # (name, count, device)
@@ -263,7 +264,7 @@ class Server:
                 self.settings.grpc_transport, self.settings.grpc_tls,
                 self.settings.grpc_max_receive_message_size, self.settings.grpc_limits,
                 header_pattern=self.settings.grpc_header_pattern,
-                reuse_port=self.settings.reuse_grpc_port)
+                reuse_port=self.settings.reuse_grpc_port, options=self.settings.grpc_options)
         except TlsError as error:
             raise StartupError(str(error)) from None
         except RuntimeError as error:

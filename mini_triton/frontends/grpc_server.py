@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from dataclasses import dataclass
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -12,7 +13,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from ..core.errors import TritonError
 from ..service import InferenceService
-from . import grpc_codec, grpc_parameters, grpc_transport
+from . import grpc_codec, grpc_parameters, grpc_stream, grpc_transport
 from .errors import grpc_status
 from .header_forward import forward_headers
 from .http2_limits import Http2Limits
@@ -118,11 +119,21 @@ def _guarded_stream(method, restriction: Restriction):
     return guarded
 
 
+@dataclass(frozen=True)
+class GrpcOptions:
+    """What the gRPC front end does on either transport, beyond HTTP/2's limits."""
+    # --grpc-stream-max-queued-bytes: one ModelStreamInfer call's responses waiting for
+    # its client (grpc_stream.StreamOutbox); 0: no limit
+    stream_max_queued_bytes: int = grpc_stream.DEFAULT_STREAM_MAX_QUEUED_BYTES
+
+
 class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, service: InferenceService,
-                 restricted: dict[str, Restriction] | None = None, header_pattern=None):
+                 restricted: dict[str, Restriction] | None = None, header_pattern=None,
+                 options: GrpcOptions | None = None):
         self.service = service
         self.header_pattern = header_pattern  # --grpc-header-forward-pattern, compiled
+        self.options = options or GrpcOptions()
         for name, group in RPC_GROUPS.items():
             restriction = (restricted or {}).get(group)
             if restriction is None or not hasattr(self, name):
@@ -296,18 +307,13 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         return result
 
     async def ModelStreamInfer(self, request_iterator, context):
-        """Requests and responses interleave: each request's responses are written
-        as they come; a failed request is reported in the stream, which goes on."""
-        outbox: asyncio.Queue = asyncio.Queue()
-        reader = asyncio.create_task(self._read_stream(request_iterator, outbox, context))
-        try:
-            while True:
-                message = await outbox.get()
-                if message is None:
-                    break
-                yield message
-        finally:
-            reader.cancel()
+        """Requests and responses interleave (grpc_stream.stream_responses; an async
+        generator function itself, as grpc.aio wants one)."""
+        decode = functools.partial(self._decode, context=context)
+        async for message in grpc_stream.stream_responses(
+                self.service, request_iterator, context, decode,
+                self.options.stream_max_queued_bytes):
+            yield message
 
     def _decode(self, message, context):
         """The InferenceRequest of a message, with the call's forwarded metadata. As in
@@ -322,48 +328,6 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
             forward_headers(self.header_pattern, context.invocation_metadata() or (),
                             infer_request.parameters)
         return infer_request
-
-    async def _read_stream(self, request_iterator, outbox: asyncio.Queue,
-                           context=None) -> None:
-        forwarders: set[asyncio.Task] = set()
-        try:
-            async for message in request_iterator:
-                try:
-                    infer_request = self._decode(message, context)
-                    stream = self.service.infer(infer_request)
-                except TritonError as error:
-                    outbox.put_nowait(_stream_error(message, error))
-                    continue
-                task = asyncio.create_task(
-                    _forward(self.service, infer_request, stream, outbox))
-                forwarders.add(task)
-                task.add_done_callback(forwarders.discard)
-            if forwarders:
-                await asyncio.gather(*forwarders)
-        finally:
-            for task in forwarders:  # the stream ended early: cancel what is in flight
-                task.cancel()
-            outbox.put_nowait(None)
-
-
-async def _forward(service, request, stream, outbox: asyncio.Queue) -> None:
-    empty_final_wanted = bool(request.parameters.get("triton_enable_empty_final_response"))
-    try:
-        async for response in stream:
-            if response.empty and not empty_final_wanted:
-                continue
-            outbox.put_nowait(grpc_codec.encode_stream_response(response, request.decoupled))
-    except asyncio.CancelledError:
-        service.cancel(request)
-        raise
-
-
-def _stream_error(message, error: TritonError) -> pb.ModelStreamInferResponse:
-    response = pb.ModelStreamInferResponse(error_message=error.message)
-    response.infer_response.model_name = message.model_name
-    response.infer_response.model_version = message.model_version
-    response.infer_response.id = message.id
-    return response
 
 
 def _settle(future: asyncio.Future, result) -> None:
@@ -388,15 +352,16 @@ async def start_server(service: InferenceService, address: str, port: int,
                        transport: str = "native", tls: TlsFiles | None = None,
                        max_receive_message_size: int = MAX_MESSAGE_SIZE,
                        limits: Http2Limits | None = None, *, header_pattern=None,
-                       reuse_port: bool = False):
+                       reuse_port: bool = False, options: GrpcOptions | None = None):
     """The gRPC front end listening on address:port; returns it (with `stop(grace)`)
     and the bound port. `native` is our own HTTP/2 transport, `grpcio` grpc.aio;
     `tls` puts TLS on the port (either transport). A request message larger than
     `max_receive_message_size` (after inflating) is RESOURCE_EXHAUSTED on either.
-    `limits` are the HTTP/2 limits (on grpc.aio, those grpc core has). Metadata whose
-    name `header_pattern` finds becomes request parameters; `reuse_port` lets other
-    servers that set it listen on the same port (SO_REUSEPORT)."""
-    frontend = GrpcFrontend(service, restricted, header_pattern)
+    `limits` are the HTTP/2 limits (on grpc.aio, those grpc core has); `options` the
+    front end's own. Metadata whose name `header_pattern` finds becomes request
+    parameters; `reuse_port` lets other servers that set it listen on the same port
+    (SO_REUSEPORT)."""
+    frontend = GrpcFrontend(service, restricted, header_pattern, options)
     if transport == "grpcio":
         server, bound = create_grpcio_server(frontend, address, port, tls,
                                              max_receive_message_size, limits, reuse_port)

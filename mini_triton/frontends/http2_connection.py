@@ -42,6 +42,8 @@ log = logging.getLogger("mini_triton.grpc")
 WINDOW_REFILL = 2**24
 # The HPACK table size the peer's encoder may use (SETTINGS_HEADER_TABLE_SIZE's default).
 TABLE_SIZE = 4096
+# What "no limit" on the held-back output is: more than any process could hold.
+MAX_HELD_BACK = 2**62
 # The RST_STREAM code of no stream: its call is answered that the server has too many
 # connections (a refusal code, never sent).
 OVER_LIMIT = -1
@@ -60,6 +62,7 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
         self.max_frame = limits.max_frame_size
         self.max_streams = limits.max_concurrent_streams
         self.max_held_back = limits.max_held_back_bytes
+        self.held_back_cutoff = limits.held_back_cutoff_bytes or MAX_HELD_BACK
         self.window = limits.initial_window_size   # each stream's, towards us
         self.window_step = self.window // 2        # given back in steps this large
         self.transport: asyncio.Transport | None = None

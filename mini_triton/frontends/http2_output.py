@@ -7,7 +7,12 @@ at all makes us wait instead of queueing without end:
   frames are not parsed and its socket not read (pause_writing/resume_writing);
 - output held back by flow control counts per connection: past `max_held_back_bytes`
   new streams are refused (http2_connection), and a streaming call holds at most one
-  message back: its handler's next one waits for it (`drained`).
+  message back: its handler's next one waits for it (`drained`);
+- calls already running are bounded too: a response that would take the connection's
+  held-back output past `held_back_cutoff_bytes` is not kept (one alone always is, so
+  a large answer to a reading client goes out); its call ends RESOURCE_EXHAUSTED,
+  saying why, in trailers, which flow control does not hold (grpc core likewise resets
+  calls with ENHANCE_YOUR_CALM when its memory quota runs out).
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from __future__ import annotations
 import logging
 import struct
 
-from .grpc_wire import MESSAGE_PREFIX, RESPONSE_HEADERS
+import grpc
+
+from .grpc_wire import MESSAGE_PREFIX, RESPONSE_HEADERS, status_block
 from .http2_frames import (CONTINUATION, DATA, END_HEADERS, END_STREAM, FRAME_HEADER, GOAWAY,
                            HEADERS, NO_ERROR, RST_STREAM, frame)
 
@@ -74,6 +81,8 @@ class Http2Output:
         WINDOW_UPDATE frees them."""
         if stream.closed or self.transport is None or self.transport.is_closing():
             return
+        if message is not None and self.held_back and self._past_cutoff(stream, message):
+            message, trailers = None, self._cut_off(stream, len(message))
         self.sent += 1
         out = []
         if not stream.headers_sent:
@@ -108,6 +117,23 @@ class Http2Output:
             self.transport.write(b"".join(out))
         if stream.pending:
             self._flush_blocked()
+
+    def _past_cutoff(self, stream, message: bytes) -> bool:
+        """Whether `message` would be held back, taking the connection's held-back
+        output past its cutoff (only asked while some is held back)."""
+        size = len(message) + MESSAGE_PREFIX.size
+        held = stream.pending or size > min(stream.send_window, self.send_window,
+                                            self.peer_frame_size)
+        return bool(held) and self.held_back + size > self.held_back_cutoff
+
+    def _cut_off(self, stream, size: int) -> bytes:
+        """A response of `size` bytes that the connection cannot hold back: the call's
+        status instead, and a streaming call's handler stopped."""
+        self._stop_call(stream)
+        return status_block(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+            f"the client has not read {self.held_back} bytes of responses on this "
+            f"connection; a response of {size} bytes more would take them past "
+            f"{self.held_back_cutoff} (--grpc-http2-held-back-cutoff-bytes)"))
 
     def _headers_frames(self, stream_id: int, block: bytes, flags: int) -> bytes:
         if self.table_update:
