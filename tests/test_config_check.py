@@ -12,8 +12,9 @@ import pytest
 
 from mini_triton.config.check import main
 
-GOOD = 'name: "m"\nmax_batch_size: 8\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-BAD = 'name: "m"\nmax_batch_size 8\n'
+GOOD = ('name: "good"\nbackend: "identity"\nmax_batch_size: 8\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
+BAD = 'name: "bad"\nmax_batch_size 8\n'
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -22,7 +23,7 @@ def configs(tmp_path):
     good = tmp_path / "good" / "config.pbtxt"
     bad = tmp_path / "bad" / "config.pbtxt"
     for path, text in ((good, GOOD), (bad, BAD)):
-        path.parent.mkdir()
+        (path.parent / "1").mkdir(parents=True)
         path.write_text(text)
     return good, bad
 
@@ -32,7 +33,8 @@ def test_good_config_prints_json_as_parsed(configs, capsys):
     assert main([str(good)]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out) == {
-        "name": "m",
+        "name": "good",
+        "backend": "identity",
         "max_batch_size": 8,
         "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1]}],
     }
@@ -42,14 +44,14 @@ def test_good_config_prints_json_as_parsed(configs, capsys):
 def test_model_directory_means_its_config(configs, capsys):
     good, _ = configs
     assert main([str(good.parent)]) == 0
-    assert json.loads(capsys.readouterr().out)["name"] == "m"
+    assert json.loads(capsys.readouterr().out)["name"] == "good"
 
 
 def test_bad_config_reports_path_line_column_and_exit_2(configs, capsys):
     good, bad = configs
     assert main([str(good), str(bad)]) == 2
     out, err = capsys.readouterr()
-    assert json.loads(out)["name"] == "m"
+    assert json.loads(out)["name"] == "good"
     assert err.startswith(f'{bad}:2:16: expected ":" between field name "max_batch_size"')
 
 

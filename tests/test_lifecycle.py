@@ -300,7 +300,16 @@ BROKEN_MODELS = {
                      'input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 2 ] } ]\n'
                      'output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ 2 ] } ]\n', {},
                      "must have the same data_type"),
-    "wrong_name": ('name: "other"\nbackend: "identity"\n', {}, "must match the model folder"),
+    "wrong_name": ('name: "other"\nbackend: "identity"\n', {},
+                   "unexpected directory name 'wrong_name' for model 'other', directory name "
+                   "must equal model name"),
+    "bad_rule": ('name: "bad_rule"\nbackend: "identity"\nmax_batch_size: 0\n'
+                 "dynamic_batching { preferred_batch_size: [ 4 ] }\n", {},
+                 "dynamic batching preferred size must be <= max batch size for bad_rule"),
+    "no_platform": ('name: "no_platform"\n', {},
+                    "Invalid model name: Could not determine backend for model 'no_platform' "
+                    "with no backend in model configuration. Expected model name of the form "
+                    "'model.<backend_name>'."),
 }
 
 

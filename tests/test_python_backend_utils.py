@@ -159,6 +159,56 @@ def test_model_config_refuses_conflicts(change, message):
         change(model_config())
 
 
+# Triton 2.51's triton_python_backend_utils.ModelConfig messages, word for word.
+AUTO_COMPLETE_MESSAGES = [
+    (lambda c: c.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [1], "x": 1}),
+     "input 'A' in auto-complete-config function for model 'm' contains property other than "
+     "'name', 'data_type', 'dims' and 'optional'."),
+    (lambda c: c.add_output({"name": "C", "data_type": "TYPE_FP32", "dims": [1],
+                             "optional": True}),
+     "output 'C' in auto-complete-config function for model 'm' contains property other than "
+     "'name', 'data_type' and 'dims'."),
+    (lambda c: c.add_input({"data_type": "TYPE_FP32", "dims": [1]}),
+     "input in auto-complete-config function for model 'm' is missing 'name' property."),
+    (lambda c: c.add_output({"name": "C", "dims": [1]}),
+     "output 'C' in auto-complete-config function for model 'm' is missing 'data_type' "
+     "property."),
+    (lambda c: c.add_input({"name": "A", "data_type": "TYPE_FP32"}),
+     "input 'A' in auto-complete-config function for model 'm' is missing 'dims' property."),
+    (lambda c: (c.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [1]}),
+                c.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [2]})),
+     "model 'm', tensor 'A': the model expects dims [2] but the model configuration specifies "
+     "dims [1]"),
+    (lambda c: (c.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [1],
+                             "optional": False}),
+                c.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [1],
+                             "optional": True})),
+     "model 'm', tensor 'A': the model expects optional True but the model configuration "
+     "specifies optional False"),
+    (lambda c: (c.add_output({"name": "C", "data_type": "TYPE_FP32", "dims": [1]}),
+                c.add_output({"name": "C", "data_type": "TYPE_INT8", "dims": [1]})),
+     "unable to load model 'm', configuration expects datatype TYPE_FP32 for output 'C', "
+     "model provides TYPE_INT8"),
+    (lambda c: (c.set_max_batch_size(4), c.set_max_batch_size(2)),
+     "configuration specified max_batch_size 4, but in auto-complete-config function for "
+     "model 'm' specified max_batch_size 2"),
+    (lambda c: c.set_model_transaction_policy({"decoupled": True, "x": 1}),
+     "model transaction property in auto-complete-config function for model 'm' contains "
+     "property other than 'decoupled'."),
+    (lambda c: (c.set_model_transaction_policy({"decoupled": True}),
+                c.set_model_transaction_policy({"decoupled": False})),
+     "trying to change decoupled property in auto-complete-config for model 'm', which is "
+     "already set to 'True'."),
+]
+
+
+@pytest.mark.parametrize("change, message", AUTO_COMPLETE_MESSAGES)
+def test_auto_complete_property_messages_are_triton_s(change, message):
+    with pytest.raises(ValueError) as caught:
+        change(model_config())
+    assert str(caught.value) == message
+
+
 @pytest.fixture
 def link_pair():
     left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

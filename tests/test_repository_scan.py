@@ -61,33 +61,51 @@ def make_model(tmp_path: Path, filename: str | None) -> Path:
     ('platform: "ensemble"', None, "ensemble", ""),
     ('backend: "identity"', None, "", "identity"),
     ('backend: "my_custom"', None, "", "my_custom"),
+    ('backend: "pytorch"', None, "pytorch_libtorch", "pytorch"),
+    ('platform: "tensorflow_savedmodel"', None, "tensorflow_savedmodel", "tensorflow"),
     ("", "model.plan", "tensorrt_plan", "tensorrt"),
     ("", "model.onnx", "onnxruntime_onnx", "onnxruntime"),
     ("", "model.py", "", "python"),
-    ('default_model_filename: "net.onnx"', None, None, None),
+    ("", "model.xml", "", "openvino"),
+    ("", "model.graphdef", "tensorflow_graphdef", "tensorflow"),
+    ('default_model_filename: "model.onnx"', None, "onnxruntime_onnx", "onnxruntime"),
+    # Neither the config nor the files say: left empty, for the config rules to refuse.
+    ('default_model_filename: "net.onnx"', "net.onnx", "", ""),
+    ('platform: "caffe2_netdef"', None, "caffe2_netdef", ""),
+    # A named platform decides before the files do.
+    ('platform: "onnxruntime_onnx"', "model.py", "onnxruntime_onnx", "onnxruntime"),
 ])
 def test_platform_and_backend_completion(tmp_path, config_text, filename, platform, backend):
     config = parse_config_text(config_text)
     config.name = "m"
     folder = make_model(tmp_path, filename)
-    if platform is None:
-        with pytest.raises(AutofillError, match="unable to determine the platform"):
-            complete_platform(config, folder)
-        return
     complete_platform(config, folder)
     assert (config.platform, config.backend) == (platform, backend)
 
 
-def test_platform_and_backend_must_agree(tmp_path):
-    config = parse_config_text('platform: "onnxruntime_onnx" backend: "tensorrt"')
-    with pytest.raises(AutofillError, match="requires backend 'onnxruntime'"):
-        complete_platform(config, make_model(tmp_path, None))
+def test_only_the_first_version_folder_is_looked_at(tmp_path):
+    """Triton inspects the first version folder in name order ('10' before '2')."""
+    for version, filename in (("10", "model.py"), ("2", "model.onnx")):
+        (tmp_path / version).mkdir()
+        (tmp_path / version / filename).write_text("")
+    config = parse_config_text('name: "m"')
+    complete_platform(config, tmp_path)
+    assert config.backend == "python"
 
 
-def test_unknown_platform_is_refused(tmp_path):
-    config = parse_config_text('platform: "caffe2_netdef"')
-    with pytest.raises(AutofillError, match="unexpected platform type"):
+def test_no_backend_no_platform_no_file_is_triton_s_invalid_model_name(tmp_path):
+    config = parse_config_text('name: "m"')
+    with pytest.raises(AutofillError) as caught:
         complete_platform(config, make_model(tmp_path, None))
+    assert str(caught.value) == (
+        "Invalid model name: Could not determine backend for model 'm' with no backend in "
+        "model configuration. Expected model name of the form 'model.<backend_name>'.")
+
+
+def test_a_model_named_model_dot_backend_runs_on_that_backend(tmp_path):
+    config = parse_config_text('name: "model.identity"')
+    complete_platform(config, make_model(tmp_path, None))
+    assert (config.backend, config.default_model_filename) == ("identity", "model.identity")
 
 
 def test_fill_defaults_as_triton_does():

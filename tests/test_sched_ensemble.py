@@ -16,7 +16,9 @@ from mini_triton.core.request import InferenceRequest, InferenceResponse, Respon
 from mini_triton.core.stats import ModelStats
 from mini_triton.core.tensor import Tensor
 from mini_triton.scheduling.ensemble import EnsembleScheduler
-from mini_triton.scheduling.ensemble_graph import check_ensemble_config, check_ensemble_steps
+from mini_triton.config.validation import run_rules
+from mini_triton.config.validation.ensemble import CONFIG_RULES
+from mini_triton.config.validation.ensemble import validate_ensemble_steps as check_ensemble_steps
 from recording_backend import parse_config
 
 
@@ -59,6 +61,10 @@ DIAMOND_MODELS = {"a": model("a"), "b": model("b"), "c": model("c"),
 
 
 # --- config checks on the ensemble alone ---
+
+
+def check_ensemble_config(config) -> None:
+    run_rules(CONFIG_RULES, config)
 
 
 def refused(config) -> str:

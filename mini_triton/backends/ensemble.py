@@ -5,16 +5,11 @@ to the model the step names."""
 from __future__ import annotations
 
 from ..core.errors import internal
-from ..scheduling.ensemble_graph import check_ensemble_config
-from .base import Backend, ModelContext
+from .base import Backend
 
 
 class EnsembleBackend(Backend):
     supports_batching = False
-
-    def __init__(self, context: ModelContext):
-        super().__init__(context)
-        check_ensemble_config(context.config)
 
     def create_instance(self, index: int, kind: str, device_id: int):
         raise internal(f"ensemble '{self.config.name}' has no model instances")

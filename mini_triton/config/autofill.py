@@ -1,7 +1,10 @@
-"""Completing a parsed ModelConfig as Triton's auto-complete does: name,
-platform ↔ backend, default model file, version policy and instance groups.
-Backend-specific completion (inputs from an ONNX file, a Python model's
-`auto_complete_config`) is the backend's `auto_complete`."""
+"""Completing a parsed ModelConfig as Triton's server-side auto-complete does
+(AutoCompleteBackendFields: name, backend, platform and default model file
+from what the config says or the first version folder holds), and Triton's
+normalisation (NormalizeModelConfig, NormalizeInstanceGroup). Backend-specific
+completion (inputs from an ONNX file, a Python model's `auto_complete_config`)
+is the backend's `auto_complete`. The rules a completed config must pass are
+config/validation/."""
 
 from __future__ import annotations
 
@@ -12,115 +15,141 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 
 @dataclass(frozen=True)
-class Platform:
-    platform: str  # Triton platform name ("" for backends known only by backend name)
+class Framework:
     backend: str
-    default_filename: str
+    platform: str  # the platform Triton fills in for the backend ("" for none)
+    filename: str  # the default model file
+    file_kind: str  # what that file may be in a version folder: "file", "dir" or "any"
 
 
-# One table: platform ↔ backend ↔ default model file name.
-PLATFORMS = (
-    Platform("tensorrt_plan", "tensorrt", "model.plan"),
-    Platform("onnxruntime_onnx", "onnxruntime", "model.onnx"),
-    Platform("pytorch_libtorch", "pytorch", "model.pt"),
-    Platform("tensorflow_savedmodel", "tensorflow", "model.savedmodel"),
-    Platform("tensorflow_graphdef", "tensorflow", "model.graphdef"),
-    Platform("", "python", "model.py"),
-    Platform("ensemble", "", ""),
-)
-_BY_PLATFORM = {p.platform: p for p in PLATFORMS if p.platform}
-_BY_BACKEND = {}
-for _p in PLATFORMS:
-    _BY_BACKEND.setdefault(_p.backend, _p)  # first entry is the backend's default platform
+# One table, in the order Triton tries them: backend ↔ platform ↔ default model file.
+TENSORRT = Framework("tensorrt", "tensorrt_plan", "model.plan", "file")
+ONNXRUNTIME = Framework("onnxruntime", "onnxruntime_onnx", "model.onnx", "any")
+OPENVINO = Framework("openvino", "", "model.xml", "any")
+PYTORCH = Framework("pytorch", "pytorch_libtorch", "model.pt", "file")
+PYTHON = Framework("python", "", "model.py", "any")
+FRAMEWORKS = (TENSORRT, ONNXRUNTIME, OPENVINO, PYTORCH, PYTHON)
+TF_SAVEDMODEL = Framework("tensorflow", "tensorflow_savedmodel", "model.savedmodel", "dir")
+TF_GRAPHDEF = Framework("tensorflow", "tensorflow_graphdef", "model.graphdef", "file")
+_TENSORFLOW = (TF_SAVEDMODEL, TF_GRAPHDEF)
 
 
 class AutofillError(ValueError):
-    """The config cannot be completed; the message says why."""
+    """The config cannot be completed; the message is Triton's."""
 
 
 def complete_platform(config: mc.ModelConfig, model_dir: Path) -> None:
-    """Fill `platform`/`backend` from each other or from the model files present."""
-    if config.platform and config.platform not in _BY_PLATFORM:
-        raise AutofillError(f"unexpected platform type '{config.platform}' for {config.name}")
-    if config.platform and not config.backend:
-        config.backend = _BY_PLATFORM[config.platform].backend
-    elif config.backend and not config.platform:
-        known = _BY_BACKEND.get(config.backend)
-        if known is not None and known.platform != "ensemble":
-            config.platform = known.platform
-    elif not config.platform and not config.backend:
-        found = _detect_from_files(config, model_dir)
-        if found is None:
-            raise AutofillError(
-                f"unable to determine the platform or backend of model '{config.name}': set "
-                "'backend' (or 'platform') in config.pbtxt, or add a model file "
-                f"({', '.join(p.default_filename for p in PLATFORMS if p.default_filename)})"
-            )
-        config.platform, config.backend = found.platform, found.backend
-    _check_platform_matches_backend(config)
+    """Fill `name`, `backend`, `platform` and `default_model_filename` as Triton's
+    server-side auto-complete does; what it cannot tell stays empty, for the config
+    rules to refuse."""
+    if not config.name:
+        config.name = model_dir.name
+    found = _first_version_contents(model_dir)
+    if _complete_tensorflow(config, found):
+        return
+    for framework in FRAMEWORKS:
+        if _complete_framework(config, framework, found):
+            return
+    if not config.backend and not config.platform and not config.default_model_filename:
+        _complete_custom_backend(config)
 
 
-def _check_platform_matches_backend(config: mc.ModelConfig) -> None:
-    known = _BY_PLATFORM.get(config.platform)
-    if known and known.backend and config.backend != known.backend:
+def _first_version_contents(model_dir: Path) -> dict[str, bool] | None:
+    """Name → is-a-folder of what the first version folder (in name order, as Triton
+    lists them) holds; None without any folder."""
+    try:
+        folders = sorted(p.name for p in model_dir.iterdir() if p.is_dir())
+    except OSError:
+        return None
+    if not folders:
+        return None
+    try:
+        return {p.name: p.is_dir() for p in (model_dir / folders[0]).iterdir()}
+    except OSError:
+        return {}
+
+
+def _holds(found: dict | None, framework: Framework) -> bool:
+    if found is None or framework.filename not in found:
+        return False
+    is_dir = found[framework.filename]
+    return framework.file_kind == "any" or is_dir == (framework.file_kind == "dir")
+
+
+def _complete_tensorflow(config: mc.ModelConfig, found: dict | None) -> bool:
+    """TensorFlow needs its platform: from the file name, or the first version folder."""
+    if not config.platform and config.backend in ("", "tensorflow"):
+        for framework in _TENSORFLOW:
+            if config.default_model_filename == framework.filename or (
+                    not config.default_model_filename and _holds(found, framework)):
+                config.platform = framework.platform
+    tensorflow = next((f for f in _TENSORFLOW if f.platform == config.platform), None)
+    if tensorflow is None:
+        return False
+    config.backend = config.backend or tensorflow.backend
+    config.default_model_filename = config.default_model_filename or tensorflow.filename
+    return True
+
+
+def _complete_framework(config: mc.ModelConfig, framework: Framework,
+                        found: dict | None) -> bool:
+    if not config.backend:
+        named = (framework.platform and config.platform == framework.platform) or \
+            config.default_model_filename == framework.filename
+        detected = not config.platform and not config.default_model_filename and \
+            _holds(found, framework)
+        if named or detected:
+            config.backend = framework.backend
+    if config.backend != framework.backend:
+        return False
+    if framework.platform and not config.platform:
+        config.platform = framework.platform
+    # A PyTorch model written in Python (runtime "model.py") names no model file.
+    if not config.default_model_filename and not (
+            framework is PYTORCH and config.runtime == PYTHON.filename):
+        config.default_model_filename = framework.filename
+    return True
+
+
+def _complete_custom_backend(config: mc.ModelConfig) -> None:
+    """A model named `model.<backend>` runs on that backend (its file `model.<backend>`)."""
+    _, dot, backend = config.name.partition(".")
+    if not dot:
         raise AutofillError(
-            f"platform '{config.platform}' requires backend '{known.backend}', "
-            f"but model '{config.name}' sets backend '{config.backend}'"
-        )
-
-
-def _detect_from_files(config: mc.ModelConfig, model_dir: Path) -> Platform | None:
-    wanted = config.default_model_filename
-    for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
-        for platform in PLATFORMS:
-            filename = wanted or platform.default_filename
-            if filename and (version_dir / filename).exists() and platform.default_filename:
-                if not wanted or filename == platform.default_filename:
-                    return platform
-    return None
+            f"Invalid model name: Could not determine backend for model '{config.name}' "
+            "with no backend in model configuration. Expected model name of the form "
+            "'model.<backend_name>'.")
+    config.backend = backend
+    config.default_model_filename = f"model.{backend}"
 
 
 def default_model_filename(config: mc.ModelConfig) -> str:
+    """The model file a version folder holds: the config's, else the backend's default."""
     if config.default_model_filename:
         return config.default_model_filename
-    platform = _BY_PLATFORM.get(config.platform) or _BY_BACKEND.get(config.backend)
-    return platform.default_filename if platform else ""
+    for framework in FRAMEWORKS + _TENSORFLOW:
+        if framework.backend == config.backend or (
+                framework.platform and framework.platform == config.platform):
+            return framework.filename
+    return ""
 
 
 def fill_defaults(config: mc.ModelConfig, gpu_available: bool = False) -> None:
-    """Defaults Triton writes into every loaded config."""
-    if not config.HasField("version_policy"):
-        config.version_policy.latest.num_versions = 1
-    if config.platform == "ensemble":
-        return
-    if not config.instance_group:  # Triton names the group it adds after the model
-        group = config.instance_group.add()
-        group.name = config.name
-        group.count = 1
-    for index, group in enumerate(config.instance_group):
-        if not group.name:  # and an unnamed group of the config '<model>_<index>'
-            group.name = f"{config.name}_{index}"
-        if group.count < 1:
-            group.count = 1
-        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            # A TensorRT plan only runs on a GPU; ONNX Runtime uses one when there is one.
-            use_gpu = config.backend == "tensorrt" or (
-                gpu_available and config.backend == "onnxruntime")
-            group.kind = (mc.ModelInstanceGroup.KIND_GPU if use_gpu
-                          else mc.ModelInstanceGroup.KIND_CPU)
-    if not config.default_model_filename:
-        config.default_model_filename = default_model_filename(config)
-    _fill_scheduler_defaults(config)
-    config.optimization.input_pinned_memory.enable = True
-    config.optimization.output_pinned_memory.enable = True
+    """Triton's normalisation of a completed config: the model's, then its instance
+    groups'."""
+    normalize_model_config(config)
+    normalize_instance_groups(config, gpu_available)
 
 
 DEFAULT_SEQUENCE_IDLE_US = 1_000_000
 
 
-def _fill_scheduler_defaults(config: mc.ModelConfig) -> None:
-    """Triton's normalisation: an empty preferred_batch_size means max_batch_size, and
-    a sequence idles for a second before it is released."""
+def normalize_model_config(config: mc.ModelConfig) -> None:
+    """Triton's NormalizeModelConfig: the latest version by default; an empty
+    preferred_batch_size means max_batch_size; a sequence idles for a second before
+    it is released; pinned memory on unless the config says otherwise."""
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
     if config.HasField("dynamic_batching") and config.max_batch_size > 0 \
             and not config.dynamic_batching.preferred_batch_size:
         config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)
@@ -131,36 +160,31 @@ def _fill_scheduler_defaults(config: mc.ModelConfig) -> None:
         if sequence.HasField("oldest") and config.max_batch_size > 0 \
                 and not sequence.oldest.preferred_batch_size:
             sequence.oldest.preferred_batch_size.append(config.max_batch_size)
+    if not config.HasField("ensemble_scheduling"):
+        for name in ("input_pinned_memory", "output_pinned_memory"):
+            if not config.optimization.HasField(name):
+                getattr(config.optimization, name).enable = True
 
 
-def check_config(config: mc.ModelConfig) -> None:
-    """Structural checks Triton makes before a backend sees the config."""
-    if config.max_batch_size < 0:
-        raise AutofillError(f"'max_batch_size' must be non-negative for model '{config.name}'")
-    for kind, tensors in (("input", config.input), ("output", config.output)):
-        seen = set()
-        for tensor in tensors:
-            if not tensor.name:
-                raise AutofillError(f"model '{config.name}' has an {kind} without a name")
-            if tensor.name in seen:
-                raise AutofillError(f"model '{config.name}' has duplicate {kind} '{tensor.name}'")
-            seen.add(tensor.name)
-            if tensor.data_type == mc.TYPE_INVALID:
-                raise AutofillError(
-                    f"model '{config.name}': {kind} '{tensor.name}' must specify 'data_type'")
-            for dim in tensor.dims:
-                if dim < -1 or dim == 0:
-                    raise AutofillError(
-                        f"model '{config.name}': {kind} '{tensor.name}' dims must be positive "
-                        f"or -1, got {list(tensor.dims)}")
-    if config.response_cache.enable and config.model_transaction_policy.decoupled:
-        raise AutofillError(
-            f"response cache does not currently support model '{config.name}' with "
-            "'decoupled' transaction policy: remove 'response_cache' from its config")
-    if config.HasField("dynamic_batching") and config.max_batch_size == 0:
-        pass  # Triton accepts it and simply never batches
-    for size in config.dynamic_batching.preferred_batch_size:
-        if size < 1 or (config.max_batch_size and size > config.max_batch_size):
-            raise AutofillError(
-                f"model '{config.name}': preferred_batch_size {size} must be between 1 and "
-                f"max_batch_size {config.max_batch_size}")
+def normalize_instance_groups(config: mc.ModelConfig, gpu_available: bool = False) -> None:
+    """Triton's NormalizeInstanceGroup: one group named after the model when there is
+    none, each unnamed group `<model>_<index>`, a count of at least one, and KIND_AUTO
+    resolved (GPU for TensorRT, and for ONNX Runtime on a machine with a GPU)."""
+    if config.HasField("ensemble_scheduling"):
+        return  # an ensemble has no instances
+    if not config.instance_group:
+        group = config.instance_group.add()
+        group.name = config.name
+        group.count = 1
+    for index, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = f"{config.name}_{index}"
+        if group.count < 1:
+            group.count = 1
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            use_gpu = config.backend == "tensorrt" or (
+                gpu_available and config.backend == "onnxruntime")
+            group.kind = (mc.ModelInstanceGroup.KIND_GPU if use_gpu
+                          else mc.ModelInstanceGroup.KIND_CPU)
+    if not config.default_model_filename:
+        config.default_model_filename = default_model_filename(config)

@@ -12,14 +12,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..backends.base import ModelContext
 from ..backends.registry import backend_class
-from ..config import ConfigError, parse_config_file
-from ..config.autofill import AutofillError, check_config, complete_platform, fill_defaults
 from ..config.coverage import load_warnings
-from ..core.errors import TritonError, unavailable
+from ..core.errors import TritonError
 from ..core.stats import ModelStats
 from ..scheduling import create_scheduler, prepare_version
 from ..scheduling.warmup import warm_up
 from . import scan
+from .model_config import backend_name, read_config  # noqa: F401 (read_config: tests)
 from .records import LoadedVersion, ModelRecord, ServerOptions, State, VersionStatus
 
 log = logging.getLogger("mini_triton.repository")
@@ -55,55 +54,6 @@ def load_record(name: str, folder: Path, options: ServerOptions, server=None,
     if not record.versions:
         record.reason = "; ".join(s.reason for s in record.statuses.values())
     return record
-
-
-def read_config(name: str, folder: Path, options: ServerOptions, server=None,
-                override: mc.ModelConfig | None = None) -> mc.ModelConfig:
-    """The completed config of a model folder (an override, else config.pbtxt, then
-    auto-complete)."""
-    config_path = scan.config_path(folder, options.model_config_name)
-    try:
-        if override is not None:
-            config = mc.ModelConfig()
-            config.CopyFrom(override)
-        elif config_path.exists():
-            config = parse_config_file(config_path)
-        elif options.disable_auto_complete:
-            raise unavailable(f"model configuration file {config_path} does not exist "
-                              "(auto-complete is disabled)")
-        else:
-            config = mc.ModelConfig()
-        return complete_config(name, folder, config, options, server)
-    except ConfigError as error:
-        raise unavailable(str(error)) from error
-    except AutofillError as error:
-        raise unavailable(str(error)) from error
-
-
-def complete_config(name: str, folder: Path, config: mc.ModelConfig, options: ServerOptions,
-                    server=None) -> mc.ModelConfig:
-    if not config.name or folder.name != name:
-        config.name = name  # a mapped model (registered repository) takes its mapped name
-    elif config.name != name:
-        raise unavailable(
-            f"unexpected model name '{config.name}' in "
-            f"{scan.config_path(folder, options.model_config_name)}: the "
-            f"name must match the model folder '{name}'")
-    complete_platform(config, folder)
-    cls = backend_class(backend_name(config))
-    if not options.disable_auto_complete:
-        versions = scan.available_versions(folder)
-        context = ModelContext(name, versions[-1] if versions else 1, config, folder,
-                               folder.parent, server, options=vars(options))
-        cls.auto_complete(config, context)
-    fill_defaults(config, options.gpu_available)
-    check_config(config)
-    return config
-
-
-def backend_name(config: mc.ModelConfig) -> str:
-    """The registry key: the backend, or the platform for ensembles (which have none)."""
-    return config.backend or config.platform
 
 
 def _load_version(record: ModelRecord, version: int, options: ServerOptions, server) -> None:

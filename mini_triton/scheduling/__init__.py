@@ -11,14 +11,10 @@ from __future__ import annotations
 
 
 def prepare_version(context) -> list:
-    """Check what the config asks of the schedulers (INVALID_ARG naming the place in
-    config.pbtxt) before any instance starts; the warmup samples, their data made."""
-    from .batch_inputs import check_batch_io
-    from .implicit_state import check_states
+    """The warmup samples of a validated config, their data made, before any instance
+    starts."""
     from .warmup import warmup_samples
 
-    check_batch_io(context.config, context.config_source)
-    check_states(context.config, context.config_source)
     return warmup_samples(context)
 
 

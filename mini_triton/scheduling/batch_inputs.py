@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..config.locate import field_error
 from ..core.tensor import Tensor
 
 _Kind = mc.BatchInput.Kind
@@ -47,59 +46,6 @@ ITEM_SHAPE_FLATTEN = _Kind.Value("BATCH_ITEM_SHAPE_FLATTEN")
 SCATTER_WITH_INPUT_SHAPE = mc.BatchOutput.Kind.Value("BATCH_SCATTER_WITH_INPUT_SHAPE")
 
 _DTYPES = {mc.TYPE_INT32: ("INT32", np.int32), mc.TYPE_FP32: ("FP32", np.float32)}
-
-
-def check_batch_io(config: mc.ModelConfig, source=None) -> None:
-    """Triton's ValidateBatchIO, with the place in config.pbtxt; INVALID_ARG."""
-    inputs = {t.name for t in config.input}
-    outputs = {t.name for t in config.output}
-    targets: set[str] = set()
-    for index, batch_input in enumerate(config.batch_input):
-        path = ("batch_input", index)
-        kind = _Kind.Name(batch_input.kind)
-        if len(batch_input.source_input) != 1:
-            raise field_error(source, path + ("source_input",) if batch_input.source_input
-                              else path, f"batch input kind '{kind}' expects 1 source input, "
-                              f"got {len(batch_input.source_input)}")
-        if batch_input.data_type not in _DTYPES:
-            raise field_error(source, path + ("data_type",),
-                              "batch input data type must be TYPE_INT32 or TYPE_FP32")
-        for name in batch_input.source_input:
-            if name not in inputs:
-                raise field_error(source, path + ("source_input", 0),
-                                  f"unknown source input name '{name}'")
-        if not batch_input.target_name:
-            raise field_error(source, path, f"batch input kind '{kind}' needs a target_name: "
-                              "the model input it becomes")
-        for position, name in enumerate(batch_input.target_name):
-            if name in inputs or name in targets:
-                raise field_error(source, path + ("target_name", position), (
-                    f"batch input target '{name}' is already an input of model "
-                    f"'{config.name}'"))
-            targets.add(name)
-        if batch_input.kind in (ITEM_SHAPE, ITEM_SHAPE_FLATTEN) and config.max_batch_size == 0:
-            raise field_error(source, path + ("kind",), (
-                f"batch input kind '{kind}' needs a batch dimension, but model "
-                f"'{config.name}' does not batch (max_batch_size 0)"))
-    for index, batch_output in enumerate(config.batch_output):
-        path = ("batch_output", index)
-        if len(batch_output.source_input) != 1:
-            raise field_error(source, path, (
-                f"batch output kind '{mc.BatchOutput.Kind.Name(batch_output.kind)}' expects 1 "
-                f"source input, got {len(batch_output.source_input)}"))
-        for name in batch_output.source_input:
-            if name not in inputs:
-                raise field_error(source, path + ("source_input", 0),
-                                  f"unknown source input name '{name}'")
-        seen: set[str] = set()
-        for position, name in enumerate(batch_output.target_name):
-            if name not in outputs:
-                raise field_error(source, path + ("target_name", position),
-                                  f"unknown target output name '{name}'")
-            if name in seen:
-                raise field_error(source, path + ("target_name", position),
-                                  f"target output name '{name}' can only be specified once")
-            seen.add(name)
 
 
 def batch_input_names(config: mc.ModelConfig) -> list[str]:

@@ -18,7 +18,6 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core import datatypes
-from ..core.errors import invalid_arg
 from ..core.tensor import Tensor
 from ..core.validate import SEQUENCE_END, SEQUENCE_START
 
@@ -28,7 +27,9 @@ END = _Kind.Value("CONTROL_SEQUENCE_END")
 READY = _Kind.Value("CONTROL_SEQUENCE_READY")
 CORRID = _Kind.Value("CONTROL_SEQUENCE_CORRID")
 
-_CORRID_TYPES = ("UINT64", "INT64", "UINT32", "INT32", "BYTES")
+_VALUE_TYPES = {"int32_false_true": "INT32", "fp32_false_true": "FP32",
+                "bool_false_true": "BOOL"}
+_VALUE_FIELDS = tuple(_VALUE_TYPES)
 
 
 @dataclass(frozen=True)
@@ -72,14 +73,8 @@ class SequenceControls:
         self.batched = config.max_batch_size > 0
         self.booleans: list[BooleanControl] = []
         self.correlation: CorrelationControl | None = None
-        seen: set[int] = set()
         for control_input in config.sequence_batching.control_input:
             for control in control_input.control:
-                if control.kind in seen:
-                    raise invalid_arg(
-                        f"sequence batching specifies multiple "
-                        f"{_Kind.Name(control.kind)} tensors for {self.model}")
-                seen.add(control.kind)
                 self._add(control_input.name, control)
 
     @property
@@ -90,29 +85,16 @@ class SequenceControls:
         return frozenset(names)
 
     def _add(self, name: str, control) -> None:
-        kind_name = _Kind.Name(control.kind)
+        """One control of a config that passed the control rules
+        (config/validation/sequence.py)."""
         if control.kind == CORRID:
             datatype = datatypes.config_to_v2(mc.DataType.Name(control.data_type))
-            if datatype not in _CORRID_TYPES:
-                raise invalid_arg(
-                    f"unexpected control data type, expected TYPE_UINT64, TYPE_INT64, "
-                    f"TYPE_UINT32, TYPE_INT32, or TYPE_STRING for {kind_name} for "
-                    f"{self.model}")
             self.correlation = CorrelationControl(name, datatype)
             return
-        given = [(field, list(getattr(control, field))) for field in
-                 ("int32_false_true", "fp32_false_true", "bool_false_true")]
-        given = [(field, values) for field, values in given if values]
-        if len(given) != 1 or len(given[0][1]) != 2:
-            raise invalid_arg(
-                f"sequence batching control tensor '{name}' for model '{self.model}' must "
-                f"specify exactly one of 'int32_false_true', 'fp32_false_true' or "
-                f"'bool_false_true', with two values, for {kind_name}")
-        field, (false_value, true_value) = given[0]
-        datatype = {"int32_false_true": "INT32", "fp32_false_true": "FP32",
-                    "bool_false_true": "BOOL"}[field]
-        self.booleans.append(BooleanControl(name, control.kind, datatype, false_value,
-                                            true_value))
+        field = next(f for f in _VALUE_FIELDS if getattr(control, f))
+        false_value, true_value = getattr(control, field)
+        self.booleans.append(BooleanControl(name, control.kind, _VALUE_TYPES[field],
+                                            false_value, true_value))
 
     def shape(self, request=None) -> tuple:
         return (1, 1) if self.batched else (1,)

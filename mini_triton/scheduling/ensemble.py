@@ -12,7 +12,7 @@ itself) sends a response for each complete set of outputs.
 `max_inflight_requests` bounds, per ensemble request, the step requests in
 flight at each step. The first failing step fails the ensemble request.
 
-The step models' configs are checked (ensemble_graph.check_ensemble_steps)
+The step models' configs are checked (config/validation/ensemble.py)
 when the ensemble loads, and again whenever a step model was reloaded.
 """
 
@@ -30,7 +30,8 @@ from ..core.stats import ExecutionTiming, ModelStats
 from ..core.tensor import RequestedOutput, Tensor
 from .base import cancelled_error, fail, rows, tap
 from .dynamic import STOPPING_MESSAGE
-from .ensemble_graph import EnsembleGraph, check_ensemble_config, check_ensemble_steps
+from ..config.validation.ensemble import validate_ensemble_steps
+from .ensemble_graph import EnsembleGraph
 
 
 class EnsembleScheduler:
@@ -39,7 +40,6 @@ class EnsembleScheduler:
         self.name = self.config.name
         self.service = context.server
         self.stats = stats
-        check_ensemble_config(self.config)
         self.graph = EnsembleGraph.from_config(self.config)
         # Older tritonclient releases' model_config.proto (2.51's, for one) lack the field.
         self.max_inflight = getattr(self.config.ensemble_scheduling, "max_inflight_requests", 0)
@@ -122,7 +122,7 @@ class EnsembleScheduler:
         if identity == self.checked_against:
             return
         configs = {step.model_name: model.config for step, model in zip(self.graph.steps, loaded)}
-        decoupled = check_ensemble_steps(self.config, configs)
+        decoupled = validate_ensemble_steps(self.config, configs)
         self.config.model_transaction_policy.decoupled = decoupled
         self.checked_against = identity
 

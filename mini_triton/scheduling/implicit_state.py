@@ -1,12 +1,12 @@
-"""Implicit state (`sequence_batching { state [...] }`): Triton's rules for a state
-and its `initial_state`, and the value a sequence starts from.
+"""Implicit state (`sequence_batching { state [...] }`): the value a sequence starts
+from.
 
 The value is `initial_state` (zeros, or the raw row-major bytes of a file in
 the model's `initial_state/` folder), else zeros with every variable dim
 taken as 1 (Triton leaves it uninitialised; zeros are one such value). The
 backends that keep state (ONNX Runtime, identity) feed it to the model's
 input_state and take output_state back; the checks run for every model at
-load, with Triton's messages and the place in config.pbtxt.
+load (config/validation/sequence.py).
 """
 
 from __future__ import annotations
@@ -17,67 +17,15 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..config.locate import field_error
+from ..config.validation.sequence import INITIAL_STATE_FOLDER
 from ..core import datatypes
 from ..core.errors import TritonError
-
-INITIAL_STATE_FOLDER = "initial_state"
-
-
-def check_states(config: mc.ModelConfig, source: Path | None = None) -> None:
-    """Triton's checks of each state and its initial_state; INVALID_ARG."""
-    seen: set[str] = set()
-    for index, state in enumerate(config.sequence_batching.state):
-        path = ("sequence_batching", "state", index)
-        name = state.input_name
-        if len(state.initial_state) > 1:
-            raise field_error(source, path + ("initial_state", 1), (
-                f"initial_state field for state input '{name}' must contain exactly one or "
-                f"zero element. Found '{len(state.initial_state)}' elements."))
-        if name in seen:
-            raise field_error(source, path + ("input_name",),
-                              f"State input name '{name}' specified more than once.")
-        seen.add(name)
-        if state.initial_state:
-            _check_initial(state, path + ("initial_state", 0), source)
-
-
-def _check_initial(state, path: tuple, source) -> None:
-    initial = state.initial_state[0]
-    name = state.input_name
-    if initial.data_type != state.data_type:
-        raise field_error(source, path + ("data_type",), (
-            f"The data type used for 'initial_state' field of state '{name}' does not match "
-            "the state data type."))
-    if not initial.name:
-        raise field_error(source, path, (
-            f"Field 'name' must be set when using initial_state for state input '{name}'."))
-    if len(initial.dims) != len(state.dims):
-        raise field_error(source, path + ("dims",), (
-            "Number of dimensions in 'initial_state' doesn't match the size of 'state' "
-            f"dimensions for state input '{name}'. {len(initial.dims)} != {len(state.dims)}"))
-    for given, described in zip(initial.dims, state.dims):
-        if given == -1:
-            raise field_error(source, path + ("dims",), (
-                f"'initial_state' field for state input name '{name}' contains variable "
-                "dimensions."))
-        if described != -1 and given != described:
-            raise field_error(source, path + ("dims",), (
-                f"'initial_state' dim for input name '{name}' doesn't match 'state' dim "
-                f"description. {given} != {described}"))
-    kind = initial.WhichOneof("state_data")
-    if kind is None:
-        raise field_error(source, path, (
-            f"initial_state setting expects state'{name}' to have state_data set"))
-    if kind == "data_file" and not _inside_name(initial.data_file):
-        raise field_error(source, path + ("data_file",), (
-            f"initial_state data_file '{initial.data_file}' of state '{name}' must be the path "
-            f"of a file inside the model's '{INITIAL_STATE_FOLDER}' folder"))
 
 
 def initial_values(config: mc.ModelConfig, model_dir: Path,
                    source: Path | None = None) -> dict[str, np.ndarray]:
-    """State input name → its value at the start of a sequence (without a batch dim)."""
-    check_states(config, source)
+    """State input name → its value at the start of a sequence (without a batch dim), for
+    a config that passed the state rules (config/validation/sequence.py)."""
     return {state.input_name: _initial_value(config, index, state, Path(model_dir), source)
             for index, state in enumerate(config.sequence_batching.state)}
 
@@ -123,9 +71,3 @@ def _zeros(datatype, shape) -> np.ndarray:
     if datatype.name == "BYTES":
         return np.full(shape, b"", dtype=np.object_)
     return np.zeros(shape, dtype=datatype.numpy)
-
-
-def _inside_name(name: str) -> bool:
-    parts = name.split("/")
-    return bool(name) and not name.startswith("/") and "\\" not in name and "\0" not in name \
-        and all(part not in ("", ".", "..") for part in parts)

@@ -26,7 +26,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..config.locate import field_error
-from ..config.warmup import check_warmup, sample_label
+from ..config.validation.warmup import sample_label
 from ..core import datatypes
 from ..core.errors import TritonError, invalid_arg
 from ..core.request import InferenceRequest
@@ -64,7 +64,6 @@ def warmup_samples(context) -> list[WarmupSample]:
     config = context.config
     if not config.model_warmup:
         return []
-    check_warmup(config, context.config_source)
     samples = []
     for index, sample in enumerate(config.model_warmup):
         if sample.batch_size == 0:

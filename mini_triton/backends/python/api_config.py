@@ -51,6 +51,12 @@ def get_model_dir():
 # --- auto-complete ---
 
 
+def _spoken_list(names: tuple) -> str:
+    """'a', 'b' and 'c': the list as Triton's messages write it."""
+    quoted = [f"'{name}'" for name in names]
+    return ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
 class ModelConfig:
     """The config handed to `auto_complete_config`; the model may set max_batch_size,
     dynamic batching, inputs, outputs and the transaction policy."""
@@ -102,7 +108,7 @@ class ModelConfig:
         if extra:
             raise ValueError(
                 f"{kind} '{label}' in auto-complete-config function for model '{self._name}' "
-                f"contains property other than {', '.join(repr(k) for k in allowed)}.")
+                f"contains property other than {_spoken_list(allowed)}.")
         if "name" not in tensor:
             raise ValueError(f"{kind} in auto-complete-config function for model "
                              f"'{self._name}' is missing 'name' property.")
