@@ -638,7 +638,7 @@ def test_kserve_serving_runtime_speaks_v2_over_http_and_grpc():
     assert container["name"] == "kserve-container", "KServe finds its container by this name"
     args = container["args"]
     # KServe's storage initializer puts the storageUri contents here.
-    assert _flag(args, "--model-repository") == "/mnt/models"
+    assert _flag(args, "--model-store") == "/mnt/models"
     http_port = int(_flag(args, "--http-port"))
     assert http_port == 8080, "KServe routes HTTP to 8080 unless told otherwise"
     assert int(_flag(args, "--grpc-port")) not in {http_port, None}
@@ -850,3 +850,42 @@ def test_prometheus_evaluates_every_dashboard_query(prometheus, served):
         if not data["result"] and "nv_inference_request_failure" not in expr:
             empty.append((title, expr))
     assert not empty, f"queries with no data: {empty}"
+
+
+# --- the server's arguments in every deployment file ----------------------------------
+
+
+def _deployment_arguments() -> dict[str, list[str]]:
+    """File → the server's arguments, for every file under deploy/ and docker-compose.yml
+    that starts the server."""
+    found = {}
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    found["docker-compose.yml"] = compose["services"]["mini-triton"]["command"]
+    for path in sorted(DEPLOY.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            for container in _containers(doc or {}):
+                if str(container.get("image", "")).startswith("mini-triton"):
+                    found[str(path.relative_to(ROOT))] = container.get("args", [])
+    return found
+
+
+def _containers(doc: dict) -> list[dict]:
+    spec = doc.get("spec") or {}
+    pod = ((spec.get("template") or {}).get("spec")) or spec  # Deployment, ServingRuntime
+    return list(pod.get("containers") or [])
+
+
+def test_every_deployment_file_starts_the_server_with_flags_it_honours():
+    from mini_triton.cli import build_parser, settings_from
+    from mini_triton.triton_flags import BY_NAME, NOT_HONOURED
+
+    arguments = _deployment_arguments()
+    assert {"docker-compose.yml", "deploy/kubernetes/deployment.yaml",
+            "deploy/kserve/servingruntime.yaml"} <= set(arguments)
+    for path, args in arguments.items():
+        settings_from(build_parser().parse_args(args))  # exits on a bad flag or value
+        for arg in args:
+            name = arg.split("=", 1)[0].removeprefix("--")
+            if arg.startswith("--"):
+                assert name in BY_NAME, f"{path}: {arg} is not a tritonserver flag"
+                assert name not in NOT_HONOURED, f"{path}: {arg} is not honoured here"
