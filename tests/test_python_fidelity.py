@@ -316,31 +316,3 @@ def test_ensemble_optional_inputs_may_be_left_out(served, protocol, with_b):
     # Triton 2.51: SUM 3 and Y 3 + 20 with B; without it SUM 1, and "tail" runs without E.
     assert result.as_numpy("SUM").tolist() == ([3.0] if with_b else [1.0])
     assert result.as_numpy("Y").tolist() == ([23.0] if with_b else [1001.0])
-
-
-def test_execution_env_path_is_named_at_load_not_ignored(tmp_path, caplog):
-    """python_backend's EXECUTION_ENV_PATH is not built yet: a model that sets it loads
-    in the server's environment with a warning that says so, never silently."""
-    import logging
-
-    from conftest import server_settings as settings_for
-    from mini_triton.server import ServerThread as Thread
-
-    folder = tmp_path / "envmodel"
-    (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.py").write_text(
-        "import triton_python_backend_utils as pb_utils\n\n\nclass TritonPythonModel:\n"
-        "    def execute(self, requests):\n"
-        "        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(\n"
-        "            'OUTPUT0', pb_utils.get_input_tensor_by_name(r, 'INPUT0').as_numpy())])\n"
-        "            for r in requests]\n")
-    (folder / "config.pbtxt").write_text(
-        'name: "envmodel"\nbackend: "python"\nmax_batch_size: 2\n'
-        'input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
-        'parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "/envs/x.tar.gz" } }\n')
-    with caplog.at_level(logging.WARNING, "mini_triton"):
-        with Thread(settings_for(tmp_path)):
-            pass
-    assert any("'EXECUTION_ENV_PATH' is not honoured yet" in r.getMessage()
-               for r in caplog.records)

@@ -8,7 +8,6 @@ the execution mode picks `ProcessInstance` (the default) or `ThreadInstance`.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +17,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ...config.json_format import config_from_json, config_to_json
 from ...core.errors import invalid_arg, unavailable
 from ..base import Backend, ModelContext, ModelInstance
-from . import process_mode
+from . import exec_env, process_mode
 from .bridge import ServerBridge
+from .exec_env import EXECUTION_ENV_PATH
 from .runner import ModelError, ModelRunner, install_module_alias, mentions_auto_complete
-
-log = logging.getLogger("mini_triton.python")
 
 EXECUTION_MODE = "execution_mode"  # "process" (default) or "thread"
 AUTO_STACK = "auto_stack"  # "true": execute gets one request holding the whole batch
@@ -33,8 +31,6 @@ MODE_ENVIRONMENT = "MINI_TRITON_PYTHON_EXECUTION_MODE"  # server-wide default mo
 BUSY_POLL_US = "busy_poll_us"
 BUSY_POLL_ENVIRONMENT = "MINI_TRITON_PYTHON_BUSY_POLL_US"  # server-wide default
 DEFAULT_BUSY_POLL_US = "1000"
-# python_backend's own Python environment per model (a conda-pack archive or folder).
-EXECUTION_ENV_PATH = "EXECUTION_ENV_PATH"
 _MODES = ("process", "thread")
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
@@ -56,13 +52,19 @@ class PythonSettings:
                 return config.parameters[key].string_value.strip().lower()
             return default
 
-        if EXECUTION_ENV_PATH in config.parameters:  # never silently
-            log.warning("model '%s': parameter '%s' is not honoured yet: the model runs in the "
-                        "server's own Python environment", config.name, EXECUTION_ENV_PATH)
-        mode = parameter(EXECUTION_MODE, os.environ.get(MODE_ENVIRONMENT, "process").lower())
+        # A model with its own environment runs in a worker process: a thread-mode
+        # model would run in the server's Python instead.
+        own_env = bool(EXECUTION_ENV_PATH in config.parameters
+                       and config.parameters[EXECUTION_ENV_PATH].string_value)
+        mode = parameter(EXECUTION_MODE, "process" if own_env else
+                         os.environ.get(MODE_ENVIRONMENT, "process").lower())
         if mode not in _MODES:
             raise invalid_arg(f"parameter '{EXECUTION_MODE}' of model '{config.name}' must be "
                               f"'process' or 'thread', not '{mode}'")
+        if own_env and mode == "thread":
+            raise invalid_arg(f"parameter '{EXECUTION_ENV_PATH}' of model '{config.name}' needs "
+                              f"'{EXECUTION_MODE}' 'process': a thread-mode model runs in the "
+                              "server's own Python")
         stack = parameter(AUTO_STACK, "false")
         if stack not in _TRUE + _FALSE:
             raise invalid_arg(f"parameter '{AUTO_STACK}' of model '{config.name}' must be "
@@ -112,7 +114,8 @@ class PythonBackend(Backend):
             except ModelError as error:
                 raise unavailable(str(error)) from None
         elif mentions_auto_complete(model_file):
-            completed = process_mode.auto_complete(model_file, config_json, label)
+            environment = exec_env.from_config(config, context.model_dir)
+            completed = process_mode.auto_complete(model_file, config_json, label, environment)
         else:
             return
         config.CopyFrom(config_from_json(completed))
@@ -134,6 +137,8 @@ class PythonBackend(Backend):
         self.model_file = model_file_of(self.config, context.version_dir)
         if not self.model_file.exists():
             raise unavailable(f"Python model file not found in '{self.model_file}'")
+        self.environment = (exec_env.from_config(self.config, context.model_dir)
+                            if self.settings.mode == "process" else None)
         self.bridge = ServerBridge(context, self)
         self.instances: list[ModelInstance] = []
         self._config_json = json.dumps(config_to_json(self.config, including_defaults=True))

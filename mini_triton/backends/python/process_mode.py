@@ -32,6 +32,7 @@ from ...core.errors import TritonError, internal, unavailable
 from ...core.stats import ExecutionTiming
 from ..base import ModelInstance
 from . import convert
+from .exec_env import ExecutionEnvironment
 from .outstanding import Outstanding, reschedule, stacked_outputs
 from .wire import Link, Outgoing, PollBudget, get_reply, get_tensors, put_reply, put_tensors
 
@@ -49,15 +50,21 @@ _CONTROL_METHODS = frozenset(("load_model", "unload_model", "is_model_ready"))
 _METRIC_METHODS = frozenset(("metric_family", "metric_create", "metric_value"))
 
 
-def spawn(label: str) -> tuple[subprocess.Popen, Link]:
-    """Start a worker process connected to us by a socket pair."""
+def spawn(label: str, environment: ExecutionEnvironment | None = None
+          ) -> tuple[subprocess.Popen, Link]:
+    """Start a worker process connected to us by a socket pair, with the server's
+    interpreter or in the model's own execution environment."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    arguments = ["-m", WORKER_MODULE, str(child.fileno()), label]
+    if environment is None:
+        command, env = [sys.executable, *arguments], dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH"))
+                                            if p)
+    else:
+        command, env = environment.command(arguments), environment.variables(dict(os.environ))
     try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", WORKER_MODULE, str(child.fileno()), label],
-            pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        process = subprocess.Popen(command, pass_fds=(child.fileno(),),
+                                   stdin=subprocess.DEVNULL, env=env)
     except BaseException:
         parent.close()
         raise
@@ -76,9 +83,10 @@ def stop_process(process: subprocess.Popen, link: Link, grace_s: float = 2.0) ->
         process.wait()
 
 
-def auto_complete(model_file: Path, config_json: str, label: str) -> str:
+def auto_complete(model_file: Path, config_json: str, label: str,
+                  environment: ExecutionEnvironment | None = None) -> str:
     """Run the model's `auto_complete_config` in a short-lived worker; the completed JSON."""
-    process, link = spawn(label)
+    process, link = spawn(label, environment)
     try:
         link.send({"op": "auto_complete", "model_file": str(model_file), "label": label,
                    "config": config_json})
@@ -197,7 +205,7 @@ class ProcessInstance(ModelInstance):
         # for (id, whether the wait began by polling).
         self.reply_poll = PollBudget(min(self.settings.busy_poll_ns, REPLY_POLL_CAP_NS))
         self.awaited: tuple[int, bool] | None = None
-        self.process, self.link = spawn(instance_name)
+        self.process, self.link = spawn(instance_name, backend.environment)
         self.loop = _serving_loop(backend.bridge.service)
         self.reader: threading.Thread | None = None
         self._start_reading()
