@@ -162,6 +162,25 @@ def test_http_parameters_of_the_wrong_type_are_triton_s_messages(default_server,
     assert error_of(default_server, body) == (400, message)
 
 
+@pytest.mark.parametrize("body, message", [
+    ({"id": 5, "inputs": [tensor(SIXTEEN)]}, f"Unable to parse 'id': {STRING}"),
+    ({}, "Unable to parse 'inputs': attempt to access non-existing object member 'inputs'"),
+    ({"inputs": {"name": "INPUT0"}}, "Unable to parse 'inputs': attempt to access JSON "
+                                     "non-array as array"),
+    ({"inputs": [{"datatype": "FP32", "shape": [1, 16], "data": SIXTEEN}]},
+     "Unable to parse 'name': attempt to access non-existing object member 'name'"),
+    ({"inputs": [tensor(SIXTEEN, datatype=32)]}, f"Unable to parse 'datatype': {STRING}"),
+    ({"inputs": [tensor(SIXTEEN, shape="1,16")]},
+     "Unable to parse 'shape': attempt to access JSON non-array as array"),
+    ({"inputs": [tensor(SIXTEEN, shape=[1, -16])]}, f"Unable to parse 'shape': {UINT}"),
+    ({"inputs": [tensor(SIXTEEN)], "outputs": {"name": "OUTPUT0"}},
+     "Unable to parse 'outputs': attempt to access JSON non-array as array"),
+    ({"inputs": [tensor(SIXTEEN)], "outputs": [{"name": 0}]}, f"Unable to parse 'name': {STRING}"),
+])
+def test_http_request_fields_are_triton_s_messages(default_server, body, message):
+    assert error_of(default_server, body) == (400, message)
+
+
 def test_a_classification_of_zero_is_no_classification_over_http(default_server):
     """Triton reads `classification: 0` over HTTP as a plain output."""
     status, reply, _ = infer_json(default_server, {"inputs": [tensor(SIXTEEN)],

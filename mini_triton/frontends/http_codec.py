@@ -12,8 +12,9 @@ from ..core.errors import TritonError, invalid_arg
 from ..core.request import InferenceRequest, InferenceResponse
 from ..core.tensor import RequestedOutput, Tensor
 from ..core.validate import format_shape, raw_input
-from .http_parameters import (check_input_parameters, check_output_parameters,
-                              check_request_parameters as _check_request_parameters)
+from .http_parameters import (check_input_parameters, check_output_parameters, member,
+                              shape_of)
+from .http_parameters import check_request_parameters as _check_request_parameters
 
 try:  # orjson is optional; it is faster for large JSON tensors
     import orjson
@@ -68,18 +69,18 @@ def decode_infer_request(model: str, version: str, body: bytes,
     document = _parse_json(view[:header_length])
     if not isinstance(document, dict):
         raise invalid_arg("the request JSON must be an object")
+    # Triton's order: the id, the parameters, the inputs, the outputs.
+    request_id = member(document, "id", "string") if "id" in document else ""
     parameters = dict(_optional(document, "parameters", dict, {}))
     _check_request_parameters(parameters)
     binary_output = parameters.pop("binary_data_output", False)
-    request = InferenceRequest(model, version, id=str(_optional(document, "id", str, "")),
-                               parameters=parameters)
+    request = InferenceRequest(model, version, id=request_id, parameters=parameters)
     binary = _BinaryCursor(view[header_length:])
-    inputs = document.get("inputs")
-    if not isinstance(inputs, list):
-        raise invalid_arg("the request JSON must contain an 'inputs' array")
+    inputs = member(document, "inputs", "array")
     request.inputs = [_decode_input(item, binary, model) for item in inputs]
     binary.check_consumed(model)
-    request.outputs = [_decode_output(item) for item in _optional(document, "outputs", list, [])]
+    outputs = member(document, "outputs", "array") if "outputs" in document else ()
+    request.outputs = [_decode_output(item) for item in outputs]
     return request, binary_output
 
 
@@ -132,19 +133,12 @@ def _decode_input(item, binary: _BinaryCursor, model: str) -> Tensor:
     if not isinstance(item, dict):
         raise invalid_arg("each input must be a JSON object")
     check_input_parameters(item)
-    name = item.get("name")
-    datatype = item.get("datatype")
-    shape = item.get("shape")
-    if not isinstance(name, str):
-        raise invalid_arg("input is missing the 'name' field")
-    if not isinstance(datatype, str):
-        raise invalid_arg(f"input '{name}' is missing the 'datatype' field")
+    name = member(item, "name", "string")
+    datatype = member(item, "datatype", "string")
+    shape = shape_of(item)
     datatypes.from_name(datatype)
-    # type() is int: integers only, not booleans (a bool is an int subclass)
-    if not isinstance(shape, list) or not all(type(d) is int for d in shape):
-        raise invalid_arg(f"input '{name}' must have a 'shape' array of integers")
     parameters = dict(item.get("parameters") or {})
-    tensor = Tensor(name, datatype, tuple(shape), parameters=parameters)
+    tensor = Tensor(name, datatype, shape, parameters=parameters)
     size = parameters.pop("binary_data_size", None)
     if size is not None:
         tensor.raw = binary.take(size, name, model)
@@ -252,8 +246,7 @@ def _decode_output(item) -> RequestedOutput:
     if not isinstance(item, dict):
         raise invalid_arg("each requested output must be an object with a 'name'")
     check_output_parameters(item)
-    if not isinstance(item.get("name"), str):
-        raise invalid_arg("each requested output must be an object with a 'name'")
+    member(item, "name", "string")
     parameters = dict(item.get("parameters") or {})
     if parameters.get("classification") == 0:
         del parameters["classification"]  # Triton: a class count of 0 is no classification

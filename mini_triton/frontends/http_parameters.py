@@ -33,6 +33,34 @@ _KINDS = {
     "string": (_is_string, "attempt to access JSON non-string as string"),
 }
 
+# TritonJson's words for a member that is not of the kind asked for.
+_MEMBER_KINDS = {
+    "array": (lambda v: isinstance(v, list), "attempt to access JSON non-array as array"),
+    "string": (_is_string, _KINDS["string"][1]),
+}
+
+
+def member(document: dict, key: str, kind: str):
+    """`document[key]`, which must be a JSON `kind` ("array" or "string"); otherwise
+    Triton's "Unable to parse 'KEY': ..." for a missing or mistyped member."""
+    if key not in document:
+        raise invalid_arg(
+            f"Unable to parse '{key}': attempt to access non-existing object member '{key}'")
+    test, reason = _MEMBER_KINDS[kind]
+    value = document[key]
+    if not test(value):
+        raise invalid_arg(f"Unable to parse '{key}': {reason}")
+    return value
+
+
+def shape_of(item: dict) -> tuple[int, ...]:
+    """An input's `shape`: an array of unsigned integers."""
+    shape = member(item, "shape", "array")
+    if not all(_is_uint(d) for d in shape):
+        raise invalid_arg(f"Unable to parse 'shape': {_KINDS['uint'][1]}")
+    return tuple(shape)
+
+
 # Request-level parameters Triton interprets: key → kind. `sequence_id` is either.
 _REQUEST = {"sequence_start": "bool", "sequence_end": "bool", "priority": "uint",
             "timeout": "uint", "binary_data_output": "bool"}
