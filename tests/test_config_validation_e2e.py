@@ -28,6 +28,10 @@ BROKEN = {
         'backend: "identity"\ninput [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 0 ] } ]\n',
         "model input 'INPUT0' dimension must be integer >= 1, or -1 to indicate a "
         "variable-size dimension for zero_dim"),
+    "latest_none": (
+        IDENTITY + "version_policy { latest { num_versions: 0 } }\n",
+        "at least one version must be available under the version policy of model "
+        "'latest_none'"),
     "no_backend": ("", "Invalid model name: Could not determine backend for model "
                    "'no_backend' with no backend in model configuration. Expected model name "
                    "of the form 'model.<backend_name>'."),

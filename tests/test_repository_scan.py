@@ -35,6 +35,7 @@ def policy(text: str) -> mc.ModelVersionPolicy:
     ("", [1, 2, 3], [3]),
     ("version_policy { latest { num_versions: 2 } }", [1, 2, 3], [2, 3]),
     ("version_policy { latest { num_versions: 5 } }", [1, 2], [1, 2]),
+    ("version_policy { latest { num_versions: 0 } }", [1, 2], []),
     ("version_policy { all { } }", [3, 1, 2], [1, 2, 3]),
     ("version_policy { specific { versions: [1, 3] } }", [1, 2, 3], [1, 3]),
     ("version_policy { specific { versions: [4] } }", [1, 2, 3], []),

@@ -42,7 +42,7 @@ def load_record(name: str, folder: Path, options: ServerOptions, server=None,
                                      record.config.version_policy)
     if not versions:
         record.reason = (f"failed to load '{name}': at least one version must be available "
-                         "under the version policy of the model")
+                         f"under the version policy of model '{name}'")
         return record
     for version in versions:
         log.info("loading: %s:%d", name, version)  # Triton's line, with the time it began

@@ -65,7 +65,7 @@ def available_versions(model_dir: Path) -> list[int]:
 
 
 def versions_to_load(available: list[int], policy: mc.ModelVersionPolicy) -> list[int]:
-    """Triton's VersionsToLoad: latest N (default 1), all, or specific."""
+    """Triton's VersionsToLoad: latest N (default 1; 0 loads none), all, or specific."""
     which = policy.WhichOneof("policy_choice")
     if which == "all":
         return sorted(available)
@@ -73,7 +73,7 @@ def versions_to_load(available: list[int], policy: mc.ModelVersionPolicy) -> lis
         wanted = set(policy.specific.versions)
         return sorted(v for v in available if v in wanted)
     count = policy.latest.num_versions if which == "latest" else 1
-    return sorted(available)[-max(1, count):] if available else []
+    return sorted(available)[-count:] if count > 0 else []  # latest 0: none, as Triton
 
 
 def fingerprint(model_dir: Path) -> tuple:
