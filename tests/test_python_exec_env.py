@@ -408,3 +408,23 @@ def test_environment_of_another_python_version_is_a_load_error(tmp_path):
 def test_report_problem(report, says):
     problem = exec_env.report_problem(report, (3, 11))
     assert problem == says if says is None else says in problem
+
+
+# --- the execution mode a model with an environment gets ---
+
+def _settings(parameters: dict[str, str]):
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from mini_triton.backends.python.backend import PythonSettings
+
+    config = mc.ModelConfig(name="m", backend="python")
+    for key, value in parameters.items():
+        config.parameters[key].string_value = value
+    return PythonSettings.from_config(config)
+
+
+def test_environment_implies_process_mode_over_the_server_wide_default(monkeypatch):
+    monkeypatch.setenv("MINI_TRITON_PYTHON_EXECUTION_MODE", "thread")
+    assert _settings({}).mode == "thread"
+    assert _settings({"EXECUTION_ENV_PATH": "/envs/a.tar.gz"}).mode == "process"
+    assert _settings({"EXECUTION_ENV_PATH": ""}).mode == "thread"  # empty: none, as in Triton
