@@ -305,6 +305,17 @@ CASES = [
      "data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]",
      "warmup sample 'w' has batch_size 2, but model 'm' does not batch (max_batch_size 0): "
      "its samples must have batch_size 1"),
+    # the sample named, then Triton's words (backend_model_instance.cc)
+    ("samples_fit_the_model",
+     IDENTITY + 'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ] model_warmup [ { '
+     'name: "w" batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ -1 ] '
+     "zero_data: true } } } ]",
+     "warmup sample 'w': warmup setting expects all variable-size dimensions are specified for "
+     "input 'x'"),
+    ("samples_fit_the_model",
+     IDENTITY + IO + 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "x" value: { '
+     "data_type: TYPE_FP32 dims: [ 4 ] } } } ]",
+     "warmup sample 'w': warmup setting expects input 'x' to have input_data_type set"),
 ]
 
 

@@ -84,16 +84,15 @@ def _check_input(config, index: int, sample, name: str, known: dict) -> None:
     shape = list(spec.dims)
     if any(d <= 0 for d in shape):
         raise _at(path + ("dims",), (
-            f"{label}: warmup setting expects all variable-size dimensions are specified "
-            f"for input '{name}', got dims {shape}"))
+            f"{label}: warmup setting expects all variable-size dimensions are specified for "
+            f"input '{name}'"))  # the sample named, then Triton's words
     if len(shape) != len(dims) or any(want not in (-1, got) for want, got in zip(dims, shape)):
         raise _at(path + ("dims",), (
             f"{label} gives input '{name}' the shape {shape}, which model '{config.name}' does "
             f"not accept (dims {dims})"))
     if spec.WhichOneof("input_data_type") is None:
         raise _at(path, (
-            f"{label}: warmup setting expects input '{name}' to have input_data_type set "
-            "(zero_data, random_data or input_data_file)"))
+            f"{label}: warmup setting expects input '{name}' to have input_data_type set"))
     if spec.HasField("input_data_file") and not inside_folder(spec.input_data_file):
         raise _at(path + ("input_data_file",), (
             f"{label}: input_data_file '{spec.input_data_file}' of input '{name}' must be the "
