@@ -557,6 +557,43 @@ def test_batched_identity_returns_each_row(client):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
 
 
+# One 3x224x224 FP32 image (588 KiB) and 4 MiB: the sizes real models exchange.
+LARGE_ELEMENTS = (150_528, 1024 * 1024)
+
+
+def binary_outputs(client, *names):
+    """Outputs asked for as binary data (HTTP's default is JSON)."""
+    if client.protocol == "http":
+        return [httpclient.InferRequestedOutput(n, binary_data=True) for n in names]
+    return [grpcclient.InferRequestedOutput(n) for n in names]
+
+
+@pytest.mark.parametrize("elements", LARGE_ELEMENTS)
+def test_large_tensors_cross_to_the_model_and_back_byte_exact(client, elements):
+    rng = np.random.default_rng(elements)
+    for _ in range(4):  # blocks are reused: every answer must be its own request's
+        data = rng.random((1, elements), dtype=np.float32)
+        result = client.infer("identity", {"INPUT0": (data, "FP32")},
+                              outputs=binary_outputs(client, "OUTPUT0"))
+        assert result.as_numpy("OUTPUT0").tobytes() == data.tobytes()
+    if client.mode == "process":
+        (instance,) = client.server.server.manager.get("identity", "").scheduler.instances
+        # The worker hop made its shared memory once, not per request.
+        assert instance.link.arena.created == 1
+        assert instance.link.peer.mappings.keys() == {1}
+
+
+def test_large_tensors_of_concurrent_requests_stay_apart(client):
+    rng = np.random.default_rng(7)
+    items = [{"INPUT0": (rng.random((1, 150_528), dtype=np.float32), "FP32")}
+             for _ in range(6)]
+    results = client.infer_in_parallel("identity", items)
+    for item, result in zip(items, results):
+        assert not isinstance(result, Exception), result
+        sent = item["INPUT0"][0]
+        assert result.as_numpy("OUTPUT0").tobytes() == sent.tobytes()
+
+
 @pytest.mark.parametrize("model, shape", [("auto_complete", [4]),
                                           ("auto_complete_batched", [2, 4])])
 def test_auto_complete_without_config(client, model, shape):

@@ -277,3 +277,63 @@ def test_wire_reports_a_closed_peer(link_pair):
     sender.close()
     with pytest.raises(EOFError):
         receiver.recv()
+
+
+def _ping_pong(sender, receiver, arrays) -> list:
+    """Send each array to `receiver`, which answers with an empty message (carrying
+    the blocks it is done with back); the arrays as received, each checked."""
+    for array in arrays:
+        outgoing = Outgoing()
+        sender.send({"t": put_tensors(outgoing, [("X", "FP32", array)])}, outgoing)
+        message = receiver.recv()
+        (_, _, got), = get_tensors(message, message.meta["t"])
+        assert got.tobytes() == array.tobytes()
+        del got
+        message.forget()
+        receiver.send({"op": "ack"})
+        sender.recv()
+
+
+@pytest.mark.parametrize("elements", [150_528, 1024 * 1024])  # one image (588 KiB), 4 MiB
+def test_wire_reuses_its_shared_memory_for_every_message(link_pair, elements):
+    sender, receiver = link_pair
+    rng = np.random.default_rng(elements)
+    _ping_pong(sender, receiver, [rng.random(elements, dtype=np.float32) for _ in range(20)])
+    # One segment made once, every block given back: nothing created per message.
+    assert sender.arena.created == 1
+    assert sender.arena.in_use() <= 4 * elements + 64  # at most the last, until the next send
+    assert receiver.arena.created == 0  # the answers were small: inline
+
+
+def test_wire_view_held_by_the_receiver_keeps_its_bytes(link_pair):
+    sender, receiver = link_pair
+    rng = np.random.default_rng(1)
+    first = rng.random(150_528, dtype=np.float32)
+    outgoing = Outgoing()
+    sender.send({"t": put_tensors(outgoing, [("X", "FP32", first)])}, outgoing)
+    message = receiver.recv()
+    (_, _, kept), = get_tensors(message, message.meta["t"])
+    message.forget()
+    receiver.send({"op": "ack"})
+    sender.recv()
+    _ping_pong(sender, receiver, [rng.random(150_528, dtype=np.float32) for _ in range(10)])
+    assert kept.tobytes() == first.tobytes()  # its block was not written again
+    assert sender.arena.in_use() >= first.nbytes
+    del kept
+    receiver.send({"op": "ack"})
+    sender.recv()
+    assert sender.arena.in_use() == 0
+
+
+def test_wire_returns_blocks_to_a_sender_that_hears_nothing_else(link_pair):
+    sender, receiver = link_pair
+    for _ in range(8):  # a stream of responses: the receiver sends nothing meanwhile
+        outgoing = Outgoing()
+        sender.send({"t": put_tensors(outgoing, [("X", "FP32", np.ones(100_000, np.float32))])},
+                    outgoing)
+        message = receiver.recv()
+        get_tensors(message, message.meta["t"])
+        message.forget()  # the response was written: its views are gone
+    receiver.return_freed(8)
+    assert sender.recv().meta["op"] == "freed"
+    assert sender.arena.in_use() == 0 and sender.arena.created == 1

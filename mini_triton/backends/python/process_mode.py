@@ -45,6 +45,7 @@ BUSY_FINALIZE_TIMEOUT_S = 1.0  # for a worker still executing when its model unl
 # The loop polls for a reply at most this long: it serves nothing else meanwhile, and
 # a model slower than this gains little from a faster wake-up.
 REPLY_POLL_CAP_NS = 250_000
+FREED_BATCH = 8  # the worker's blocks this end is done with, returned in a message of their own
 READY_TIMEOUT_S = 5.0  # a model's own is_ready() gets this long, as in Triton
 _CONTROL_METHODS = frozenset(("load_model", "unload_model", "is_model_ready"))
 _METRIC_METHODS = frozenset(("metric_family", "metric_create", "metric_value"))
@@ -360,6 +361,13 @@ class ProcessInstance(ModelInstance):
         if messages is None:
             self._stop_reading()
             threading.Thread(target=self._gone, daemon=True).start()  # it waits for the exit
+            return
+        try:
+            # Replies already written to their clients free the worker's blocks; a
+            # stream of responses (nothing sent back meanwhile) needs them returned.
+            self.link.return_freed(FREED_BATCH)
+        except OSError:
+            pass  # the worker is gone: the next read says so
 
     def _stop_reading(self) -> None:
         loop = self.loop

@@ -2,18 +2,18 @@
 
 A message is a small header, pickled metadata (names, shapes, ids: never
 tensor bytes), then the tensor bytes. Tensors under `SHARED_THRESHOLD` ride
-inline after the metadata; larger ones are written once into a shared-memory
-file (`memfd`) whose descriptor travels with the message (SCM_RIGHTS), and
-the receiver maps it: numpy views, no copies, no names to leak when a
-process dies. Both ends read with `recvmsg_into`, so descriptors are never
-dropped.
+inline after the metadata; larger ones are copied once into a block of the
+sender's shared-memory arena (arena.py: segments mapped once by both ends and
+reused), and the receiver reads them as numpy views of that block, which goes
+back to the sender when the views are gone. A segment's descriptor travels
+(SCM_RIGHTS) with the first message that uses it. Both ends read with
+`recvmsg_into`, so descriptors are never dropped.
 """
 
 from __future__ import annotations
 
 import array
 import collections
-import mmap
 import os
 import pickle
 import socket
@@ -24,10 +24,10 @@ import time
 import numpy as np
 
 from ...core import datatypes
+from .arena import Arena, PeerSegments, aligned
 from .convert import Reply
 
 SHARED_THRESHOLD = 64 * 1024  # bytes; smaller tensors travel inline
-_ALIGN = 64
 _HEADER = struct.Struct("<IIQ")  # metadata bytes, descriptor count, tensor bytes
 _SCRATCH = 256 * 1024
 _MAX_FDS = 16
@@ -37,10 +37,6 @@ INLINE, SHARED = 0, 1
 # Plain ints: `socket`'s flags are enum members, whose `&` costs a Python call per message.
 _MSG_CTRUNC = int(socket.MSG_CTRUNC)
 _MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
-
-
-def _aligned(size: int) -> int:
-    return (size + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
 class Outgoing:
@@ -59,44 +55,40 @@ class Outgoing:
             parts = [datatypes.serialize_bytes(p) for p in parts]
             nbytes = sum(len(p) for p in parts)
         else:
-            parts = [np.ascontiguousarray(p) for p in parts]
+            parts = [np.asarray(p) for p in parts]
             nbytes = sum(p.nbytes for p in parts)
         shape = tuple(map(int, shape))
         if nbytes >= SHARED_THRESHOLD and _HAS_MEMFD:
             offset = self.shared_size
             self.shared.append((offset, parts))
-            self.shared_size = _aligned(offset + nbytes)
+            self.shared_size = aligned(offset + nbytes)
             return (name, datatype, shape, SHARED, offset, nbytes)
+        parts = [p if isinstance(p, bytes) else np.ascontiguousarray(p) for p in parts]
         offset = self.inline_size
         for part in parts:
             if isinstance(part, bytes):
                 self.buffers.append(part)
             elif part.nbytes:
                 self.buffers.append(memoryview(part.reshape(-1).view(np.uint8)))
-        padded = _aligned(offset + nbytes)
+        padded = aligned(offset + nbytes)
         if padded > offset + nbytes:
             self.buffers.append(bytes(padded - offset - nbytes))
         self.inline_size = padded
         return (name, datatype, shape, INLINE, offset, nbytes)
 
-    def shared_file(self) -> int | None:
-        """Write the large tensors into a fresh memfd; its descriptor (or None)."""
-        if not self.shared:
-            return None
-        fd = os.memfd_create("mini-triton-tensors", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, self.shared_size)
-            with mmap.mmap(fd, self.shared_size) as mapping:
-                for offset, parts in self.shared:
-                    for part in parts:
-                        data = part if isinstance(part, bytes) else \
-                            memoryview(part.reshape(-1).view(np.uint8))
-                        mapping[offset:offset + len(data)] = data
-                        offset += len(data)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+    def fill(self, block: np.ndarray) -> None:
+        """Copy the large tensors into `block` (uint8, `shared_size` bytes or more):
+        the one copy they make on their way to the other end."""
+        for offset, parts in self.shared:
+            for part in parts:
+                if isinstance(part, bytes):
+                    block[offset:offset + len(part)] = np.frombuffer(part, np.uint8)
+                    offset += len(part)
+                elif part.nbytes:
+                    target = block[offset:offset + part.nbytes].view(part.dtype)
+                    np.copyto(target.reshape(part.shape), part, casting="no")
+                    offset += part.nbytes
+        self.shared = []  # the parts may be views the sender wants to let go of
 
 
 class Incoming:
@@ -121,6 +113,10 @@ class Incoming:
         if count == 0:
             return np.empty(shape, dtype=dtype)
         return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+    def forget(self) -> None:
+        """Let go of the shared block (views already made keep it until they are gone)."""
+        self.shared = None
 
 
 class PollBudget:
@@ -172,25 +168,59 @@ class Link:
         self._position = 0
         self._fds: collections.deque[int] = collections.deque()
         self._scratch = bytearray(_SCRATCH)
+        self.arena = Arena()  # where this end writes the large tensors it sends
+        self.peer = PeerSegments()  # the other end's arena, as this end reads it
+        self._announced: set[int] = set()  # our segments the other end has mapped
 
     # --- sending ---
 
     def send(self, meta: dict, outgoing: Outgoing | None = None) -> None:
-        fd = outgoing.shared_file() if outgoing is not None else None
-        try:
+        """Send a message (thread-safe). `meta` gains the places of its block and of
+        the other end's blocks this end is done with."""
+        block = None
+        if outgoing is not None and outgoing.shared:
+            block = self.arena.take(outgoing.shared_size)
+            outgoing.fill(block.view())
+            meta["_block"] = (block.segment.id, block.offset, block.size)
+        size = outgoing.inline_size if outgoing is not None else 0
+        with self._send_lock:
+            self._add_returns(meta)
+            ancillary = []
+            if block is not None and block.segment.id not in self._announced:
+                # The first message to use a segment carries it (sent in order: under the lock).
+                self._announced.add(block.segment.id)
+                meta["_segment"] = block.segment.id
+                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                              array.array("i", [block.segment.fd]))]
             encoded = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
-            size = outgoing.inline_size if outgoing is not None else 0
-            pieces = [_HEADER.pack(len(encoded), 0 if fd is None else 1, size), encoded]
+            pieces = [_HEADER.pack(len(encoded), len(ancillary), size), encoded]
             if outgoing is not None:
                 pieces += outgoing.buffers
-            ancillary = [] if fd is None else \
-                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
-            with self._send_lock:
+            try:
                 sent = self.sock.sendmsg(pieces, ancillary)
-                self._send_rest(pieces, sent)
-        finally:
-            if fd is not None:
-                os.close(fd)
+            finally:
+                if ancillary:
+                    self.arena.announced(block.segment)
+            self._send_rest(pieces, sent)
+
+    def _add_returns(self, meta: dict) -> None:
+        """Tell the other end which of its blocks this end is done with, and which of
+        this end's segments it may unmap."""
+        freed = self.peer.take_freed()
+        if freed:
+            meta["_freed"] = freed
+        dropped = self.arena.take_dropped()
+        if dropped:
+            meta["_dropped"] = dropped
+            self._announced.difference_update(dropped)
+
+    def return_freed(self, at_least: int) -> None:
+        """Send the places of the other end's blocks this end is done with, in a
+        message of their own, once there are `at_least` of them (for an end that
+        otherwise sends nothing for a while, e.g. a server reading a long stream of
+        responses)."""
+        if len(self.peer.freed) >= at_least:
+            self.send({"op": "freed"})
 
     def _send_rest(self, pieces: list, sent: int) -> None:
         for piece in pieces:
@@ -259,13 +289,18 @@ class Link:
         finally:
             view.release()
         self._position = end
-        shared = None
         for _ in range(fd_count):
             fd = self._fds.popleft()
             try:
-                shared = mmap.mmap(fd, 0)
+                self.peer.add(meta["_segment"], fd)
             finally:
                 os.close(fd)
+        if "_freed" in meta:
+            self.arena.free(meta["_freed"])
+        if "_dropped" in meta:
+            self.peer.drop(meta["_dropped"])
+        block = meta.get("_block")
+        shared = None if block is None else self.peer.block(*block)
         return Incoming(meta, inline, shared)
 
     def _fill(self, blocking: bool) -> int:
@@ -305,6 +340,8 @@ class Link:
             pass
         while self._fds:
             os.close(self._fds.popleft())
+        self.arena.close()
+        self.peer.close()
 
 
 # --- the neutral forms of convert.py on the wire ---

@@ -133,6 +133,8 @@ class Worker:
             if meta["call"] in self.calls:
                 self.calls.pop(meta["call"])
                 self.replies[meta["call"]] = meta
+        elif op == "freed":
+            pass  # the server gave blocks back (Link has taken them)
         elif op == "is_ready":
             threading.Thread(target=self._is_ready, args=(meta["call"],), daemon=True).start()
         else:
@@ -194,7 +196,7 @@ class Worker:
             handle = RemoteHandle(self, batch, index, info.outputs, decoupled)
             requests.append(convert.incoming_request(handle, info,
                                                      get_tensors(message, descriptors)))
-        error, replies, outgoing = None, None, Outgoing()
+        error, replies, outgoing, result = None, None, Outgoing(), None
         try:
             result = self.runner.execute(requests)
             if result is not None:
@@ -210,6 +212,10 @@ class Worker:
                       if request._sender is not None and not request._handle.final_sent]
         again = [index for index, request in enumerate(requests)
                  if request._release_flags & pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
+        # Let go of the inputs first, so that "done" gives their blocks back (unless
+        # the model kept them).
+        del requests, result
+        message.forget()
         self.link.send({"op": "done", "batch": batch, "error": error, "replies": replies,
                         "open": still_open, "reschedule": again}, outgoing)
 

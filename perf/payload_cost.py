@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""CPU per request of mini_triton's whole process tree (server plus model workers) for
+large tensors, two source trees (or one) measured alternately in one run.
+
+Each point is `route:concurrency:elements` with route `http`, `grpc`, `http-shm` or
+`grpc-shm` (system shared memory for inputs and outputs). perf_analyzer sends a fixed
+number of FP32 requests; CPU is read from /proc for the server and all its children,
+requests from the model's statistics. CPU time per request is a steadier figure than
+throughput on a shared machine (it does not count time spent waiting for the CPU).
+
+    python perf/payload_cost.py /tmp/mt-before . --points http:1:150528,grpc:1:150528 --reps 2
+    python perf/payload_cost.py . --points http-shm:4:150528 --strace   # syscalls too
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+PERF_DIR = Path(__file__).resolve().parent
+REPO = PERF_DIR / "repos" / "python_identity"
+MODEL = "identity_py"
+PYTHON = os.environ.get("MINI_TRITON_PYTHON", sys.executable)
+
+
+def start(tree: Path, port: int, extra: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    return subprocess.Popen(
+        [PYTHON, "-m", "mini_triton", "--model-repository", str(REPO), "--http-port", str(port),
+         "--grpc-port", str(port + 1), "--metrics-port", str(port + 2), *extra],
+        cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_ready(port: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{MODEL}/ready"):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise SystemExit(f"server on port {port} did not become ready")
+
+
+def successes(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{MODEL}/stats") as reply:
+        stats = json.load(reply)
+    return stats["model_stats"][0]["inference_stats"]["success"]["count"]
+
+
+def tree_cpu(pid: int) -> float:
+    """User plus system CPU seconds of a process and all its descendants."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def load_command(port: int, route: str, concurrency: int, elements: int, count: int) -> list:
+    protocol, _, shm = route.partition("-")
+    target = port + 1 if protocol == "grpc" else port
+    command = [str(PERF_DIR / "perf_analyzer"), "-m", MODEL, "-u", f"127.0.0.1:{target}",
+               "-i", protocol, "--concurrency-range", str(concurrency),
+               "--shape", f"INPUT0:{elements}", "--measurement-mode", "count_windows",
+               "--measurement-request-count", str(count), "-r", "3", "-s", "100"]
+    if shm:
+        command += ["--shared-memory", "system", "--output-shared-memory-size",
+                    str(elements * 4)]
+    return command
+
+
+def measure(server: subprocess.Popen, port: int, point: str, count: int,
+            trace: bool) -> dict:
+    route, concurrency, elements = point.split(":")
+    before_n, before_cpu = successes(port), tree_cpu(server.pid)
+    tracer = None
+    if trace:
+        pids = [server.pid] + [c.pid for c in psutil.Process(server.pid).children(True)]
+        tracer = subprocess.Popen(["strace", "-c", "-f", "-o", f"/tmp/strace-{port}.txt",
+                                   *sum((["-p", str(p)] for p in pids), [])],
+                                  stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+    output = subprocess.run(load_command(port, route, int(concurrency), int(elements), count),
+                            capture_output=True, text=True).stdout
+    if tracer is not None:
+        tracer.terminate()
+        tracer.wait()
+    n = successes(port) - before_n
+    cpu = tree_cpu(server.pid) - before_cpu
+    match = re.search(r"^Concurrency: \d+, throughput: ([0-9.]+)", output, re.M)
+    # perf_analyzer prints no figure when its windows disagreed (often, on a busy machine).
+    result = {"infer_s": float(match.group(1)) if match else float("nan"), "requests": n,
+              "cpu_us": cpu * 1e6 / n if n else 0.0}
+    if tracer is not None:
+        result["syscalls"] = syscall_counts(Path(f"/tmp/strace-{port}.txt"), n)
+    return result
+
+
+def syscall_counts(path: Path, requests: int) -> str:
+    """The busiest system calls per request from an `strace -c` summary."""
+    rows = []
+    for line in path.read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[0][0].isdigit() and fields[-1].isidentifier() \
+                and fields[-1] != "total":
+            rows.append((int(fields[3]), fields[-1]))
+    rows.sort(reverse=True)
+    return ", ".join(f"{name} {calls / requests:.1f}" for calls, name in rows[:8])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trees", nargs="+", type=Path, help="one or two source trees")
+    parser.add_argument("--points", default="http:1:150528,grpc:1:150528")
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--count", type=int, default=300, help="requests per window")
+    parser.add_argument("--strace", action="store_true", help="system calls per request")
+    parser.add_argument("--server-args", default="")
+    args = parser.parse_args()
+    trees = [tree.resolve() for tree in args.trees]
+    ports = [18400 + 10 * i for i in range(len(trees))]
+    servers = [start(tree, port, args.server_args.split()) for tree, port in zip(trees, ports)]
+    try:
+        for port in ports:
+            wait_ready(port)
+        print("| rep | point | tree | infer/s | CPU us/request | syscalls/request |")
+        print("|---|---|---|---|---|---|")
+        for rep in range(1, args.reps + 1):
+            for point in args.points.split(","):
+                order = list(range(len(trees)))
+                if rep % 2 == 0:
+                    order.reverse()
+                for i in order:
+                    r = measure(servers[i], ports[i], point, args.count, args.strace)
+                    print(f"| {rep} | {point} | {trees[i].name or trees[i]} | {r['infer_s']:,.0f} "
+                          f"| {r['cpu_us']:,.0f} | {r.get('syscalls', '')} |", flush=True)
+    finally:
+        for server in servers:
+            for child in psutil.Process(server.pid).children(recursive=True):
+                child.kill()
+            server.kill()
+            server.wait()
+
+
+if __name__ == "__main__":
+    main()
