@@ -309,12 +309,18 @@ class InferenceService:
     def trace_settings(self, model: str = "", changes: dict | None = None) -> dict:
         if model:
             self.manager.record(model)  # unknown models are an error, as in Triton
+        if changes and "trace_file" in changes:  # a client must not choose files we write
+            raise TritonError(Code.UNSUPPORTED, "trace file location can not be updated "
+                                                "through network protocol")
         try:
             return self.tracer.update(changes, model) if changes else self.tracer.settings(model)
         except ValueError as error:
             raise invalid_arg(str(error)) from None
 
     def logging_settings(self, changes: dict | None = None) -> dict:
+        if changes and changes.get("log_file") is not None:  # as the trace file
+            raise TritonError(Code.UNSUPPORTED, "log file location can not be updated "
+                                                "through network protocol")
         try:
             return self.log_settings.update(changes) if changes else self.log_settings.get()
         except (ValueError, OSError) as error:

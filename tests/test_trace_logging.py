@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from conftest import DEFAULT_REPOSITORY, connect, server_settings
+from conftest import DEFAULT_REPOSITORY, STATUS, connect, server_settings
 from mini_triton.server import ServerThread
 
 
@@ -26,6 +27,18 @@ def protocol(request, server):
     client.client.close()
 
 
+@contextlib.contextmanager
+def traced(trace_file, protocol_name="http", **trace_settings):
+    """A server whose trace file is set at start-up (the only place it can be set, as in
+    Triton), and a client of it."""
+    settings = server_settings(DEFAULT_REPOSITORY,
+                               trace_settings={"trace_file": str(trace_file), **trace_settings})
+    with ServerThread(settings) as running:
+        protocol = connect(protocol_name, running)
+        yield protocol
+        protocol.client.close()
+
+
 def infer(protocol, model="identity_fp32"):
     data = np.ones((1, 4), dtype=np.float32)
     tensor = protocol.module.InferInput("INPUT0", [1, 4], "FP32")
@@ -40,10 +53,15 @@ def as_dict(protocol, settings):
             for k, v in settings.get("settings", {}).items()}
 
 
-def test_trace_file_records_sampled_requests(protocol, tmp_path):
-    trace_file = tmp_path / f"trace_{protocol.name}.json"
-    settings = {"trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"],
-                "trace_rate": "2", "trace_count": "-1"}
+@pytest.mark.parametrize("protocol_name", ["http", "grpc"])
+def test_trace_file_records_sampled_requests(protocol_name, tmp_path):
+    trace_file = tmp_path / f"trace_{protocol_name}.json"
+    with traced(trace_file, protocol_name) as protocol:
+        check_sampled_requests(protocol, trace_file)
+
+
+def check_sampled_requests(protocol, trace_file):
+    settings = {"trace_level": ["TIMESTAMPS"], "trace_rate": "2", "trace_count": "-1"}
     updated = protocol.client.update_trace_settings(model_name="identity_int32_bytes",
                                                      settings=settings) \
         if protocol.name == "http" else protocol.client.update_trace_settings(
@@ -81,13 +99,18 @@ def test_trace_file_records_sampled_requests(protocol, tmp_path):
                    protocol.client.get_trace_settings(as_json=True))["trace_level"] == ["OFF"]
 
 
-def test_tensors_level_records_inputs_and_outputs_as_triton_does(protocol, tmp_path):
+@pytest.mark.parametrize("protocol_name", ["http", "grpc"])
+def test_tensors_level_records_inputs_and_outputs_as_triton_does(protocol_name, tmp_path):
     """TENSORS with TIMESTAMPS: each input after QUEUE_START (TENSOR_QUEUE_INPUT) and each
     output (TENSOR_BACKEND_OUTPUT) before the response's timestamps, data as
     comma-separated text."""
-    trace_file = tmp_path / f"tensors_{protocol.name}.json"
-    settings = {"trace_file": str(trace_file), "trace_level": ["TIMESTAMPS", "TENSORS"],
-                "trace_rate": "1", "trace_count": "1"}
+    trace_file = tmp_path / f"tensors_{protocol_name}.json"
+    with traced(trace_file, protocol_name) as protocol:
+        check_tensors_level(protocol, trace_file)
+
+
+def check_tensors_level(protocol, trace_file):
+    settings = {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1", "trace_count": "1"}
     protocol.client.update_trace_settings(model_name="identity_int32_bytes", settings=settings)
     a = protocol.module.InferInput("INPUT0", [2], "INT32")
     a.set_data_from_numpy(np.array([7, -3], dtype=np.int32))
@@ -116,15 +139,13 @@ def test_tensors_level_records_inputs_and_outputs_as_triton_does(protocol, tmp_p
 
 def test_tensors_level_alone_writes_only_tensors(tmp_path):
     trace_file = tmp_path / "only_tensors.json"
-    with ServerThread(server_settings(DEFAULT_REPOSITORY)) as running:
-        protocol = connect("http", running)
-        protocol.client.update_trace_settings(settings={
-            "trace_file": str(trace_file), "trace_level": ["TENSORS"], "trace_rate": "1"})
+    with traced(trace_file) as protocol:
+        protocol.client.update_trace_settings(settings={"trace_level": ["TENSORS"],
+                                                        "trace_rate": "1"})
         data = np.array([[0.1, 1.0, 1e-7, 123456789.0]], dtype=np.float32)
         tensor = protocol.module.InferInput("INPUT0", [1, 4], "FP32")
         tensor.set_data_from_numpy(data)
         protocol.client.infer("identity_fp32", [tensor])
-        protocol.client.close()
     traces = json.loads(trace_file.read_text())
     assert [t["activity"] for t in traces] == ["TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT"]
     # six significant digits, as a C++ stream prints a float
@@ -132,18 +153,23 @@ def test_tensors_level_alone_writes_only_tensors(tmp_path):
                                    "shape": "1,4", "dtype": "FP32"}
 
 
-def test_ensemble_steps_are_child_traces_of_a_traced_ensemble(protocol, tmp_path):
+@pytest.mark.parametrize("protocol_name", ["http", "grpc"])
+def test_ensemble_steps_are_child_traces_of_a_traced_ensemble(protocol_name, tmp_path):
     """As Triton spawns them: each step of a traced ensemble request is traced (the step
     model's own settings are OFF) with `parent_id` the ensemble's trace id."""
-    trace_file = tmp_path / f"ensemble_{protocol.name}.json"
+    trace_file = tmp_path / f"ensemble_{protocol_name}.json"
+    with traced(trace_file, protocol_name) as protocol:
+        check_ensemble_children(protocol, trace_file)
+
+
+def check_ensemble_children(protocol, trace_file):
     protocol.client.update_trace_settings(model_name="ensemble_fan_out", settings={
-        "trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"], "trace_rate": "1",
-        "trace_count": "1"})
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "1"})
     tensor = protocol.module.InferInput("IN", [1, 3], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 3), dtype=np.float32))
     protocol.client.infer("ensemble_fan_out", [tensor])
     protocol.client.update_trace_settings(model_name="ensemble_fan_out", settings={
-        "trace_level": None, "trace_count": None, "trace_file": None, "trace_rate": None})
+        "trace_level": None, "trace_count": None, "trace_rate": None})
     deadline = time.monotonic() + 10
     while True:  # the ensemble's own trace is written when its last step has answered
         models = [t for t in json.loads(trace_file.read_text()) if "model_name" in t]
@@ -163,14 +189,11 @@ def test_log_frequency_writes_every_n_traces_to_numbered_files(tmp_path):
     """log_frequency 2: traces 1-2 in trace.json.0, 3-4 in trace.json.1, and the fifth,
     left at shutdown, in trace.json.2 (tritonserver's naming); nothing in trace.json."""
     trace_file = tmp_path / "trace.json"
-    with ServerThread(server_settings(DEFAULT_REPOSITORY)) as running:
-        protocol = connect("http", running)
+    with traced(trace_file) as protocol:
         protocol.client.update_trace_settings(settings={
-            "trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"], "trace_rate": "1",
-            "log_frequency": "2"})
+            "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "log_frequency": "2"})
         for _ in range(5):
             infer(protocol)
-        protocol.client.close()
         assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.0", "trace.json.1"]
     files = sorted(tmp_path.iterdir())
     assert [p.name for p in files] == ["trace.json.0", "trace.json.1", "trace.json.2"]
@@ -181,15 +204,13 @@ def test_log_frequency_writes_every_n_traces_to_numbered_files(tmp_path):
 
 def test_trace_file_stays_valid_json_as_traces_are_appended(tmp_path):
     trace_file = tmp_path / "appended.json"
-    with ServerThread(server_settings(DEFAULT_REPOSITORY)) as running:
-        protocol = connect("grpc", running)
+    with traced(trace_file, "grpc") as protocol:
         protocol.client.update_trace_settings(settings={
-            "trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+            "trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
         for count in range(1, 4):
             infer(protocol)
             traces = json.loads(trace_file.read_text())  # readable after every trace
             assert len([t for t in traces if "model_name" in t]) == count
-        protocol.client.close()
 
 
 def test_bad_trace_setting_is_refused(protocol):
@@ -198,21 +219,39 @@ def test_bad_trace_setting_is_refused(protocol):
     assert "trace_rate" in caught.value.message()
 
 
-def test_verbose_logging_logs_each_request(server, tmp_path):
-    http = connect("http", server)
+def test_verbose_logging_logs_each_request(tmp_path):
     log_file = tmp_path / "server.log"
-    settings = http.client.update_log_settings({"log_file": str(log_file),
-                                                "log_verbose_level": 1})
-    assert settings["log_verbose_level"] == 1
-    infer(http)
-    time.sleep(0.05)
-    assert "infer request: model 'identity_fp32'" in log_file.read_text()
-    http.client.update_log_settings({"log_verbose_level": 0})
-    before = log_file.read_text()
-    infer(http)
-    assert log_file.read_text() == before  # verbose off: nothing logged per request
-    settings = http.client.update_log_settings({"log_file": ""})
-    assert settings["log_file"] == ""
+    settings = server_settings(DEFAULT_REPOSITORY, log_settings={"log_file": str(log_file)})
+    with ServerThread(settings) as running:
+        http = connect("http", running)
+        settings = http.client.update_log_settings({"log_verbose_level": 1})
+        assert settings["log_verbose_level"] == 1 and settings["log_file"] == str(log_file)
+        infer(http)
+        time.sleep(0.05)
+        assert "infer request: model 'identity_fp32'" in log_file.read_text()
+        http.client.update_log_settings({"log_verbose_level": 0})
+        before = log_file.read_text()
+        infer(http)
+        assert log_file.read_text() == before  # verbose off: nothing logged per request
+        http.client.close()
+
+
+@pytest.mark.parametrize("update, message", [
+    (lambda client: client.update_trace_settings(settings={"trace_file": "/tmp/x.json"}),
+     "trace file location can not be updated through network protocol"),
+    (lambda client: client.update_trace_settings(
+        model_name="identity_fp32", settings={"trace_file": "/tmp/x.json"}),
+     "trace file location can not be updated through network protocol"),
+    (lambda client: client.update_log_settings({"log_file": "/tmp/x.log"}),
+     "log file location can not be updated through network protocol"),
+])
+def test_files_cannot_be_chosen_over_the_network(protocol, update, message, tmp_path):
+    """As in Triton: the trace and log files are the command line's to choose (a client
+    that could choose them could make the server write any file it can)."""
+    with pytest.raises(InferenceServerException) as caught:
+        update(protocol.client)
+    assert caught.value.message() == message
+    assert protocol.status_of(caught.value) == STATUS[protocol.name]["UNSUPPORTED"]
 
 
 def test_log_settings_over_grpc(server):
