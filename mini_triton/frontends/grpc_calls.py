@@ -50,6 +50,15 @@ class Method:
     begin: Callable | None = None
 
 
+class RawRequest:
+    """The request type of a method whose handler parses its messages itself (and so
+    can answer one that does not parse): they reach it as bytes."""
+
+    @staticmethod
+    def FromString(message: bytes) -> bytes:  # noqa: N802 (protobuf's name)
+        return message
+
+
 class CallContext:
     """The part of grpc.aio's ServicerContext our handlers use."""
 

@@ -116,16 +116,11 @@ def encode_infer_response(response: InferenceResponse) -> pb.ModelInferResponse:
     return message
 
 
-def encode_stream_response(response: InferenceResponse, decoupled: bool) -> pb.ModelStreamInferResponse:
-    if response.error is not None:
-        message = pb.ModelStreamInferResponse(error_message=response.error.message)
-        message.infer_response.model_name = response.model_name
-        message.infer_response.model_version = response.model_version
-        message.infer_response.id = response.id
-        return message
+def encode_stream_response(response: InferenceResponse) -> pb.ModelStreamInferResponse:
+    """A successful response on a ModelStreamInfer stream: as Triton, every one says
+    whether it is its request's last (`triton_final_response`), decoupled or not."""
     infer_response = encode_infer_response(response)
-    if decoupled:
-        infer_response.parameters[FINAL_RESPONSE].bool_param = response.final
+    infer_response.parameters[FINAL_RESPONSE].bool_param = response.final
     return pb.ModelStreamInferResponse(infer_response=infer_response)
 
 

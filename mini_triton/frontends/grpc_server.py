@@ -21,6 +21,9 @@ from .restrictions import GRPC_PREFIX, Restriction, grpc_refusal
 from .tls import TlsFiles, server_context
 
 MAX_MESSAGE_SIZE = grpc_transport.MAX_MESSAGE_SIZE  # INT32_MAX, as tritonserver sets it
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+# The RPCs whose handlers parse their request messages themselves (they get bytes).
+RAW_REQUESTS = frozenset({"ModelStreamInfer"})
 
 
 def server_options(max_receive_message_size: int = MAX_MESSAGE_SIZE,
@@ -306,12 +309,13 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise result
         return result
 
-    async def ModelStreamInfer(self, request_iterator, context):
+    async def ModelStreamInfer(self, request_messages, context):
         """Requests and responses interleave (grpc_stream.stream_responses; an async
-        generator function itself, as grpc.aio wants one)."""
+        generator function itself, as grpc.aio wants one). The request messages come
+        as bytes (RAW_REQUESTS), so that one that does not parse can be answered."""
         decode = functools.partial(self._decode, context=context)
         async for message in grpc_stream.stream_responses(
-                self.service, request_iterator, context, decode,
+                self.service, request_messages, context, decode,
                 self.options.stream_max_queued_bytes):
             yield message
 
@@ -367,8 +371,8 @@ async def start_server(service: InferenceService, address: str, port: int,
                                              max_receive_message_size, limits, reuse_port)
         await server.start()
         return server, bound
-    server = grpc_transport.GrpcServer(grpc_transport.methods_of(
-        frontend, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], pb),
+    server = grpc_transport.GrpcServer(
+        grpc_transport.methods_of(frontend, SERVICE, pb, RAW_REQUESTS),
         max_receive_message_size, limits)
     context = server_context(tls, ["h2"]) if tls is not None else None
     try:
@@ -385,6 +389,24 @@ def begin_shutdown(server) -> None:
         server.begin_shutdown()
 
 
+def _add_handlers(frontend: GrpcFrontend, server: grpc.aio.Server) -> None:
+    """Every RPC of the service on grpc.aio, as the generated code adds them, but with
+    the messages of RAW_REQUESTS passed to their handlers as bytes."""
+    handlers = {}
+    for method in SERVICE.methods:
+        request = getattr(pb, method.input_type.name)
+        response = getattr(pb, method.output_type.name)
+        kind = grpc.stream_stream_rpc_method_handler if method.client_streaming \
+            else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = kind(
+            getattr(frontend, method.name),
+            request_deserializer=None if method.name in RAW_REQUESTS else request.FromString,
+            response_serializer=response.SerializeToString)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+    server.add_registered_method_handlers(SERVICE.full_name, handlers)
+
+
 def create_grpcio_server(frontend: GrpcFrontend, address: str, port: int,
                          tls: TlsFiles | None = None,
                          max_receive_message_size: int = MAX_MESSAGE_SIZE,
@@ -394,7 +416,7 @@ def create_grpcio_server(frontend: GrpcFrontend, address: str, port: int,
     server = grpc.aio.server(options=server_options(max_receive_message_size, limits,
                                                     reuse_port),
                              compression=grpc.Compression.NoCompression)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(frontend, server)
+    _add_handlers(frontend, server)
     if tls is None:
         return server, server.add_insecure_port(f"{address}:{port}")
     cert, key, root = tls.pem()

@@ -9,6 +9,19 @@ read would stall them all (Triton 2.51's queue has no bound; later versions bloc
 model's response thread). So the queue is bounded in bytes: past the bound the stream
 ends RESOURCE_EXHAUSTED, saying why, its queued responses are dropped and its requests
 cancelled (a model sees `is_cancelled()`).
+
+Errors follow Triton's two modes:
+
+- by default every error is a response on the stream (`error_message`) and the stream
+  goes on serving the next request;
+- a stream opened with the header `triton_grpc_error: true` ends at the first error a
+  model answers with, with that error's gRPC status (Triton's opt-in); a request refused
+  before it reaches a model (unknown model, bad input) is still answered in the stream,
+  as Triton's are: Triton applies the mode to the models' responses only.
+
+A message that does not parse as a ModelInferRequest is answered too (INVALID_ARGUMENT,
+in the stream or as the status that ends it in the second mode). Triton ends the stream
+without a word there; docs/migrating-from-triton.md lists the difference.
 """
 
 from __future__ import annotations
@@ -17,16 +30,26 @@ import asyncio
 import collections
 
 import grpc
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from ..core.errors import TritonError
+from ..core.errors import Code, TritonError
 from . import grpc_codec
+from .errors import grpc_status
+from .grpc_calls import AbortError
 
 # Default bound on one stream's queued responses, in bytes.
 DEFAULT_STREAM_MAX_QUEUED_BYTES = 32 << 20
 # What a queued response costs besides its bytes (its message objects), so that many
 # tiny responses are bounded too: 32 MiB holds at most 32,768 of them.
 RESPONSE_OVERHEAD = 1024
+GRPC_ERROR_HEADER = "triton_grpc_error"  # Triton's header; only "true" turns it on
+
+
+def wants_grpc_errors(context) -> bool:
+    """Whether the stream was opened with `triton_grpc_error: true`."""
+    return any(key == GRPC_ERROR_HEADER and value == "true"
+               for key, value in context.invocation_metadata() or ())
 
 
 class StreamOutbox:
@@ -45,10 +68,12 @@ class StreamOutbox:
         self.on_overflow = None
 
     def put(self, message) -> None:
-        """Queue a response message, or None: the stream's last."""
+        """Queue a response message, or None: the stream's last, or an AbortError: the
+        status that ends it."""
         if self.overflow is not None:
             return
-        size = 0 if message is None else message.ByteSize() + RESPONSE_OVERHEAD
+        size = 0 if message is None or isinstance(message, AbortError) \
+            else message.ByteSize() + RESPONSE_OVERHEAD
         if self.limit and self.items and self.size + size > self.limit:
             self._overflowed(size)
             return
@@ -83,20 +108,24 @@ class StreamOutbox:
         return message
 
 
-async def stream_responses(service, request_iterator, context, decode, limit: int):
+async def stream_responses(service, request_messages, context, decode, limit: int):
     """ModelStreamInfer: requests and responses interleave, each request's responses
-    written as they come; a failed request is reported in the stream, which goes on.
-    `decode` makes a request message an InferenceRequest (TritonError when it cannot).
-    Past `limit` bytes of responses queued (StreamOutbox), the call ends
-    RESOURCE_EXHAUSTED."""
+    written as they come. `request_messages` are the request messages as bytes; `decode`
+    makes a parsed one an InferenceRequest (TritonError when it cannot). Past `limit`
+    bytes of responses queued (StreamOutbox), the call ends RESOURCE_EXHAUSTED; in
+    gRPC-error mode the first error ends it with its status. Either way the requests
+    still in flight are cancelled."""
     outbox = StreamOutbox(limit)
-    reader = asyncio.create_task(read_requests(service, request_iterator, decode, outbox))
+    reader = asyncio.create_task(read_requests(service, request_messages, decode, outbox,
+                                               wants_grpc_errors(context)))
     outbox.on_overflow = reader.cancel
     try:
         while True:
             message = await outbox.get()
             if message is None:
                 break
+            if isinstance(message, AbortError):
+                await context.abort(message.code, message.details)
             yield message
     finally:
         reader.cancel()
@@ -104,17 +133,26 @@ async def stream_responses(service, request_iterator, context, decode, limit: in
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, outbox.overflow)
 
 
-async def read_requests(service, request_iterator, decode, outbox: StreamOutbox) -> None:
+async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
+                        grpc_errors: bool = False) -> None:
     forwarders: set[asyncio.Task] = set()
     try:
-        async for message in request_iterator:
+        async for raw in request_messages:
+            message = _parse(raw)
+            if isinstance(message, TritonError):
+                outbox.put(AbortError(grpc_status(message.code), message.message)
+                           if grpc_errors else stream_error(None, message))
+                if grpc_errors:
+                    return
+                continue
             try:
                 infer_request = decode(message)
                 stream = service.infer(infer_request)
-            except TritonError as error:
+            except TritonError as error:  # refused before a model: in the stream, always
                 outbox.put(stream_error(message, error))
                 continue
-            task = asyncio.create_task(forward(service, infer_request, stream, outbox))
+            task = asyncio.create_task(
+                forward(service, message, infer_request, stream, outbox, grpc_errors))
             forwarders.add(task)
             task.add_done_callback(forwarders.discard)
         if forwarders:
@@ -125,21 +163,51 @@ async def read_requests(service, request_iterator, decode, outbox: StreamOutbox)
         outbox.put(None)
 
 
-async def forward(service, request, stream, outbox: StreamOutbox) -> None:
+def _parse(raw: bytes) -> pb.ModelInferRequest | TritonError:
+    """The request message, or the error that answers it when it does not parse."""
+    try:
+        return pb.ModelInferRequest.FromString(raw)
+    except DecodeError as error:
+        return TritonError(Code.INVALID_ARG, f"failed to parse the request message: {error}")
+
+
+async def forward(service, message, request, stream, outbox: StreamOutbox,
+                  grpc_errors: bool) -> None:
+    """One request's responses to the outbox (`message`: the request as sent)."""
     empty_final_wanted = bool(request.parameters.get("triton_enable_empty_final_response"))
     try:
         async for response in stream:
+            if response.error is not None:
+                error = response.error
+                outbox.put(AbortError(grpc_status(error.code), error.message)
+                           if grpc_errors else model_error(message, response))
+                if grpc_errors:
+                    return
+                continue
             if response.empty and not empty_final_wanted:
                 continue
-            outbox.put(grpc_codec.encode_stream_response(response, request.decoupled))
+            outbox.put(grpc_codec.encode_stream_response(response))
     except asyncio.CancelledError:
         service.cancel(request)
         raise
 
 
 def stream_error(message, error: TritonError) -> pb.ModelStreamInferResponse:
+    """A request refused before it reached a model (or that did not parse): the error
+    with the request's id only, as Triton answers it."""
     response = pb.ModelStreamInferResponse(error_message=error.message)
-    response.infer_response.model_name = message.model_name
-    response.infer_response.model_version = message.model_version
-    response.infer_response.id = message.id
+    if message is not None:
+        response.infer_response.id = message.id
     return response
+
+
+def model_error(message, response) -> pb.ModelStreamInferResponse:
+    """An error a model answered with: as Triton, naming the request as it was sent
+    and saying whether it was the request's last response."""
+    answer = pb.ModelStreamInferResponse(error_message=response.error.message)
+    infer_response = answer.infer_response
+    infer_response.id = message.id
+    infer_response.model_name = message.model_name
+    infer_response.model_version = message.model_version
+    infer_response.parameters[grpc_codec.FINAL_RESPONSE].bool_param = response.final
+    return answer

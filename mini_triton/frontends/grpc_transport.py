@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .grpc_calls import AbortError, CallContext, GrpcCalls, Method, Stream  # noqa: F401
+from .grpc_calls import (AbortError, CallContext, GrpcCalls, Method, RawRequest,  # noqa: F401
+                         Stream)
 from .grpc_hpack import HeaderDecoder  # noqa: F401
 from .grpc_wire import binary_header_value  # noqa: F401
 from .http2_connection import Http2Connection
@@ -102,15 +103,19 @@ class GrpcServer:
                 connection.transport.close()
 
 
-def methods_of(servicer, service_descriptor, messages_module) -> dict[bytes, Method]:
-    """Every RPC of the service that the servicer defines, keyed by its HTTP/2 path."""
+def methods_of(servicer, service_descriptor, messages_module,
+               raw_requests: frozenset = frozenset()) -> dict[bytes, Method]:
+    """Every RPC of the service that the servicer defines, keyed by its HTTP/2 path;
+    the handlers of those named in `raw_requests` get their messages as bytes."""
     methods = {}
     for method in service_descriptor.methods:
         handler = getattr(servicer, method.name, None)
         if handler is None:
             continue
         path = f"/{service_descriptor.full_name}/{method.name}".encode()
-        methods[path] = Method(getattr(messages_module, method.input_type.name), handler,
+        request_type = RawRequest if method.name in raw_requests else \
+            getattr(messages_module, method.input_type.name)
+        methods[path] = Method(request_type, handler,
                                method.client_streaming,
                                getattr(servicer, "begin_" + method.name, None))
     return methods
