@@ -115,8 +115,22 @@ def test_fill_defaults_as_triton_does():
     assert config.version_policy.latest.num_versions == 1
     assert len(config.instance_group) == 1
     group = config.instance_group[0]
-    assert (group.name, group.count, group.kind) == ("m", 1, mc.ModelInstanceGroup.KIND_CPU)
+    # Triton's SetDefaultInstanceCount: two CPU instances for ONNX Runtime and TensorFlow.
+    assert (group.name, group.count, group.kind) == ("m", 2, mc.ModelInstanceGroup.KIND_CPU)
     assert config.default_model_filename == "model.onnx"
+
+
+@pytest.mark.parametrize("config_text, counts", [
+    ('backend: "python"', [1]),
+    ('backend: "identity"', [1]),
+    ('backend: "onnxruntime" instance_group [ { kind: KIND_CPU }, { count: 3 } ]', [2, 3]),
+    ('backend: "onnxruntime" instance_group [ { kind: KIND_GPU } ]', [1]),
+    ('platform: "tensorflow_savedmodel" backend: "tensorflow"', [2]),
+])
+def test_default_instance_counts_as_triton_does(config_text, counts):
+    config = parse_config_text('name: "m" ' + config_text)
+    fill_defaults(config)
+    assert [group.count for group in config.instance_group] == counts
 
 
 def test_fingerprint_changes_with_files(tmp_path):

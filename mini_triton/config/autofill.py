@@ -142,6 +142,16 @@ def fill_defaults(config: mc.ModelConfig, gpu_available: bool = False) -> None:
 
 
 DEFAULT_SEQUENCE_IDLE_US = 1_000_000
+# Triton's SetDefaultInstanceCount: the backends that opt into two CPU instances.
+_TWO_CPU_INSTANCES = ("tensorflow", "onnxruntime")
+
+
+def default_instance_count(kind: int, backend: str) -> int:
+    """A group's count when the config gives none: 2 on the CPU for ONNX Runtime and
+    TensorFlow, else 1, as in Triton."""
+    if kind == mc.ModelInstanceGroup.KIND_CPU and backend in _TWO_CPU_INSTANCES:
+        return 2
+    return 1
 
 
 def normalize_model_config(config: mc.ModelConfig) -> None:
@@ -168,23 +178,21 @@ def normalize_model_config(config: mc.ModelConfig) -> None:
 
 def normalize_instance_groups(config: mc.ModelConfig, gpu_available: bool = False) -> None:
     """Triton's NormalizeInstanceGroup: one group named after the model when there is
-    none, each unnamed group `<model>_<index>`, a count of at least one, and KIND_AUTO
-    resolved (GPU for TensorRT, and for ONNX Runtime on a machine with a GPU)."""
+    none, each unnamed group `<model>_<index>`, KIND_AUTO resolved (GPU for TensorRT,
+    and for ONNX Runtime on a machine with a GPU), and a count where none is given."""
     if config.HasField("ensemble_scheduling"):
         return  # an ensemble has no instances
     if not config.instance_group:
-        group = config.instance_group.add()
-        group.name = config.name
-        group.count = 1
+        config.instance_group.add().name = config.name
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"
-        if group.count < 1:
-            group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
             use_gpu = config.backend == "tensorrt" or (
                 gpu_available and config.backend == "onnxruntime")
             group.kind = (mc.ModelInstanceGroup.KIND_GPU if use_gpu
                           else mc.ModelInstanceGroup.KIND_CPU)
+        if group.count < 1:
+            group.count = default_instance_count(group.kind, config.backend)
     if not config.default_model_filename:
         config.default_model_filename = default_model_filename(config)
