@@ -443,7 +443,10 @@ def trace_settings(args: argparse.Namespace) -> dict:
             settings.setdefault(key, []).append(value.upper())
         else:
             settings[key] = value
-    Tracer().update(settings)  # a bad value is the command line's error (ValueError)
+    try:
+        Tracer().update(settings)  # a bad value is the command line's error
+    except ValueError as error:
+        raise ValueError(f"--trace-config: {error}") from None
     return settings
 
 

@@ -254,7 +254,13 @@ def _append_to_array(path: str, entries: list, fresh: bool) -> None:
         handle.write(f",{items}]".encode())
 
 
+# The numeric settings: the range Triton reads each in, as its messages print it.
+_RANGES = {"trace_rate": (0, 2**32 - 1), "log_frequency": (0, 2**32 - 1),
+           "trace_count": (-1, 2**31 - 1)}
+
+
 def _checked(key: str, value):
+    """One setting's value, checked in Triton's words (its trace API's messages)."""
     if key not in DEFAULTS:
         raise ValueError(f"unknown trace setting '{key}' (known: {', '.join(DEFAULTS)})")
     if value is None:
@@ -263,20 +269,32 @@ def _checked(key: str, value):
         levels = value if isinstance(value, list) else [value]
         if not levels or any(level not in _LEVELS for level in levels):
             raise ValueError(f"trace_level must be a list of {', '.join(_LEVELS)}")
+        if "OFF" in levels and len(levels) > 1:
+            raise ValueError("Expect only one trace level 'OFF' is specified")
         return levels
     if isinstance(value, list):
         if len(value) != 1:
-            raise ValueError(f"trace setting '{key}' takes one value")
+            raise ValueError(f"expect only 1 value for '{key}'")
         value = value[0]
     value = str(value)
-    if key in ("trace_rate", "trace_count", "log_frequency"):
-        try:
-            number = int(value)
-        except ValueError:
-            raise ValueError(f"trace setting '{key}' must be an integer, got '{value}'") \
-                from None
-        if number < (-1 if key == "trace_count" else 0) or (key == "trace_rate" and number == 0):
-            raise ValueError(f"trace setting '{key}' is out of range: {value}")
+    if key in _RANGES:
+        _check_number(key, value)
     if key == "trace_mode" and value != "triton":
         raise ValueError("only trace_mode 'triton' is supported")
     return value
+
+
+def _check_number(key: str, value: str) -> None:
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"Unable to parse '{key}', got: {value}") from None
+    low, high = _RANGES[key]
+    if not -2**31 <= number < 2**31:  # beyond what Triton's std::stoi reads
+        raise ValueError(f"Unable to parse '{key}', value is out of range [ {low}, {high} ], "
+                         f"got: {value}")
+    if key == "trace_count" and number < low:
+        raise ValueError(f"Unable to parse 'trace_count'. Expecting value >= {low}, "
+                         f"got: {value}")
+    if number < low or (key == "trace_rate" and number == 0):
+        raise ValueError(f"trace setting '{key}' is out of range: {value}")

@@ -213,10 +213,20 @@ def test_trace_file_stays_valid_json_as_traces_are_appended(tmp_path):
             assert len([t for t in traces if "model_name" in t]) == count
 
 
-def test_bad_trace_setting_is_refused(protocol):
+@pytest.mark.parametrize("settings, message", [
+    ({"trace_rate": "often"}, "Unable to parse 'trace_rate', got: often"),
+    ({"log_frequency": "x"}, "Unable to parse 'log_frequency', got: x"),
+    ({"trace_rate": "99999999999"},
+     "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: 99999999999"),
+    ({"trace_count": "-5"}, "Unable to parse 'trace_count'. Expecting value >= -1, got: -5"),
+    ({"trace_level": ["OFF", "TIMESTAMPS"]}, "Expect only one trace level 'OFF' is specified"),
+    ({"trace_rate": ["1", "2"]}, "expect only 1 value for 'trace_rate'"),
+])
+def test_bad_trace_settings_are_triton_s_messages(protocol, settings, message):
     with pytest.raises(InferenceServerException) as caught:
-        protocol.client.update_trace_settings(settings={"trace_rate": "often"})
-    assert "trace_rate" in caught.value.message()
+        protocol.client.update_trace_settings(settings=settings)
+    assert caught.value.message() == message
+    assert protocol.status_of(caught.value) == STATUS[protocol.name]["INVALID_ARG"]
 
 
 def test_verbose_logging_logs_each_request(tmp_path):

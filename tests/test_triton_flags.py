@@ -200,7 +200,7 @@ def test_trace_flags_write_the_trace_file(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--trace-config=rate=abc"], "trace setting 'trace_rate' must be an integer"),
+    (["--trace-config=rate=abc"], "--trace-config: Unable to parse 'trace_rate', got: abc"),
     (["--trace-config=opentelemetry,url=x"], "trace mode 'opentelemetry' is not supported"),
     (["--model-load-thread-count=many"], "expected an integer, got 'many'"),
     (["--log-format=json"], "invalid choice: 'json'"),
