@@ -38,6 +38,23 @@ BROKEN = {
 }
 
 
+# A Python model whose auto_complete_config asks for what pb_utils.ModelConfig refuses.
+AUTO_COMPLETE = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.add_output(
+            {"name": "C", "data_type": "TYPE_FP32", "dims": [1], "optional": True})
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return []
+'''
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     root = tmp_path_factory.mktemp("rules")
@@ -45,6 +62,8 @@ def repository(tmp_path_factory):
     for name, text in models.items():
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(f'name: "{name}"\n{text}')
+    (root / "auto_complete" / "1").mkdir(parents=True)
+    (root / "auto_complete" / "1" / "model.py").write_text(AUTO_COMPLETE)
     return root
 
 
@@ -88,6 +107,16 @@ def test_the_load_api_answers_with_triton_s_message(proto, name):
     assert proto.status_of(caught.value) == STATUS[proto.name]["INVALID_ARG"]
 
 
+def test_auto_complete_refusals_are_in_triton_s_words(proto):
+    """The model's own auto-complete fails with pb_utils.ModelConfig's message, as on
+    Triton (`ValueError: ...` and where the model called it)."""
+    reason = index(proto)["auto_complete"]["reason"]
+    assert ("ValueError: output 'C' in auto-complete-config function for model "
+            "'auto_complete' contains property other than 'name', 'data_type' and 'dims'.") \
+        in reason
+    assert "model.py(8): auto_complete_config" in reason
+
+
 def test_a_config_override_is_held_to_the_same_rules(proto):
     override = json.dumps({"name": "healthy", "backend": "identity", "max_batch_size": 2,
                            "dynamic_batching": {"preferred_batch_size": [0]},
@@ -113,4 +142,14 @@ def test_check_config_names_the_same_models_and_rules(repository):
         assert line.startswith(str(repository / name / "config.pbtxt"))
         assert line.endswith(message)
     assert "preferred_sizes_in_range" in done.stderr
-    assert json.loads(done.stdout)["name"] == "healthy"  # the model that passes
+    # The models that pass (the backend's own auto-complete runs only at load).
+    passed = list(json_stream(done.stdout))
+    assert sorted(config.get("name", "") for config in passed) == ["", "healthy"]
+
+
+def json_stream(text: str):
+    decoder, position = json.JSONDecoder(), 0
+    while text[position:].strip():
+        document, position = decoder.raw_decode(text, position)
+        yield document
+        position += len(text[position:]) - len(text[position:].lstrip())
