@@ -15,6 +15,7 @@ from .core.names import model_name_problem
 from .core.response_cache import parse_cache_config
 from .frontends.grpc_server import MAX_MESSAGE_SIZE, GrpcOptions
 from .frontends.grpc_stream import DEFAULT_STREAM_MAX_QUEUED_BYTES
+from .frontends.grpc_wire import COMPRESSION_LEVELS
 from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
                                       DEFAULT_MAX_URL_SIZE)
 from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
@@ -238,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--grpc-max-receive-message-size", type=message_size, default=MAX_MESSAGE_SIZE,
         metavar="BYTES", help="largest gRPC request message, after inflating a compressed "
         "one; larger is RESOURCE_EXHAUSTED")
+    add("--grpc-infer-response-compression-level", type=str.lower,
+        choices=COMPRESSION_LEVELS, default="none", help="ModelInfer and ModelStreamInfer "
+        "responses compressed with gzip or deflate, as the client's grpc-accept-encoding "
+        "allows (grpc core's choice for the level)")
     add("--grpc-stream-max-queued-bytes", type=non_negative, metavar="BYTES",
         default=DEFAULT_STREAM_MAX_QUEUED_BYTES, help="responses of one ModelStreamInfer "
         "call waiting for its client (each counts 1 KiB more than its size); past it the "
@@ -499,7 +504,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         grpc_transport=args.grpc_transport,
         grpc_max_receive_message_size=args.grpc_max_receive_message_size,
         grpc_limits=grpc_http2_limits(args),
-        grpc_options=GrpcOptions(stream_max_queued_bytes=args.grpc_stream_max_queued_bytes),
+        grpc_options=GrpcOptions(
+            stream_max_queued_bytes=args.grpc_stream_max_queued_bytes,
+            response_compression=args.grpc_infer_response_compression_level),
         response_cache_bytes=parse_cache_config(args.cache_config,
                                                 args.response_cache_byte_size),
         rate_limit=args.rate_limit, rate_limit_resources=args.rate_limit_resource,

@@ -168,6 +168,29 @@ def test_compressed_messages(run):
         assert repeated(observed["stream"]["responses"], "z") == [(4, 0), (5, 1), (6, 2)]
 
 
+@pytest.mark.parametrize("level, inflater", [("low", "Gunzip"), ("high", "Inflate")])
+def test_compressed_responses(node, descriptor_set, level, inflater):
+    """--grpc-infer-response-compression-level: grpc-js accepts deflate and gzip, so
+    low answers in gzip and high in deflate (grpc core's choice), and grpc-js inflates
+    every inference answer: one unary, three streamed and the stream's last."""
+    args = ["--model-repository", str(ROOT / "model_repository"),
+            "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+            "--metrics-address", "127.0.0.1", "--model-control-mode", "explicit",
+            "--load-model", "identity_fp32", "--load-model", "repeat_decoupled",
+            f"--grpc-infer-response-compression-level={level}"]
+    with ServerProcess(args) as compressing:
+        completed = subprocess.run(
+            [node, str(CLIENT), "compressed_responses", compressing.grpc_url,
+             str(descriptor_set)],
+            capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S, cwd=INTEROP)
+    result = json.loads(completed.stdout.strip().splitlines()[-1])["result"]
+    assert result["echo_equal"]
+    assert result["stream"]["code"] == OK
+    assert repeated(result["stream"]["responses"], "z") == [(4, 0), (5, 1), (6, 2)]
+    assert result["inflaters"][inflater] >= 1
+    assert result["inflaters"][{"Gunzip": "Inflate", "Inflate": "Gunzip"}[inflater]] == 0
+
+
 def test_deadlines(run):
     result = run("deadline")
     assert result["unary"]["code"] == DEADLINE_EXCEEDED

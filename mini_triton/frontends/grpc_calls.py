@@ -22,7 +22,8 @@ from google.protobuf.message import DecodeError
 from .grpc_hpack import MALFORMED, trailers_problem
 from .grpc_wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, RESERVED_HEADERS,
                         WINDOW_BITS, MessageTooLarge, binary_header_value, inflate,
-                        parse_timeout, refusal_block, status_block, too_large)
+                        parse_timeout, refusal_block, response_encoding, status_block,
+                        too_large)
 from .http2_frames import INTERNAL_ERROR, PROTOCOL_ERROR
 
 log = logging.getLogger("mini_triton.grpc")
@@ -48,6 +49,7 @@ class Method:
     handler: Callable
     client_streaming: bool
     begin: Callable | None = None
+    compress_responses: bool = False  # at --grpc-infer-response-compression-level
 
 
 class RawRequest:
@@ -78,7 +80,7 @@ class Stream:
     __slots__ = ("id", "headers", "body", "ended", "started", "stop", "inbox", "send_window",
                  "pending", "closed", "received", "deadline", "encoding", "method",
                  "context", "trailers", "headers_sent", "pending_size", "refused", "queued",
-                 "drained")
+                 "drained", "compress")
 
     def __init__(self, stream_id: int, send_window: int):
         self.id = stream_id
@@ -102,7 +104,7 @@ class Stream:
         self.context: CallContext | None = None
         self.trailers: bytes | None = None   # sent once the held-back DATA is
         self.headers_sent = False
-
+        self.compress: bytes | None = None  # the grpc-encoding of our messages
 
 class GrpcCalls:
     """The calls of one connection. Expects the connection's `server`, `loop`,
@@ -183,6 +185,9 @@ class GrpcCalls:
             return
         stream.method = method
         stream.context = CallContext(tuple(metadata))
+        if method.compress_responses and self.server.response_compression != "none":
+            stream.compress = response_encoding(self.server.response_compression,
+                                                _header(stream.headers, b"grpc-accept-encoding"))
         if method.client_streaming:
             stream.inbox = asyncio.Queue()
             stream.started = True
@@ -433,3 +438,10 @@ class GrpcCalls:
             self.streams.pop(stream.id, None)
         else:
             self._reset(stream, INTERNAL_ERROR)
+
+
+def _header(headers: list, name: bytes) -> bytes | None:
+    for key, value in headers:
+        if key == name:
+            return value
+    return None

@@ -4,6 +4,7 @@ server, on our own HTTP/2 transport (grpc_transport.py) or on grpc.aio."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from ..core.errors import TritonError
 from ..service import InferenceService
 from . import grpc_codec, grpc_parameters, grpc_stream, grpc_transport
 from .errors import grpc_status
+from .grpc_wire import COMPRESSION_LEVELS
 from .header_forward import forward_headers
 from .http2_limits import Http2Limits
 from .restrictions import GRPC_PREFIX, Restriction, grpc_refusal
@@ -128,6 +130,14 @@ class GrpcOptions:
     # --grpc-stream-max-queued-bytes: one ModelStreamInfer call's responses waiting for
     # its client (grpc_stream.StreamOutbox); 0: no limit
     stream_max_queued_bytes: int = grpc_stream.DEFAULT_STREAM_MAX_QUEUED_BYTES
+    # --grpc-infer-response-compression-level: none, low, medium or high (COMPRESSION_LEVELS)
+    response_compression: str = "none"
+
+
+# The RPCs whose responses --grpc-infer-response-compression-level compresses (Triton's
+# infer handlers set the level; the others do not).
+COMPRESSED_RPCS = (b"/inference.GRPCInferenceService/ModelInfer",
+                   b"/inference.GRPCInferenceService/ModelStreamInfer")
 
 
 class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -371,9 +381,11 @@ async def start_server(service: InferenceService, address: str, port: int,
                                              max_receive_message_size, limits, reuse_port)
         await server.start()
         return server, bound
-    server = grpc_transport.GrpcServer(
-        grpc_transport.methods_of(frontend, SERVICE, pb, RAW_REQUESTS),
-        max_receive_message_size, limits)
+    methods = grpc_transport.methods_of(frontend, SERVICE, pb, RAW_REQUESTS)
+    for path in COMPRESSED_RPCS:  # as Triton: only inference responses are compressed
+        methods[path] = dataclasses.replace(methods[path], compress_responses=True)
+    server = grpc_transport.GrpcServer(methods, max_receive_message_size, limits,
+                                       frontend.options.response_compression)
     context = server_context(tls, ["h2"]) if tls is not None else None
     try:
         bound = await server.listen(address, port, context, reuse_port)
@@ -413,9 +425,13 @@ def create_grpcio_server(frontend: GrpcFrontend, address: str, port: int,
                          limits: Http2Limits | None = None, reuse_port: bool = False,
                          ) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server bound to address:port; returns it with the bound port."""
-    server = grpc.aio.server(options=server_options(max_receive_message_size, limits,
-                                                    reuse_port),
-                             compression=grpc.Compression.NoCompression)
+    options = server_options(max_receive_message_size, limits, reuse_port)
+    level = frontend.options.response_compression
+    if level != "none":
+        # grpc core chooses each call's algorithm from the client's grpc-accept-encoding
+        # as Triton's set_compression_level does, but for every RPC, not only inference
+        options.append(("grpc.default_compression_level", COMPRESSION_LEVELS.index(level)))
+    server = grpc.aio.server(options=options, compression=grpc.Compression.NoCompression)
     _add_handlers(frontend, server)
     if tls is None:
         return server, server.add_insecure_port(f"{address}:{port}")

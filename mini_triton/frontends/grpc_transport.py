@@ -48,9 +48,11 @@ class GrpcServer:
 
     def __init__(self, methods: dict[bytes, Method],
                  max_receive_message_size: int = MAX_MESSAGE_SIZE,
-                 limits: Http2Limits | None = None):
+                 limits: Http2Limits | None = None, response_compression: str = "none"):
         self.methods = methods
         self.max_receive_message_size = max_receive_message_size
+        # a COMPRESSION_LEVELS name: the Methods that compress_responses do at it
+        self.response_compression = response_compression
         self.limits = limits or Http2Limits()
         self.loop = asyncio.get_running_loop()
         self.connections: set[GrpcConnection] = set()

@@ -63,6 +63,40 @@ RESPONSE_HEADERS = (b"\x88"  # :status 200, static table entry 8
                     + literal(b"grpc-accept-encoding", b"identity,deflate,gzip"))
 OK_TRAILERS = literal(b"grpc-status", b"0")
 
+# --- compressed responses (--grpc-infer-response-compression-level) ---
+
+COMPRESSION_LEVELS = ("none", "low", "medium", "high")  # grpc core's, in its order
+# grpc core's ranking of the algorithms a level chooses from (CompressionAlgorithmForLevel):
+# of those the client accepts, in this order, low takes the first, medium the middle one
+# and high the last.
+COMPRESSION_RANKING = (b"gzip", b"deflate")
+# The response headers that say which algorithm the messages of a call are in.
+COMPRESSED_RESPONSE_HEADERS = {encoding: RESPONSE_HEADERS + literal(b"grpc-encoding", encoding)
+                               for encoding in COMPRESSION_RANKING}
+
+
+def response_encoding(level: str, accept_encoding: bytes | None) -> bytes | None:
+    """The algorithm a call's responses are compressed with at `level`, given the
+    client's grpc-accept-encoding (grpc core's choice; None without the header, as
+    grpc core then assumes identity only), or None: uncompressed."""
+    if level == "none" or not accept_encoding:
+        return None
+    accepted = {name.strip() for name in accept_encoding.split(b",")}
+    ranked = [encoding for encoding in COMPRESSION_RANKING if encoding in accepted]
+    if not ranked:
+        return None
+    return ranked[{"low": 0, "medium": len(ranked) // 2, "high": len(ranked) - 1}[level]]
+
+
+def compress(message: bytes, encoding: bytes) -> bytes | None:
+    """`message` compressed with `encoding` at zlib's default level (grpc core's), or
+    None when that does not make it smaller: grpc core then sends it as it is, marked
+    uncompressed, so the client does not spend time inflating it."""
+    compressor = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED,
+                                  WINDOW_BITS[encoding])
+    out = compressor.compress(message) + compressor.flush()
+    return out if len(out) < len(message) else None
+
 
 def status_block(code: grpc.StatusCode, message: str) -> bytes:
     block = literal(b"grpc-status", str(code.value[0]).encode())

@@ -22,7 +22,8 @@ import struct
 
 import grpc
 
-from .grpc_wire import MESSAGE_PREFIX, RESPONSE_HEADERS, status_block
+from .grpc_wire import (COMPRESSED_RESPONSE_HEADERS, MESSAGE_PREFIX, RESPONSE_HEADERS,
+                        compress, status_block)
 from .http2_frames import (CONTINUATION, DATA, END_HEADERS, END_STREAM, FRAME_HEADER, GOAWAY,
                            HEADERS, NO_ERROR, RST_STREAM, frame)
 
@@ -88,11 +89,16 @@ class Http2Output:
         if not stream.headers_sent:
             stream.headers_sent = True
             if message is not None or trailers is None:
-                out.append(self._headers_frames(stream.id, RESPONSE_HEADERS, END_HEADERS))
+                out.append(self._headers_frames(
+                    stream.id, RESPONSE_HEADERS if stream.compress is None
+                    else COMPRESSED_RESPONSE_HEADERS[stream.compress], END_HEADERS))
             else:
                 trailers = RESPONSE_HEADERS + trailers
         if message is not None:
-            prefix = MESSAGE_PREFIX.pack(False, len(message))
+            if stream.compress is None:
+                prefix = MESSAGE_PREFIX.pack(False, len(message))
+            else:
+                message, prefix = _compressed(message, stream.compress)
             size = len(message) + len(prefix)
             if stream.pending or size > min(stream.send_window, self.send_window,
                                             self.peer_frame_size):
@@ -240,6 +246,14 @@ class Http2Output:
             self.transport.abort()
         else:
             self.transport.close()
+
+
+def _compressed(message: bytes, encoding: bytes) -> tuple[bytes, bytes]:
+    """The message to send and its prefix: compressed when that makes it smaller."""
+    compressed = compress(message, encoding)
+    if compressed is None:
+        return message, MESSAGE_PREFIX.pack(False, len(message))
+    return compressed, MESSAGE_PREFIX.pack(True, len(compressed))
 
 
 def _take_pending(stream, size: int) -> list[memoryview]:

@@ -21,6 +21,18 @@ for (const name of Object.keys(compressed)) {
   };
 }
 
+// And what its decompressors take in: proof that answers really arrived compressed
+// (zlib's create* functions are read-only; the classes' prototypes are not).
+const inflaters = { Gunzip: 0, Inflate: 0 };
+for (const name of Object.keys(inflaters)) {
+  const prototype = zlib[name].prototype;
+  const original = prototype._transform;
+  prototype._transform = function (...args) {
+    inflaters[name] += 1;
+    return original.apply(this, args);
+  };
+}
+
 const crypto = require('crypto');
 const fs = require('fs');
 const grpc = require('@grpc/grpc-js');
@@ -323,6 +335,21 @@ const scenarios = {
       };
     }
     return results;
+  },
+
+  // Against a server started with --grpc-infer-response-compression-level.
+  async compressed_responses() {
+    const client = connect();
+    const big = Array.from({ length: MiB / 4 }, (_, i) => i % 7);
+    const echoed = await unary(client, 'ModelInfer', identityRequest('identity_fp32', big));
+    const stream = openStream(client);
+    stream.call.write(repeatRequest([4, 5, 6], null, 'z'));
+    stream.call.end();
+    const end = await stream.ended;
+    client.close();
+    return { echo_equal: echoed.raw_output_contents[0].equals(f32Buffer(big)),
+             stream: { code: end.code, responses: stream.responses.map(streamSummary) },
+             inflaters };
   },
 
   async deadline() {
