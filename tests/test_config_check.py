@@ -68,6 +68,32 @@ def test_missing_file_fails(tmp_path, capsys):
     assert "absent.pbtxt: cannot read" in capsys.readouterr().err
 
 
+def test_an_empty_folder_is_neither_a_model_nor_a_repository(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    assert "neither a model folder" in capsys.readouterr().err
+
+
+def test_a_repository_is_every_model_in_it(tmp_path, capsys):
+    for name, text in (("a", 'backend: "identity"'),
+                       ("b", 'backend: "identity" max_batch_size: -1')):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(text)
+    assert main([str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"backend": "identity"}
+    assert err == (f"{tmp_path / 'b' / 'config.pbtxt'}:1:21: model 'b' breaks rule "
+                   "max_batch_size_non_negative: 'max_batch_size' must be non-negative value "
+                   "for b\n")
+
+
+def test_a_version_folder_without_its_model_file_is_reported(tmp_path, capsys):
+    (tmp_path / "p" / "1").mkdir(parents=True)
+    (tmp_path / "p" / "config.pbtxt").write_text('backend: "python"')
+    assert main([str(tmp_path / "p")]) == 2
+    assert "rule model_file: model file 'model.py' of model 'p' is missing from version " \
+        "folder" in capsys.readouterr().err
+
+
 def test_no_paths_is_a_usage_error(capsys):
     assert main([]) == 2
     assert "usage: mini-triton check-config" in capsys.readouterr().err

@@ -62,6 +62,10 @@ def check_path(path: Path) -> bool:
         return False
     if path.is_dir() and not _is_model_folder(path):
         models = sorted(p for p in path.iterdir() if p.is_dir())
+        if not models:
+            print(f"{path}: neither a model folder (no {CONFIG_NAME}, no version folder) nor "
+                  "a model repository (no model folder)", file=sys.stderr)
+            return False
         checked = {folder.name: (folder, *check_model(folder)) for folder in models}
         passed = all(ok for _, ok, _ in checked.values())
         return _check_ensembles(checked) and passed
