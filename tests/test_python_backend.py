@@ -822,6 +822,23 @@ def test_request_parameters_ids_and_flags(client, sequence_id):
         assert response.parameters["note"].string_param == "from the model"
 
 
+def test_request_parameters_json_is_written_as_triton_writes_it(client):
+    """Triton's TritonJson (rapidjson): compact, UTF-8 as is, doubles in rapidjson's form
+    (the strings a real Triton 2.51 gave for these parameters)."""
+    result = client.infer("parameters", {"IN": (np.array([1], np.int32), "INT32")},
+                          parameters={"text": 'é"/\\\t', "big": 1e20, "tiny": 1.5e-7,
+                                      "one": 1.0, "n": -3, "on": True},
+                          outputs=[client.module.InferRequestedOutput("PARAMETERS")])
+    text = result.as_numpy("PARAMETERS")[0].decode()
+    pieces = ['"text":"é\\"/\\\\\\t"', '"big":100000000000000000000.0', '"tiny":1.5e-7',
+              '"one":1.0', '"n":-3', '"on":true']
+    if client.protocol == "http":  # JSON keeps the order sent; a protobuf map has none
+        assert text == "{" + ",".join(pieces) + "}"
+    else:
+        assert text.startswith("{") and text.endswith("}")
+        assert sorted(text[1:-1].split(",")) == sorted(pieces)
+
+
 def test_requested_outputs_prune_the_response(client):
     result = client.infer("parameters", {"IN": (np.array([1], np.int32), "INT32")},
                           outputs=[client.module.InferRequestedOutput("REQUEST_ID")])

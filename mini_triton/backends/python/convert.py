@@ -21,6 +21,7 @@ from ...core.request import InferenceResponse as CoreResponse
 from ...core.tensor import RequestedOutput
 from ...core.tensor import Tensor as CoreTensor
 from . import utils as pb
+from .triton_json import write_object
 
 # Request parameters the server interprets itself; a model never sees them (as in Triton).
 _SERVER_PARAMETERS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority",
@@ -55,7 +56,7 @@ def request_parameters_json(request: CoreRequest) -> str:
     """The parameters a model sees in `request.parameters()`."""
     visible = {k: v for k, v in request.parameters.items()
                if k not in _SERVER_PARAMETERS and not k.startswith("triton_")}
-    return json.dumps(visible) if visible else "{}"
+    return write_object(visible)
 
 
 class RequestInfo(NamedTuple):
@@ -112,7 +113,7 @@ def reply_from_core(response: CoreResponse) -> Reply:
     error = None if response.error is None else (response.error.code.name,
                                                  response.error.message)
     outputs = [(t.name, t.datatype, tensor_array(t)) for t in response.outputs]
-    parameters = json.dumps(response.parameters, default=str) if response.parameters else "{}"
+    parameters = write_object(response.parameters or {})
     return Reply(outputs, error, parameters)
 
 
