@@ -330,17 +330,53 @@ def test_grpc_unknown_model_is_not_found_whatever_the_parameters(default_server)
     assert grpc_error(default_server, request)[0] == grpc.StatusCode.NOT_FOUND
 
 
-@pytest.mark.parametrize("datatype, contents, values, message", [
-    ("FP32", "fp32_contents", [1.0], "input byte size mismatch for input 'INPUT0' for model "
-                                      "'identity_fp32'. Expected 8, got 4"),
+def typed_request(datatype: str, **contents) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name="identity_fp32")
+    tensor = request.inputs.add(name="INPUT0", datatype=datatype, shape=[1, 2])
+    for field, values in contents.items():
+        getattr(tensor.contents, field).extend(values)
+    return request
+
+
+EXPLICIT = "unexpected explicit tensor data for input tensor 'INPUT0' for model 'identity_fp32'"
+
+
+@pytest.mark.parametrize("request_, message", [
+    (typed_request("FP32", fp32_contents=[1.0]),
+     "[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model "
+     "'identity_fp32'. Expected 8, got 4"),
+    (typed_request("FP32", int_contents=[1, 2]),
+     f"{EXPLICIT} of type 'INT32', expected datatype 'FP32'"),
+    (typed_request("INT8", fp64_contents=[1, 2]),
+     f"{EXPLICIT} of type 'FP64', expected datatype 'INT8'"),
+    (typed_request("FP32", fp32_contents=[1, 2], fp64_contents=[1, 2]),
+     f"{EXPLICIT}, binary data was already supplied."),
+    (typed_request("FLOAT", fp32_contents=[1, 2]),
+     f"{EXPLICIT} of type 'FP32', expected datatype 'INVALID'"),
+    (typed_request("INT16", int_contents=[1, 2]),  # read as INT16: then the model's check
+     "[request id: <id_unknown>] inference input 'INPUT0' data-type is 'INT16', but model "
+     "'identity_fp32' expects 'FP32'"),
 ])
-def test_grpc_contents_unlike_the_shape_are_triton_s_message(default_server, datatype,
-                                                             contents, values, message):
+def test_grpc_contents_are_read_as_triton_reads_them(default_server, request_, message):
+    assert grpc_error(default_server, request_) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def test_an_unknown_datatype_is_triton_s_invalid(default_server):
     request = grpc_request()
-    del request.raw_input_contents[:]
-    getattr(request.inputs[0].contents, contents).extend(values)
+    request.inputs[0].datatype = "FLOAT"
     assert grpc_error(default_server, request) == (
-        grpc.StatusCode.INVALID_ARGUMENT, f"[request id: <id_unknown>] {message}")
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "[request id: <id_unknown>] inference input 'INPUT0' data-type is 'INVALID', but model "
+        "'identity_fp32' expects 'FP32'")
+    assert error_of(default_server, {"inputs": [tensor(SIXTEEN, datatype="FLOAT")]}) == \
+        (400, "invalid datatype for input INPUT0")
+    header = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FLOAT", "shape": [1, 2],
+                                     "parameters": {"binary_data_size": 8}}]}).encode()
+    status, reply, _ = post(default_server, INFER, header + bytes(8),
+                            {"Inference-Header-Content-Length": str(len(header))})
+    assert (status, json.loads(reply)["error"]) == (
+        400, "[request id: <id_unknown>] inference input 'INPUT0' data-type is 'INVALID', but "
+             "model 'identity_fp32' expects 'FP32'")
 
 
 # --- the same checks on the model repository API ---

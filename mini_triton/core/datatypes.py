@@ -47,6 +47,7 @@ DATATYPES: tuple[DataType, ...] = (
 )
 
 BY_NAME = {dt.name: dt for dt in DATATYPES}
+INVALID = "INVALID"  # Triton's name for a datatype it does not know (never a model's)
 BY_CONFIG_NAME = {dt.config_name: dt for dt in DATATYPES}
 # numpy → v2 name; BF16 is left out because uint16 means UINT16.
 BY_NUMPY = {dt.numpy: dt for dt in DATATYPES if dt.name != "BF16"}

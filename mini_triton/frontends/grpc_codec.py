@@ -58,8 +58,9 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
 
 
 def _decode_input(item, index: int, message: pb.ModelInferRequest) -> Tensor:
-    datatypes.from_name(item.datatype)
-    tensor = Tensor(item.name, item.datatype, tuple(item.shape),
+    # An unknown datatype is Triton's INVALID, which the model's checks then refuse.
+    datatype = item.datatype if item.datatype in datatypes.BY_NAME else datatypes.INVALID
+    tensor = Tensor(item.name, datatype, tuple(item.shape),
                     parameters=read_parameters(item.parameters))
     if check_shared_memory_parameters(item):
         if item.HasField("contents"):  # Triton's words
@@ -73,29 +74,42 @@ def _decode_input(item, index: int, message: pb.ModelInferRequest) -> Tensor:
                 f"'{item.name}' for model '{message.model_name}'")
         tensor.raw = message.raw_input_contents[index]
     else:
-        tensor.data = _typed_contents(item)
+        tensor.data = _typed_contents(item, datatype, message.model_name)
     return tensor
 
 
-def _typed_contents(item) -> np.ndarray:
-    dtype = datatypes.from_name(item.datatype)
-    if dtype.grpc_field is None:
+# The typed contents fields in the order Triton reads them, each with the datatype its
+# values are (the int and uint fields also carry the 8- and 16-bit types).
+_CONTENTS = (("bool_contents", "BOOL"), ("int_contents", "INT32"),
+             ("int64_contents", "INT64"), ("uint_contents", "UINT32"),
+             ("uint64_contents", "UINT64"), ("fp32_contents", "FP32"),
+             ("fp64_contents", "FP64"), ("bytes_contents", "BYTES"))
+_NARROW = {"int_contents": ("INT8", "INT16"), "uint_contents": ("UINT8", "UINT16")}
+
+
+def _typed_contents(item, datatype: str, model: str) -> np.ndarray:
+    """The one typed contents field of an input, which must be its datatype's (Triton's
+    words otherwise); none at all is an empty tensor (the byte-size check names it)."""
+    filled = [(f, t) for f, t in _CONTENTS if len(getattr(item.contents, f))]
+    if not filled:
+        return np.empty(0, dtype=np.object_ if datatype == "BYTES" else np.float32)
+    where = f"input tensor '{item.name}' for model '{model}'"
+    if len(filled) > 1:
         raise invalid_arg(
-            f"input '{item.name}' of datatype {item.datatype} must be sent in "
-            "raw_input_contents")
-    values = getattr(item.contents, dtype.grpc_field)
-    for other in datatypes.DATATYPES:
-        if other.grpc_field and other.grpc_field != dtype.grpc_field and \
-                len(getattr(item.contents, other.grpc_field)):
-            raise invalid_arg(
-                f"unexpected {other.grpc_field} for input '{item.name}' of datatype "
-                f"{item.datatype}: expected {dtype.grpc_field}")
-    if dtype.name == "BYTES":
+            f"unexpected explicit tensor data for {where}, binary data was already supplied.")
+    field, field_type = filled[0]
+    if datatype in _NARROW.get(field, ()):
+        field_type = datatype
+    if field_type != datatype:
+        raise invalid_arg(f"unexpected explicit tensor data for {where} of type "
+                          f"'{field_type}', expected datatype '{datatype}'")
+    values = getattr(item.contents, field)
+    if datatype == "BYTES":
         array = np.empty(len(values), dtype=np.object_)
         array[:] = list(values)
         return array
     try:
-        return np.array(values, dtype=dtype.numpy)
+        return np.array(values, dtype=datatypes.from_name(datatype).numpy)
     except OverflowError as error:
         raise invalid_arg(f"input '{item.name}': {error}") from None
 
