@@ -174,6 +174,7 @@ class InferenceService:
                                                            f"input '{tensor.name}'", request)
                 tensor.raw = region.read(offset, size, f"input '{tensor.name}'")
                 tensor.data = None
+                tensor.region = (region, offset)
 
     def _shm_reference(self, parameters: dict, what: str, request: InferenceRequest):
         region = self._hold_region(str(parameters.pop(SHM_REGION)), request)
@@ -210,6 +211,11 @@ class InferenceService:
                 shm = (self._shm_reference(params, f"output '{output.name}'", request)
                        if SHM_REGION in params else None)
                 plans[output.name] = (params.get("classification"), shm)
+                if shm is not None and "classification" not in params \
+                        and hasattr(shm[0], "holds"):  # system memory: a worker may write it
+                    if request.output_regions is None:
+                        request.output_regions = {}
+                    request.output_regions[output.name] = shm
         if not plans:
             return None
         batched = loaded.config.max_batch_size > 0
@@ -357,14 +363,19 @@ def _apply_plan(tensor: Tensor, plan, loaded: LoadedVersion, batched: bool) -> T
         tensor = classify(tensor, classes, _labels(loaded, tensor.name), batched)
     if shm is not None:
         region, offset, size = shm
-        raw = tensor.raw_bytes()
-        if len(raw) > size:
-            raise invalid_arg(
-                f"shared memory size specified with the request for output '{tensor.name}' "
-                f"({size} bytes) should be at least {len(raw)} bytes to hold the results")
-        region.write(offset, raw, f"output '{tensor.name}'")
+        holds = getattr(region, "holds", None)
+        if holds is None or not holds(offset, tensor.data):  # else a worker wrote it there
+            raw = tensor.raw_bytes()
+            if len(raw) > size:
+                raise invalid_arg(
+                    f"shared memory size specified with the request for output "
+                    f"'{tensor.name}' ({size} bytes) should be at least {len(raw)} bytes to "
+                    "hold the results")
+            region.write(offset, raw, f"output '{tensor.name}'")
+        # Triton's reply names no parameters for it (perf_analyzer's HTTP client
+        # requires 'binary_data_size' of any output that has some).
         tensor = Tensor(tensor.name, tensor.datatype, tensor.shape, raw=b"",
-                        parameters={SHM_REGION: region.name, SHM_SIZE: len(raw)})
+                        region=(region, offset))
     return tensor
 
 

@@ -64,9 +64,10 @@ def shape_args(server) -> list[str]:
     return args
 
 
+@pytest.mark.parametrize("memory", ["none", "system"])
 @pytest.mark.parametrize("concurrency", [1, 8])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_perf_analyzer_runs_clean(server, shape_args, protocol, concurrency, tmp_path):
+def test_perf_analyzer_runs_clean(server, shape_args, protocol, concurrency, memory, tmp_path):
     url = server.grpc_url if protocol == "grpc" else server.http_url
     csv_path = tmp_path / "pa.csv"
     command = [
@@ -76,6 +77,8 @@ def test_perf_analyzer_runs_clean(server, shape_args, protocol, concurrency, tmp
         # Only success matters here; a wide stability band keeps shared CPUs from failing it.
         "-s", "100", "-r", "20", "-f", str(csv_path), *shape_args,
     ]
+    if memory == "system":  # inputs and outputs in regions perf_analyzer registers
+        command += ["--shared-memory", "system", "--output-shared-memory-size", "64"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     output = result.stdout + result.stderr
 

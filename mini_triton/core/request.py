@@ -170,6 +170,9 @@ class InferenceRequest:
     # Shared-memory regions the request reads or writes, held in use until it is
     # answered: (registry, region) by region name; None on the plain path.
     held_regions: dict | None = None
+    # Outputs the client wants in its shared memory, unclassified: name → (region,
+    # offset, byte size); a backend may write them there itself. None: none.
+    output_regions: dict | None = None
 
     def release_regions(self) -> None:
         """Let go of the held regions (once; safe to call again)."""

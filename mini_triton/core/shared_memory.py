@@ -3,30 +3,54 @@
 A region is a POSIX shared-memory object (what `tritonclient.utils.shared_memory`
 creates) mapped once at registration. Inputs are read as views over the
 mapping (no copy); outputs are written into it. No offset or size a client
-sends can reach outside the registered range.
+sends can reach outside the registered range. The object's descriptor is kept
+while the region is registered, so that a model's worker process can map the
+very object the server checked (sent over its socket pair) instead of a copy.
 """
 
 from __future__ import annotations
 
 import errno
+import itertools
 import mmap
 import os
 import stat
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from .errors import Code, TritonError, invalid_arg, not_found
 from .names import printable
 
 
-@dataclass
+_serials = itertools.count(1)
+
+
+@dataclass(eq=False)
 class Region:
     name: str
     key: str
     offset: int
     byte_size: int
     mapping: mmap.mmap
+    fd: int = -1  # the object, open while registered (for worker processes)
     users: int = 0  # requests using it now (RegionRegistry.hold/release)
+    # Unique per registration (a name may be registered again for another object).
+    serial: int = field(default_factory=lambda: next(_serials))
+    # Called with the serial when the region is unregistered (workers unmap it).
+    on_close: list = field(default_factory=list)
+
+    def __post_init__(self):
+        # Where the registered range starts in this process (not a view: the
+        # mapping must stay closable).
+        self.address = np.frombuffer(self.mapping, np.uint8, 1).ctypes.data + self.offset
+
+    def holds(self, offset: int, array) -> bool:
+        """Whether `array` (numpy) already is the contiguous data at `offset`
+        (written in place by a model's worker)."""
+        return isinstance(array, np.ndarray) and array.flags.c_contiguous \
+            and array.ctypes.data == self.address + offset
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -46,6 +70,12 @@ class Region:
         self.read(offset, size, what)[:] = memoryview(data).cast("B")
 
     def close(self) -> None:
+        for forget in self.on_close:
+            forget(self.serial)
+        self.on_close = []
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         try:
             self.mapping.close()
         except BufferError:
@@ -158,7 +188,7 @@ class SharedMemoryRegistry(RegionRegistry):
         if offset < 0 or byte_size <= 0:
             raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
         self._add(name, lambda: Region(name, key, offset, byte_size,
-                                       _map(key, name, offset, byte_size)))
+                                       *_map(key, name, offset, byte_size)))
 
 
 # Opened as shm_open does, and no further: a link in /dev/shm is refused rather
@@ -167,7 +197,8 @@ class SharedMemoryRegistry(RegionRegistry):
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def _map(key: str, name: str, offset: int, byte_size: int) -> mmap.mmap:
+def _map(key: str, name: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
+    """The object mapped, and its descriptor (kept open)."""
     path = _shm_path(key)
     try:
         fd = os.open(path, _OPEN_FLAGS)
@@ -187,9 +218,10 @@ def _map(key: str, name: str, offset: int, byte_size: int) -> mmap.mmap:
                               "memory object)")
         if offset + byte_size > info.st_size:  # Triton's words
             raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
-        return mmap.mmap(fd, info.st_size)
-    finally:
+        return mmap.mmap(fd, info.st_size), fd
+    except BaseException:
         os.close(fd)
+        raise
 
 
 def _shm_device() -> int:

@@ -25,6 +25,9 @@ class Tensor:
     data: np.ndarray | None = None
     raw: memoryview | bytes | None = None
     parameters: dict = field(default_factory=dict)
+    # (shared-memory Region, byte offset in it) where the contents lie: an input read
+    # from a client's region, or an output already written into one.
+    region: tuple | None = None
 
     @classmethod
     def from_array(cls, name: str, array: np.ndarray, datatype: str | None = None) -> "Tensor":

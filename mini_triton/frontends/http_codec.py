@@ -272,7 +272,7 @@ def encode_infer_response(response: InferenceResponse, request: InferenceRequest
     for tensor in response.outputs:
         entry = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
         parameters = dict(tensor.parameters)
-        if "shared_memory_region" in parameters:
+        if tensor.region is not None:
             pass  # the data went into the client's shared memory region
         elif wants_binary.get(tensor.name, binary_default):
             raw = tensor.raw_bytes()

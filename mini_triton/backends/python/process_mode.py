@@ -116,6 +116,18 @@ def _exit_description(process: subprocess.Popen) -> str:
     return f"exited with status {code}"
 
 
+def _describe_input(tensor, outgoing: Outgoing) -> tuple:
+    """An input's descriptor: where it lies in a client's system shared-memory region,
+    the worker reads it there; else it travels."""
+    array = convert.tensor_array(tensor)
+    if tensor.region is not None and tensor.datatype != "BYTES":
+        region, offset = tensor.region
+        if getattr(region, "fd", -1) >= 0 and region.holds(offset, array):
+            return outgoing.in_region(tensor.name, tensor.datatype, array.shape, region,
+                                      offset, array.nbytes)
+    return outgoing.tensor(tensor.name, tensor.datatype, array.shape, [array])
+
+
 def _serving_loop(service) -> asyncio.AbstractEventLoop | None:
     loop = getattr(service, "loop", None)
     if loop is None or loop.is_closed() or not loop.is_running():
@@ -310,16 +322,28 @@ class ProcessInstance(ModelInstance):
         return batch
 
     def _encode(self, group: list, outgoing: Outgoing) -> tuple:
+        """A group's request for the worker: (info, input descriptors, output targets)."""
         info = convert.request_info(group[0], self.output_names)
         if len(group) == 1:
-            return tuple(info), put_tensors(outgoing, convert.request_tensors(group[0]))
+            request = group[0]
+            return (tuple(info), [_describe_input(t, outgoing) for t in request.inputs],
+                    self._targets(request, outgoing))
         info = info._replace(outputs=stacked_outputs(group) or list(self.output_names))
         rows = sum(r.batch_size for r in group)
         descriptors = [
             outgoing.tensor(t.name, t.datatype, (rows, *t.shape[1:]),
                             [convert.tensor_array(r.input(t.name)) for r in group])
             for t in group[0].inputs]
-        return tuple(info), descriptors
+        return tuple(info), descriptors, None
+
+    def _targets(self, request, outgoing: Outgoing) -> dict | None:
+        """The client's output regions the worker may write itself (one response per
+        request: a decoupled model's later response must not overwrite an earlier
+        one before the client has read it)."""
+        if request.output_regions is None or self.decoupled:
+            return None
+        return {name: outgoing.target(region, offset, size)
+                for name, (region, offset, size) in request.output_regions.items()}
 
     def _hung(self, timeout_s: float) -> None:
         reason = (f"model '{self.model}' instance '{self.name}': execute did not finish "

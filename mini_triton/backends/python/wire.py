@@ -8,18 +8,25 @@ reused), and the receiver reads them as numpy views of that block, which goes
 back to the sender when the views are gone. A segment's descriptor travels
 (SCM_RIGHTS) with the first message that uses it. Both ends read with
 `recvmsg_into`, so descriptors are never dropped.
+
+A tensor that lies in a client's system shared-memory region (an input, or an
+output the client wants there) is not copied at all: the region's descriptor
+travels once per link, like a segment's, and the worker reads the input as a
+view of it and writes the output straight into it.
 """
 
 from __future__ import annotations
 
 import array
 import collections
+import mmap
 import os
 import pickle
 import socket
 import struct
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -33,7 +40,7 @@ _SCRATCH = 256 * 1024
 _MAX_FDS = 16
 _ANCILLARY = socket.CMSG_SPACE(_MAX_FDS * 4)
 _HAS_MEMFD = hasattr(os, "memfd_create")
-INLINE, SHARED = 0, 1
+INLINE, SHARED, REGION = 0, 1, 2  # REGION: offset is (region serial, offset in the object)
 # Plain ints: `socket`'s flags are enum members, whose `&` costs a Python call per message.
 _MSG_CTRUNC = int(socket.MSG_CTRUNC)
 _MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
@@ -47,6 +54,21 @@ class Outgoing:
         self.inline_size = 0
         self.shared: list[tuple[int, list]] = []
         self.shared_size = 0
+        self.regions: dict = {}  # serial → client Region this message refers to
+
+    def in_region(self, name: str, datatype: str, shape, region, offset: int,
+                  nbytes: int) -> tuple:
+        """Describe a tensor lying in a client's region at `offset` (from the start of
+        the registered range): the other end reads it there."""
+        self.regions[region.serial] = region
+        return (name, datatype, tuple(map(int, shape)), REGION,
+                (region.serial, region.offset + offset), nbytes)
+
+    def target(self, region, offset: int, size: int) -> tuple:
+        """Where the other end may write an output itself: (serial, offset in the
+        object, byte size)."""
+        self.regions[region.serial] = region
+        return (region.serial, region.offset + offset, size)
 
     def tensor(self, name: str, datatype: str, shape, parts: list) -> tuple:
         """Describe a tensor made of `parts` laid end to end (one array, or several
@@ -94,17 +116,22 @@ class Outgoing:
 class Incoming:
     """A received message: `meta` (a dict) and the tensors it describes."""
 
-    __slots__ = ("meta", "inline", "shared")
+    __slots__ = ("meta", "inline", "shared", "regions")
 
-    def __init__(self, meta: dict, inline, shared):
+    def __init__(self, meta: dict, inline, shared, regions: dict):
         self.meta = meta
         self.inline = inline
         self.shared = shared
+        self.regions = regions  # serial → client region mapped in this process
 
     def array(self, descriptor: tuple) -> np.ndarray:
         """The tensor a descriptor names, as a writable numpy view (BYTES: an object array)."""
         _, datatype, shape, area, offset, nbytes = descriptor
-        buffer = self.inline if area == INLINE else self.shared
+        if area == REGION:
+            serial, offset = offset
+            buffer = self.regions[serial]
+        else:
+            buffer = self.inline if area == INLINE else self.shared
         if datatype == "BYTES":
             view = memoryview(buffer)[offset:offset + nbytes]
             return datatypes.deserialize_bytes(view).reshape(shape)
@@ -171,6 +198,8 @@ class Link:
         self.arena = Arena()  # where this end writes the large tensors it sends
         self.peer = PeerSegments()  # the other end's arena, as this end reads it
         self._announced: set[int] = set()  # our segments the other end has mapped
+        self.regions: dict = {}  # serial → client region mapped here (server: its own)
+        self._regions_announced: set[int] = set()
 
     # --- sending ---
 
@@ -185,23 +214,49 @@ class Link:
         size = outgoing.inline_size if outgoing is not None else 0
         with self._send_lock:
             self._add_returns(meta)
-            ancillary = []
+            fds = []
             if block is not None and block.segment.id not in self._announced:
                 # The first message to use a segment carries it (sent in order: under the lock).
                 self._announced.add(block.segment.id)
                 meta["_segment"] = block.segment.id
-                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                              array.array("i", [block.segment.fd]))]
+                fds.append(block.segment.fd)
+            if outgoing is not None and outgoing.regions:
+                fds += self._announce_regions(meta, outgoing.regions)
+            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] \
+                if fds else []
             encoded = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
-            pieces = [_HEADER.pack(len(encoded), len(ancillary), size), encoded]
+            pieces = [_HEADER.pack(len(encoded), len(fds), size), encoded]
             if outgoing is not None:
                 pieces += outgoing.buffers
             try:
                 sent = self.sock.sendmsg(pieces, ancillary)
             finally:
-                if ancillary:
+                if "_segment" in meta:
                     self.arena.announced(block.segment)
             self._send_rest(pieces, sent)
+
+    def _announce_regions(self, meta: dict, regions: dict) -> list[int]:
+        """The descriptors of client regions the other end has not mapped yet (listed
+        in `meta`); each is forgotten on both ends when it is unregistered."""
+        new = [r for serial, r in regions.items() if serial not in self._regions_announced]
+        if not new:
+            return []
+        meta["_regions"] = [r.serial for r in new]
+        me = weakref.ref(self)
+        for region in new:
+            self._regions_announced.add(region.serial)
+            self.regions[region.serial] = region.mapping
+            region.on_close.append(lambda serial, me=me: me() and me().forget_region(serial))
+        return [r.fd for r in new]
+
+    def forget_region(self, serial: int) -> None:
+        """A client region was unregistered: stop using it, and tell the other end."""
+        self.regions.pop(serial, None)
+        self._regions_announced.discard(serial)
+        try:
+            self.send({"op": "freed", "_forget": [serial]})
+        except OSError:
+            pass  # the other end is gone
 
     def _add_returns(self, meta: dict) -> None:
         """Tell the other end which of its blocks this end is done with, and which of
@@ -289,19 +344,26 @@ class Link:
         finally:
             view.release()
         self._position = end
-        for _ in range(fd_count):
+        owners = ([("segment", meta["_segment"])] if "_segment" in meta else []) + \
+            [("region", serial) for serial in meta.get("_regions", ())]
+        for kind, key in owners[:fd_count]:
             fd = self._fds.popleft()
             try:
-                self.peer.add(meta["_segment"], fd)
+                if kind == "segment":
+                    self.peer.add(key, fd)
+                else:
+                    self.regions[key] = mmap.mmap(fd, 0)
             finally:
                 os.close(fd)
+        for serial in meta.get("_forget", ()):
+            self.regions.pop(serial, None)  # unmapped once no view holds it
         if "_freed" in meta:
             self.arena.free(meta["_freed"])
         if "_dropped" in meta:
             self.peer.drop(meta["_dropped"])
         block = meta.get("_block")
         shared = None if block is None else self.peer.block(*block)
-        return Incoming(meta, inline, shared)
+        return Incoming(meta, inline, shared, self.regions)
 
     def _fill(self, blocking: bool) -> int:
         """Read what the socket has (waiting for it when `blocking`); the bytes read
@@ -342,25 +404,50 @@ class Link:
             os.close(self._fds.popleft())
         self.arena.close()
         self.peer.close()
+        self.regions = {}
 
 
 # --- the neutral forms of convert.py on the wire ---
 
 
-def put_tensors(outgoing: Outgoing, tensors: list) -> list:
-    """Neutral tensors `(name, datatype, array)` → descriptors for the metadata."""
+def put_tensors(outgoing: Outgoing, tensors: list, targets: dict | None = None,
+                regions: dict | None = None) -> list:
+    """Neutral tensors `(name, datatype, array)` → descriptors for the metadata. An
+    output with a target (`Outgoing.target`, by name) that fits is written straight
+    into that client region (`regions`: serial → mapping)."""
+    if targets:
+        return [_placed(name, datatype, array, targets.get(name), regions)
+                or outgoing.tensor(name, datatype, array.shape, [array])
+                for name, datatype, array in tensors]
     return [outgoing.tensor(name, datatype, array.shape, [array])
             for name, datatype, array in tensors]
+
+
+def _placed(name: str, datatype: str, array: np.ndarray, target, regions) -> tuple | None:
+    """Write `array` into its target region and describe it there; None when it has
+    no target, is BYTES or does not fit (the server then answers as Triton does)."""
+    if target is None or datatype == "BYTES" or array.dtype.hasobject:
+        return None
+    serial, offset, size = target
+    mapping = regions.get(serial)
+    if mapping is None or array.nbytes > size or not array.nbytes:
+        return None
+    destination = np.frombuffer(mapping, np.uint8, array.nbytes, offset)
+    np.copyto(destination.view(array.dtype).reshape(array.shape), array, casting="no")
+    return (name, datatype, tuple(map(int, array.shape)), REGION, (serial, offset),
+            array.nbytes)
 
 
 def get_tensors(incoming: Incoming, descriptors: list) -> list:
     return [(d[0], d[1], incoming.array(d)) for d in descriptors]
 
 
-def put_reply(outgoing: Outgoing, reply) -> tuple | None:
+def put_reply(outgoing: Outgoing, reply, targets: dict | None = None,
+              regions: dict | None = None) -> tuple | None:
     if reply is None:
         return None
-    return (put_tensors(outgoing, reply.outputs), reply.error, reply.parameters)
+    return (put_tensors(outgoing, reply.outputs, targets, regions), reply.error,
+            reply.parameters)
 
 
 def get_reply(incoming: Incoming, encoded: tuple | None):

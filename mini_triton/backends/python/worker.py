@@ -191,7 +191,9 @@ class Worker:
         self.poll.limit_ns = meta.get("poll_ns", 0)
         requests = []
         decoupled = self.runner.decoupled
-        for index, (info, descriptors) in enumerate(meta["requests"]):
+        targets = []  # per request: outputs the client wants in its shared memory
+        for index, (info, descriptors, wanted_at) in enumerate(meta["requests"]):
+            targets.append(wanted_at)
             info = convert.RequestInfo(*info)
             handle = RemoteHandle(self, batch, index, info.outputs, decoupled)
             requests.append(convert.incoming_request(handle, info,
@@ -201,8 +203,9 @@ class Worker:
             result = self.runner.execute(requests)
             if result is not None:
                 replies = [None if response is None else put_reply(
-                    outgoing, convert.reply_from_model(response, request.requested_output_names()))
-                    for request, response in zip(requests, result)]
+                    outgoing, convert.reply_from_model(response, request.requested_output_names()),
+                    where, self.link.regions)
+                    for request, response, where in zip(requests, result, targets)]
         except ModelError as failure:
             error, replies, outgoing = str(failure), None, Outgoing()
         except Exception as failure:  # a response that cannot be sent
