@@ -18,6 +18,8 @@ from .frontends.grpc_stream import DEFAULT_STREAM_MAX_QUEUED_BYTES
 from .frontends.grpc_wire import COMPRESSION_LEVELS
 from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
                                       DEFAULT_MAX_URL_SIZE)
+from .frontends.http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES as \
+    DEFAULT_HTTP_STREAM_MAX_QUEUED_BYTES
 from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
                                     DEFAULT_MAX_PIPELINED_REQUESTS)
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
@@ -217,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-max-connections", type=non_negative, default=DEFAULT_MAX_CONNECTIONS,
         metavar="N", help="open connections per HTTP port; more are answered 503 and "
         "closed (0: no limit)")
+    add("--http-stream-max-queued-bytes", type=non_negative,
+        default=DEFAULT_HTTP_STREAM_MAX_QUEUED_BYTES, metavar="BYTES", help="responses of "
+        "one streamed request (generate_stream, OpenAI streaming) waiting for its client, "
+        "each counting 1 KiB more than its tensors; past it the request is cancelled and "
+        "the stream ends with an error event (0: no limit)")
     add("--allow-cpu-metrics", type=boolean, default=True)
     add("--metrics-interval-ms", type=non_negative_float, default=DEFAULT_METRICS_INTERVAL_MS,
         help="how often the CPU gauges are sampled")
@@ -497,6 +504,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         http_keepalive_timeout_secs=args.http_keepalive_timeout_secs,
         http_max_pipelined_requests=args.http_max_pipelined_requests,
         http_max_connections=args.http_max_connections,
+        http_stream_max_queued_bytes=args.http_stream_max_queued_bytes,
         metrics_config=dict(args.metrics_config),
         allow_cpu_metrics=args.allow_cpu_metrics, metrics_interval_ms=args.metrics_interval_ms,
         http_restricted=parse_restrictions(args.http_restricted_api),

@@ -19,7 +19,8 @@ from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_H
                                       DEFAULT_MAX_URL_SIZE, HeadLimits, HttpReply,
                                       HttpRequest, serve_async)
 from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
-                                    DEFAULT_MAX_PIPELINED_REQUESTS, ConnectionLimits)
+                                    DEFAULT_MAX_PIPELINED_REQUESTS,
+                                    DEFAULT_STREAM_MAX_QUEUED_BYTES, ConnectionLimits)
 from .frontends.http_listener import start_server
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
 from .frontends.http2_limits import Http2Limits
@@ -95,6 +96,7 @@ class Settings:
     http_keepalive_timeout_secs: float = DEFAULT_KEEPALIVE_TIMEOUT_SECS  # 0: no timeout
     http_max_pipelined_requests: int = DEFAULT_MAX_PIPELINED_REQUESTS
     http_max_connections: int = DEFAULT_MAX_CONNECTIONS  # per HTTP port; 0: no limit
+    http_stream_max_queued_bytes: int = DEFAULT_STREAM_MAX_QUEUED_BYTES  # 0: no limit
     metrics_config: dict = field(default_factory=dict)
     allow_cpu_metrics: bool = True
     metrics_interval_ms: float = DEFAULT_METRICS_INTERVAL_MS
@@ -185,7 +187,8 @@ class Server:
         if self.settings.allow_http:
             frontend = HttpFrontend(self.service, self.settings.http_restricted,
                                     openai=self.settings.allow_openai,
-                                    header_pattern=self.settings.http_header_pattern)
+                                    header_pattern=self.settings.http_header_pattern,
+                                    stream_limit=self.settings.http_stream_max_queued_bytes)
             self.ports["http"] = await self._listen(frontend.handle, self.settings.http_address,
                                                     self.settings.http_port, http_tls,
                                                     self.settings.reuse_http_port)

@@ -112,10 +112,15 @@ class InferenceService:
 
     # --- inference ---
 
-    def infer(self, request: InferenceRequest) -> ResponseStream:
+    def infer(self, request: InferenceRequest, limit: int = 0,
+              limit_name: str = "") -> ResponseStream:
         """Validate and schedule (on the event loop); the returned stream yields the
-        responses."""
-        stream = ResponseStream(self.loop or asyncio.get_running_loop(), self._answered)
+        responses. With a `limit`, at most that many bytes of responses wait for the
+        reader; past it the request is cancelled and the stream ends with an error
+        naming `limit_name` (ResponseStream)."""
+        stream = ResponseStream(self.loop or asyncio.get_running_loop(), self._answered,
+                                limit, limit_name,
+                                (lambda: self.cancel(request)) if limit else None)
         request.stream = stream
         self._start_counted(request, "", stream)
         return stream

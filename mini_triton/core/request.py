@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import TritonError
+from .errors import Code, TritonError
 from .tensor import RequestedOutput, Tensor
 
 
@@ -31,16 +31,28 @@ class InferenceResponse:
 
 
 class ResponseStream:
-    """Responses of one request, pushed from any thread, read on the event loop."""
+    """Responses of one request, pushed from any thread, read on the event loop.
 
-    __slots__ = ("_loop", "_items", "_waiter", "_done", "on_settled")
+    With a `limit` (bytes), what waits for the reader is bounded: each response counts
+    its tensors' bytes and RESPONSE_OVERHEAD; one that would take the waiting ones past
+    the limit drops them all, ends the stream with an UNAVAILABLE error response
+    saying why (`limit_name` names the setting) and calls `on_overflow` (which cancels
+    the request); what the model still sends is dropped. A model is not made to wait
+    instead: an instance serves other requests too."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_settled=None):
+    __slots__ = ("_loop", "_items", "_waiter", "_done", "on_settled", "limit", "limit_name",
+                 "on_overflow", "_queued", "_overflowed")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_settled=None, limit: int = 0,
+                 limit_name: str = "", on_overflow=None):
         self._loop = loop
         self._items: collections.deque = collections.deque()
         self._waiter: asyncio.Future | None = None
         self._done = False
         self.on_settled = on_settled  # called once, on the loop, with the final response
+        self.limit, self.limit_name, self.on_overflow = limit, limit_name, on_overflow
+        self._queued = 0  # bytes of the responses waiting (counted with a limit only)
+        self._overflowed = False
 
     def settle(self) -> None:
         """The request has its final response (or never will): call `on_settled`, once."""
@@ -64,17 +76,45 @@ class ResponseStream:
     def _push(self, response: InferenceResponse) -> None:
         if response.final:
             self.settle()
+        if self.limit:
+            if self._overflowed:
+                return
+            size = response_size(response)
+            if self._items and self._queued + size > self.limit:
+                self._overflow(size)
+                return
+            self._queued += size
         self._items.append(response)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _overflow(self, size: int) -> None:
+        first = self._items[0]
+        message = (f"the client has not read {self._queued} bytes of this request's "
+                   f"responses; a response of {size} bytes more would take them past "
+                   f"{self.limit} ({self.limit_name}): the request is cancelled")
+        self._overflowed = True
+        self._items.clear()
+        self._queued = 0
+        self._items.append(InferenceResponse(first.model_name, first.model_version, first.id,
+                                             error=TritonError(Code.UNAVAILABLE,
+                                                               message)))
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        if self.on_overflow is not None:
+            self.on_overflow()
 
     async def next(self) -> InferenceResponse:
         while not self._items:
             self._waiter = self._loop.create_future()
             await self._waiter
             self._waiter = None
-        return self._items.popleft()
+        response = self._items.popleft()
+        if self.limit and not self._overflowed:
+            self._queued -= response_size(response)
+        return response
 
     async def final(self) -> InferenceResponse:
         """Wait for the final response; earlier (decoupled) ones are dropped."""
@@ -93,6 +133,19 @@ class ResponseStream:
         if response.final:
             self._done = True
         return response
+
+
+# What a waiting response costs besides its tensors' bytes (its objects), so that many
+# tiny responses are bounded too.
+RESPONSE_OVERHEAD = 1024
+
+
+def response_size(response: InferenceResponse) -> int:
+    """The bytes a waiting response is counted as: its tensors', and RESPONSE_OVERHEAD."""
+    size = RESPONSE_OVERHEAD
+    for tensor in response.outputs:
+        size += tensor.data.nbytes if tensor.data is not None else len(tensor.raw_bytes())
+    return size
 
 
 class FinalAnswer:

@@ -18,6 +18,7 @@ from ..service import InferenceService
 from . import generate
 from .errors import http_status
 from .http_exchange import Exchange, HttpReply, HttpRequest
+from .http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
 
 log = logging.getLogger("mini_triton.http")
 
@@ -31,8 +32,10 @@ def error_reply(status: int, message: str) -> HttpReply:
 
 
 class GenerateEndpoints:
-    def __init__(self, service: InferenceService):
+    def __init__(self, service: InferenceService,
+                 stream_limit: int = DEFAULT_STREAM_MAX_QUEUED_BYTES):
         self.service = service
+        self.stream_limit = stream_limit  # responses waiting for the client, in bytes
 
     def generate(self, request: HttpRequest, exchange: Exchange) -> None:
         exchange.run(self._generate, request)
@@ -48,7 +51,8 @@ class GenerateEndpoints:
         document = generate.parse_body(request.body)
         infer_request = generate.decode_request(model, version, document,
                                                 generate.input_specs(config))
-        return infer_request, self.service.infer(infer_request)
+        return infer_request, self.service.infer(infer_request, self.stream_limit,
+                                                 STREAM_LIMIT_FLAG)
 
     async def _generate(self, request: HttpRequest) -> HttpReply:
         """One response, or Triton's error for a model that gives another number of

@@ -24,6 +24,10 @@ DEFAULT_KEEPALIVE_TIMEOUT_SECS = 75.0
 DEFAULT_MAX_PIPELINED_REQUESTS = 16
 # Above the 1,024 concurrent connections a Model Analyzer sweep reaches by default.
 DEFAULT_MAX_CONNECTIONS = 4096
+# Responses of one streamed request (generate_stream, OpenAI streaming) waiting for a
+# client that reads slowly or not at all (core.request.ResponseStream's bound).
+DEFAULT_STREAM_MAX_QUEUED_BYTES = 32 << 20
+STREAM_LIMIT_FLAG = "--http-stream-max-queued-bytes"
 
 
 @dataclass(frozen=True)

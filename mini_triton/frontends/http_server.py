@@ -21,6 +21,7 @@ from . import http_codec, http_parameters
 from .errors import http_status
 from .header_forward import forward_headers
 from .http_generate import GenerateEndpoints
+from .http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES
 from .http_protocol import Exchange, HttpReply, HttpRequest, Router
 from .openai_routes import OpenAIRoutes
 from .restrictions import Restriction, http_refusal
@@ -63,18 +64,18 @@ def _model_and_version(request: HttpRequest) -> tuple[str, str]:
 class HttpFrontend:
     def __init__(self, service: InferenceService,
                  restricted: dict[str, Restriction] | None = None, openai: bool = True,
-                 header_pattern=None):
+                 header_pattern=None, stream_limit: int = DEFAULT_STREAM_MAX_QUEUED_BYTES):
         self.service = service
         self.restricted = restricted or {}
         self.header_pattern = header_pattern  # --http-header-forward-pattern, compiled
         self.router = Router(lambda message: error_reply(404, message))
-        self.generate = GenerateEndpoints(service)
+        self.generate = GenerateEndpoints(service, stream_limit)
         # Handlers that take (request, exchange) and answer through the exchange.
         self._starters = {self.infer, self.generate.generate, self.generate.generate_stream}
         for group, method, path, handler in self._routes():
             self.router.add(method, path, self._guard(group, handler))
         if openai:
-            routes = OpenAIRoutes(service)
+            routes = OpenAIRoutes(service, stream_limit)
             for group, method, path, handler in routes.routes():
                 self._starters.add(handler)
                 self.router.add(method, path, self._guard(group, handler, routes.refusal))

@@ -24,6 +24,7 @@ from . import openai_codec as codec
 from .errors import http_status
 from .http_exchange import BodyStream, Exchange, HttpReply, HttpRequest
 from .http_generate import EVENT_STREAM, STREAM_HEADERS
+from .http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
 from .openai_codec import OpenAIError
 
 log = logging.getLogger("mini_triton.openai")
@@ -36,8 +37,10 @@ def error_reply(status: int, message: str, code: str | None = None) -> HttpReply
 
 
 class OpenAIRoutes:
-    def __init__(self, service: InferenceService):
+    def __init__(self, service: InferenceService,
+                 stream_limit: int = DEFAULT_STREAM_MAX_QUEUED_BYTES):
         self.service = service
+        self.stream_limit = stream_limit  # responses waiting for the client, in bytes
         self._created: dict[str, int] = {}  # model → when /v1 first saw it ready
         self._templates: dict[str, tuple] = {}  # model → (its config, its ChatTemplate)
 
@@ -155,7 +158,8 @@ class OpenAIRoutes:
                 for j in range(ask.n):
                     infer_request = codec.model_request(ask, contract, prompt,
                                                         prompt_index * ask.n + j)
-                    runs.append((infer_request, self.service.infer(infer_request)))
+                    runs.append((infer_request, self.service.infer(
+                        infer_request, self.stream_limit, STREAM_LIMIT_FLAG)))
         except (OpenAIError, TritonError):
             self._cancel(runs)
             raise
