@@ -181,6 +181,27 @@ def test_http_request_fields_are_triton_s_messages(default_server, body, message
     assert error_of(default_server, body) == (400, message)
 
 
+def binary_body(size_claimed: int, size_sent: int) -> tuple[bytes, int]:
+    header = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+                                     "parameters": {"binary_data_size": size_claimed}}]})
+    return header.encode() + bytes(size_sent), len(header)
+
+
+@pytest.mark.parametrize("claimed, sent, header_length, message", [
+    (16, 8, None, "unexpected size for input 'INPUT0', expecting 8 additional bytes for model "
+                  "'identity_fp32'"),
+    (16, 16, -5, "inference header size should be in range (0, {size}), got: -5"),
+    (16, 16, 10_000, "inference header size should be in range (0, {size}), got: 10000"),
+])
+def test_binary_framing_errors_are_triton_s_messages(default_server, claimed, sent,
+                                                      header_length, message):
+    body, length = binary_body(claimed, sent)
+    status, reply, _ = post(default_server, INFER, body, {
+        "Inference-Header-Content-Length": str(length if header_length is None
+                                               else header_length)})
+    assert (status, json.loads(reply)["error"]) == (400, message.format(size=len(body)))
+
+
 def test_a_classification_of_zero_is_no_classification_over_http(default_server):
     """Triton reads `classification: 0` over HTTP as a plain output."""
     status, reply, _ = infer_json(default_server, {"inputs": [tensor(SIXTEEN)],

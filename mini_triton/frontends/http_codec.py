@@ -63,9 +63,9 @@ def decode_infer_request(model: str, version: str, body: bytes,
     view = memoryview(body)
     if header_length is None:
         header_length = len(view)
-    if header_length > len(view):
-        raise invalid_arg(
-            f"{HEADER_LENGTH} {header_length} exceeds the request body size {len(view)}")
+    if header_length < 0 or header_length > len(view):  # Triton's words
+        raise invalid_arg(f"inference header size should be in range (0, {len(view)}), got: "
+                          f"{header_length}")
     document = _parse_json(view[:header_length])
     if not isinstance(document, dict):
         raise invalid_arg("the request JSON must be an object")
@@ -114,10 +114,10 @@ class _BinaryCursor:
         self.offset = 0
 
     def take(self, size: int, name: str, model: str) -> memoryview:
-        if size < 0 or self.offset + size > len(self.view):
-            raise invalid_arg(
-                f"unexpected size for input '{name}', expecting {size} bytes but only "
-                f"{len(self.view) - self.offset} bytes remain in the request for model '{model}'")
+        missing = self.offset + size - len(self.view)
+        if missing > 0:  # Triton's words
+            raise invalid_arg(f"unexpected size for input '{name}', expecting {missing} "
+                              f"additional bytes for model '{model}'")
         piece = self.view[self.offset:self.offset + size]
         self.offset += size
         return piece

@@ -421,6 +421,4 @@ def _header_length(value: str | None) -> int | None:
         length = int(value)
     except ValueError:
         raise invalid_arg(f"invalid {http_codec.HEADER_LENGTH} header '{value}'") from None
-    if length < 0:
-        raise invalid_arg(f"invalid {http_codec.HEADER_LENGTH} header '{value}'")
-    return length
+    return length  # its range is the codec's to check, against the body
