@@ -98,6 +98,40 @@ DECOUPLED = "model_transaction_policy { decoupled: true }"
 MODES = ("thread", "process")
 
 
+# An ensemble whose one step is an iterative model, and a model that calls one with BLS:
+# neither request carries a correlation id (Triton's L0_iterative_sequence and
+# request_rescheduling tests send them so).
+ITERATIVE_ENSEMBLE = '''
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "CORR" data_type: TYPE_INT64 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "counting_thread" model_version: -1
+  input_map { key: "IN" value: "IN" }
+  output_map { key: "OUT" value: "OUT" } output_map { key: "CORR" value: "CORR" } } ] }
+'''
+BLS_TO_ITERATIVE = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="counting_thread", requested_output_names=["OUT", "CORR"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "IN")])
+            answer = call.exec()
+            if answer.has_error():
+                responses.append(pb_utils.InferenceResponse(error=answer.error()))
+                continue
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.get_output_tensor_by_name(answer, name) for name in ("OUT", "CORR")]))
+        return responses
+'''
+
+
 def write(repo, name, code, **parts):
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "1" / "model.py").write_text(code)
@@ -117,6 +151,10 @@ def server(tmp_path_factory):
         write(repo, f"answers_too_{mode}", COUNTING % {
             "rescheduled": 'pb_utils.InferenceResponse(output_tensors=[])'},
               sequence=ITERATIVE, decoupled="", mode=mode)
+    (repo / "iterative_ensemble" / "1").mkdir(parents=True)
+    (repo / "iterative_ensemble" / "config.pbtxt").write_text(ITERATIVE_ENSEMBLE)
+    write(repo, "bls_to_iterative", BLS_TO_ITERATIVE, sequence="", decoupled="",
+          mode="thread")
     with ServerThread(server_settings(repo)) as running:
         yield running
 
@@ -223,3 +261,38 @@ def test_a_rescheduled_request_must_have_no_response(server, mode):
                "request" in raised.value.message()
     finally:
         proto.client.close()
+
+
+# What a client sends an iterative model that Triton's IterativeSequencer serves as a new
+# sequence: no correlation id (0 or absent), whatever its START and END flags say.
+NO_CORRELATION_ID = [{}, {"sequence_start": True}, {"sequence_end": True},
+                     {"sequence_start": True, "sequence_end": True}, {"sequence_id": 0}]
+
+
+def outputs_of(result) -> tuple[int, int]:
+    return tuple(int(result.as_numpy(name).reshape(-1)[0]) for name in ("OUT", "CORR"))
+
+
+@pytest.mark.parametrize("shape", NO_CORRELATION_ID, ids=lambda shape: str(shape) or "none")
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_request_without_a_correlation_id_is_a_sequence_of_its_own(server, protocol, shape):
+    proto = connect(protocol, server)
+    try:
+        answers = [outputs_of(proto.client.infer("counting_process", request(proto, 2),
+                                                 **shape)) for _ in range(2)]
+    finally:
+        proto.client.close()
+    assert [out for out, _ in answers] == [2, 2]  # each ran its two iterations
+    corrs = [corr for _, corr in answers]
+    assert all(corr > 0 for corr in corrs) and corrs[0] != corrs[1]
+
+
+@pytest.mark.parametrize("model", ["iterative_ensemble", "bls_to_iterative"])
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_iterative_model_serves_ensemble_steps_and_bls_calls(server, protocol, model):
+    proto = connect(protocol, server)
+    try:
+        out, corr = outputs_of(proto.client.infer(model, request(proto, 3)))
+    finally:
+        proto.client.close()
+    assert out == 3 and corr > 0
