@@ -272,8 +272,35 @@ def test_log_settings_over_grpc(server):
     assert settings["settings"]["log_info"]["bool_param"] is True
 
 
-def test_bad_log_setting_is_refused(server):
+@pytest.mark.parametrize("key, json_value, grpc_kind, grpc_value, http_message, grpc_message", [
+    ("log_verbose_level", "loud", "string_param", "loud",
+     "attempt to access JSON non-unsigned-integer as unsigned-integer",
+     "expect int32 for 'log_verbose_level'"),
+    ("log_info", "yes", "string_param", "yes", "attempt to access JSON non-boolean as boolean",
+     "expect boolean for 'log_info'"),
+    ("log_format", 1, "bool_param", True, "attempt to access JSON non-string as string",
+     "expect string for 'log_format'"),
+    ("log_format", "json", "string_param", "json",
+     "invalid argument for --log_format, got: json", "invalid argument for log_format, got: json"),
+])
+def test_bad_log_settings_are_triton_s_messages(server, key, json_value, grpc_kind, grpc_value,
+                                                 http_message, grpc_message):
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
     http = connect("http", server)
     with pytest.raises(InferenceServerException) as caught:
-        http.client.update_log_settings({"log_verbose_level": "loud"})
-    assert "log_verbose_level" in caught.value.message()
+        http.client.update_log_settings({key: json_value})
+    assert (caught.value.status(), caught.value.message()) == ("400", http_message)
+    request = service_pb2.LogSettingsRequest()
+    setattr(request.settings[key], grpc_kind, grpc_value)
+    with grpc.insecure_channel(f"127.0.0.1:{server.ports['grpc']}") as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).LogSettings(request, timeout=10)
+    assert (caught.value.code(), caught.value.details()) == \
+        (grpc.StatusCode.INVALID_ARGUMENT, grpc_message)
+
+
+def test_a_null_log_setting_changes_nothing(server):
+    http = connect("http", server)
+    assert http.client.update_log_settings({"log_info": None, "log_file": None})["log_info"]

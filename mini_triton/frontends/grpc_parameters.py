@@ -9,6 +9,7 @@ checked once, for both, by the service and `core.validate`.
 from __future__ import annotations
 
 from ..core.errors import invalid_arg
+from ..logsettings import FORMATS
 
 # The request parameters Triton interprets: key → the kinds it accepts.
 _REQUEST_KINDS = {
@@ -109,3 +110,25 @@ def check_unload_parameters(parameters) -> None:
     if parameter is not None and _kind(parameter) != "bool_param":
         raise invalid_arg(
             "invalid value type for 'unload_dependents' parameter, expected bool_param.")
+
+
+# The logging extension's settings: key → (the kind, Triton's name for it in its words).
+_LOG_SETTINGS = {"log_info": ("bool_param", "boolean"), "log_warning": ("bool_param", "boolean"),
+                 "log_error": ("bool_param", "boolean"),
+                 "log_verbose_level": ("uint32_param", "int32"),
+                 "log_format": ("string_param", "string")}
+
+
+def log_setting_changes(settings) -> dict:
+    """The changes a LogSettings call asks for, each of its kind (Triton's words)."""
+    changes = {}
+    for key, value in settings.items():
+        kind = _kind(value)
+        expected = _LOG_SETTINGS.get(key)
+        if expected is not None and kind != expected[0]:
+            raise invalid_arg(f"expect {expected[1]} for '{key}'")
+        if kind is not None:
+            changes[key] = getattr(value, kind)
+    if changes.get("log_format", "default") not in FORMATS:
+        raise invalid_arg(f"invalid argument for log_format, got: {changes['log_format']}")
+    return changes

@@ -266,9 +266,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @aborts_on_error
     async def LogSettings(self, request, context):
-        changes = {key: getattr(value, value.WhichOneof("parameter_choice"))
-                   for key, value in request.settings.items()
-                   if value.WhichOneof("parameter_choice")}
+        changes = grpc_parameters.log_setting_changes(request.settings)
         settings = self.service.logging_settings(changes or None)
         response = pb.LogSettingsResponse()
         for key, value in settings.items():

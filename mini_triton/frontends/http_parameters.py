@@ -10,6 +10,7 @@ errors are INTERNAL); the client sent them, so they are 400 here.
 from __future__ import annotations
 
 from ..core.errors import invalid_arg
+from ..logsettings import FORMATS
 
 _UINT64_END = 2 ** 64
 
@@ -150,3 +151,22 @@ def check_load_parameters(parameters: dict) -> None:
 
 def check_unload_parameters(parameters: dict) -> None:
     _check_kind(parameters, "unload_dependents", "bool", "Unable to parse")
+
+
+# The logging extension's settings: key → JSON kind (log_file is the command line's).
+_LOG_SETTINGS = {"log_info": "bool", "log_warning": "bool", "log_error": "bool",
+                 "log_verbose_level": "uint", "log_format": "string"}
+
+
+def log_setting_changes(body: dict) -> dict:
+    """The changes a POST /v2/logging asks for: a null value changes nothing, as in
+    Triton; the others have Triton's types (its words, 400 here where it says 500/503)."""
+    changes = {key: value for key, value in body.items() if value is not None}
+    for key, kind in _LOG_SETTINGS.items():
+        if key in changes:
+            test, reason = _KINDS[kind]
+            if not test(changes[key]):
+                raise invalid_arg(reason)
+    if changes.get("log_format", "default") not in FORMATS:
+        raise invalid_arg(f"invalid argument for --log_format, got: {changes['log_format']}")
+    return changes

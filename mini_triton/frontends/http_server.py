@@ -229,7 +229,8 @@ class HttpFrontend:
 
     @handles_errors
     async def logging_settings(self, request: HttpRequest) -> HttpReply:
-        changes = _json_body(request) if request.method == "POST" else None
+        changes = http_parameters.log_setting_changes(_json_body(request)) \
+            if request.method == "POST" else None
         return json_reply(self.service.logging_settings(changes))
 
     # --- shared memory extensions ---
