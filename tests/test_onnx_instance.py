@@ -131,3 +131,90 @@ def test_null_requests_of_empty_slots_get_initial_state_and_leave_none(accumulat
     instance.execute([real, null])
     assert int(responses[0].outputs[0].data[0, 0]) == 5
     assert list(instance.state.values) == [9]
+
+
+# --- onnxruntime's threads ---
+
+
+def _spinning(folder: Path, parameters: str = ""):
+    from mini_triton.backends.onnxruntime.session import session_options
+
+    (folder / "config.pbtxt").write_text(
+        f'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n{parameters}')
+    config = read_config(folder.name, folder, ServerOptions())
+    options = session_options(config)
+    return [options.get_session_config_entry(f"session.{pool}.allow_spinning")
+            for pool in ("intra_op", "inter_op")]
+
+
+def test_idle_onnxruntime_threads_do_not_spin_by_default(identity):
+    # onnxruntime's own default is to spin, taking a core from the event loop.
+    assert _spinning(identity) == ["0", "0"]
+
+
+def test_spinning_is_a_model_parameter(identity):
+    spin = ('parameters { key: "session.intra_op.allow_spinning" value: { string_value: "1" } }'
+            '\nparameters { key: "session.inter_op.allow_spinning" value: { string_value: "1" } }')
+    assert _spinning(identity, spin) == ["1", "1"]
+    _, _, instance = load(identity)  # a session with those options runs
+    x = np.ones((1, 4), np.float32)
+    np.testing.assert_array_equal(instance.compute({"X": x})["Y"], x)
+
+
+def test_a_spinning_value_other_than_0_or_1_is_refused_naming_it(identity):
+    from mini_triton.core.errors import TritonError
+
+    bad = 'parameters { key: "session.intra_op.allow_spinning" value: { string_value: "yes" } }'
+    with pytest.raises(TritonError, match="'session.intra_op.allow_spinning' must be 0 or 1, "
+                                          "got 'yes'"):
+        _spinning(identity, bad)
+
+
+# --- a batch: inputs joined once, outputs handed back as views ---
+
+
+@pytest.fixture
+def affine(tmp_path):
+    """Y = X * 3 + 1, so every row of the output is computed from its own input row."""
+    three = helper.make_tensor("three", TP.FLOAT, [], [3.0])
+    one = helper.make_tensor("one", TP.FLOAT, [], [1.0])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["X", "three"], ["T"]),
+         helper.make_node("Add", ["T", "one"], ["Y"])],
+        "affine", [helper.make_tensor_value_info("X", TP.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("Y", TP.FLOAT, ["batch", 4])], [three, one])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    folder = tmp_path / "affine"
+    (folder / "1").mkdir(parents=True)
+    onnx.save(model, str(folder / "1" / "model.onnx"))
+    (folder / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n')
+    return folder
+
+
+def test_a_batch_runs_once_and_each_request_gets_its_own_rows_byte_exact(affine):
+    config, _, instance = load(affine)
+    runs = []
+    real_run = instance.session.run
+
+    def counted_run(names, feeds, options=None):  # the real session, its calls counted
+        runs.append({name: value.numpy().copy() for name, value in feeds.items()})
+        return real_run(names, feeds, options)
+
+    instance.session.run = counted_run
+    rng = np.random.default_rng(5)
+    rows = [rng.standard_normal((n, 4)).astype(np.float32) for n in (1, 3, 2)]
+    pending = [request(config, {"X": x}) for x in rows]
+    instance.execute([req for req, _ in pending])
+
+    assert len(runs) == 1, "one onnxruntime run for the whole batch"
+    np.testing.assert_array_equal(runs[0]["X"], np.concatenate(rows))
+    outputs = []
+    for x, (_, responses) in zip(rows, pending):
+        (response,) = responses
+        (tensor,) = response.outputs
+        assert tensor.shape == x.shape
+        assert tensor.data.tobytes() == (x * np.float32(3) + np.float32(1)).tobytes()
+        outputs.append(tensor.data)
+    # Split back as views of onnxruntime's one output: no copy per request on the way out.
+    assert all(np.shares_memory(outputs[0].base, part) for part in outputs[1:])

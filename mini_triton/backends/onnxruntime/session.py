@@ -1,8 +1,9 @@
 """Building onnxruntime sessions from a model config, as Triton's ONNX backend does.
 
 Session options come from `parameters` (threads, execution mode, memory arena
-and pattern) and `optimization.graph.level`; execution providers from the
-instance kind and `optimization.execution_accelerators`. onnxruntime itself
+and pattern, whether idle threads spin) and `optimization.graph.level`;
+execution providers from the instance kind and
+`optimization.execution_accelerators`. onnxruntime itself
 is imported only here and in the instance, when a model asks for it.
 """
 
@@ -24,6 +25,16 @@ _GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISAB
 # Accelerator names in `execution_accelerators` → onnxruntime provider names.
 GPU_ACCELERATORS = {"tensorrt": "TensorrtExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CPU_ACCELERATORS = {"openvino": "OpenVINOExecutionProvider"}
+
+# Parameters handed to onnxruntime as session config entries, under their own names,
+# with our default where we set one. Triton passes the first only. The spinning ones are
+# ours: by onnxruntime's default its pool threads spin while they wait for work, which in
+# a server of one Python process takes the cores that the event loop, the clients and
+# other models need (measured in perf/README.md, "ONNX Runtime with dynamic batching":
+# about 40% more CPU per row, half the throughput, on two busy cores).
+SESSION_CONFIG_ENTRIES = {"session.use_device_allocator_for_initializers": None,
+                          "session.intra_op.allow_spinning": "0",
+                          "session.inter_op.allow_spinning": "0"}
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -73,9 +84,13 @@ def session_options(config: mc.ModelConfig):
         value = bool_parameter(config, key)
         if value is not None:
             setattr(options, attribute, value)
-    key = "session.use_device_allocator_for_initializers"
-    if key in config.parameters:
-        options.add_session_config_entry(key, config.parameters[key].string_value)
+    for key, default in SESSION_CONFIG_ENTRIES.items():
+        value = config.parameters[key].string_value if key in config.parameters else default
+        if key.endswith("allow_spinning") and value not in ("0", "1"):
+            raise invalid_arg(
+                f"model '{config.name}': parameter '{key}' must be 0 or 1, got '{value}'")
+        if value is not None:
+            options.add_session_config_entry(key, value)
     return options
 
 
