@@ -19,6 +19,10 @@ Errors follow Triton's two modes:
   before it reaches a model (unknown model, bad input) is still answered in the stream,
   as Triton's are: Triton applies the mode to the models' responses only.
 
+Responses to requests for models that are not decoupled go out in the order their
+requests came, as Triton writes them (a slow request holds back the answers of the
+quicker ones after it); a decoupled model's responses go out as they come.
+
 A message that does not parse as a ModelInferRequest is answered too (INVALID_ARGUMENT,
 in the stream or as the status that ends it in the second mode). Triton ends the stream
 without a word there; docs/migrating-from-triton.md lists the difference.
@@ -133,26 +137,59 @@ async def stream_responses(service, request_messages, context, decode, limit: in
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, outbox.overflow)
 
 
+class ResponseOrder:
+    """Slots for the responses of the stream's non-decoupled requests, in the order the
+    requests came; a response leaves for the outbox once every slot before it has
+    (Triton's EnqueueForResponse / WriteResponseIfReady). A slot is a one-item list."""
+
+    __slots__ = ("outbox", "slots")
+    SKIP = object()  # fills a slot that has no response to send
+
+    def __init__(self, outbox: StreamOutbox):
+        self.outbox = outbox
+        self.slots: collections.deque = collections.deque()
+
+    def reserve(self) -> list:
+        slot = [None]
+        self.slots.append(slot)
+        return slot
+
+    def fill(self, slot: list, message) -> None:
+        slot[0] = message
+        slots = self.slots
+        while slots and slots[0][0] is not None:
+            ready = slots.popleft()[0]
+            if ready is not self.SKIP:
+                self.outbox.put(ready)
+
+
 async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
                         grpc_errors: bool = False) -> None:
     forwarders: set[asyncio.Task] = set()
+    order = ResponseOrder(outbox)
     try:
         async for raw in request_messages:
             message = _parse(raw)
             if isinstance(message, TritonError):
-                outbox.put(AbortError(grpc_status(message.code), message.message)
-                           if grpc_errors else stream_error(None, message))
                 if grpc_errors:
+                    outbox.put(AbortError(grpc_status(message.code), message.message))
                     return
+                order.fill(order.reserve(), stream_error(None, message))
                 continue
+            infer_request = None
             try:
                 infer_request = decode(message)
                 stream = service.infer(infer_request)
             except TritonError as error:  # refused before a model: in the stream, always
-                outbox.put(stream_error(message, error))
+                answer = stream_error(message, error)
+                if infer_request is not None and infer_request.decoupled:
+                    outbox.put(answer)
+                else:
+                    order.fill(order.reserve(), answer)
                 continue
-            task = asyncio.create_task(
-                forward(service, message, infer_request, stream, outbox, grpc_errors))
+            slot = None if infer_request.decoupled else order.reserve()
+            task = asyncio.create_task(forward(service, message, infer_request, stream,
+                                               outbox, grpc_errors, order, slot))
             forwarders.add(task)
             task.add_done_callback(forwarders.discard)
         if forwarders:
@@ -172,24 +209,38 @@ def _parse(raw: bytes) -> pb.ModelInferRequest | TritonError:
 
 
 async def forward(service, message, request, stream, outbox: StreamOutbox,
-                  grpc_errors: bool) -> None:
-    """One request's responses to the outbox (`message`: the request as sent)."""
+                  grpc_errors: bool, order: ResponseOrder | None = None,
+                  slot: list | None = None) -> None:
+    """One request's responses to the outbox (`message`: the request as sent); a
+    non-decoupled request's one response through its `slot` in `order`."""
     empty_final_wanted = bool(request.parameters.get("triton_enable_empty_final_response"))
+
+    def send(answer) -> None:
+        nonlocal slot
+        if slot is None:
+            outbox.put(answer)
+        else:
+            order.fill(slot, answer)
+            slot = None
+
     try:
         async for response in stream:
             if response.error is not None:
                 error = response.error
-                outbox.put(AbortError(grpc_status(error.code), error.message)
-                           if grpc_errors else model_error(message, response))
-                if grpc_errors:
+                if grpc_errors:  # the stream ends now, whatever waits before it
+                    outbox.put(AbortError(grpc_status(error.code), error.message))
                     return
+                send(model_error(message, response))
                 continue
             if response.empty and not empty_final_wanted:
                 continue
-            outbox.put(grpc_codec.encode_stream_response(response))
+            send(grpc_codec.encode_stream_response(response))
     except asyncio.CancelledError:
         service.cancel(request)
         raise
+    finally:
+        if slot is not None:  # no response to send: the requests after it go on
+            order.fill(slot, ResponseOrder.SKIP)
 
 
 def stream_error(message, error: TritonError) -> pb.ModelStreamInferResponse:

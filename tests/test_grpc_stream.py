@@ -1,6 +1,8 @@
-"""Errors on a ModelStreamInfer stream, on both gRPC transports (`--grpc-transport
-native|grpcio`), as Triton 2.51 answers them (checked against a real Triton on the same
-models):
+"""ModelStreamInfer on both gRPC transports (`--grpc-transport native|grpcio`), as
+Triton 2.51 answers it (checked against a real Triton on the same models):
+
+- the responses of requests for non-decoupled models come in the order the requests
+  came; a decoupled model's as they come;
 
 - by default an error is a response on the stream and the stream goes on: a request
   refused before a model (unknown model) names its request id only; an error a model
@@ -61,6 +63,14 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
 parameters { key: "execution_mode" value { string_value: "thread" } }
 '''
 MODEL = "refuses_negative"
+IDENTITY = '''
+backend: "identity"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+'''
+SLOW = IDENTITY + 'parameters { key: "execute_delay_ms" value { string_value: "300" } }\n'
+SLOW_DECOUPLED = SLOW + "model_transaction_policy { decoupled: true }\n"
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +79,9 @@ def repository(tmp_path_factory):
     (root / MODEL / "1").mkdir(parents=True)
     (root / MODEL / "1" / "model.py").write_text(REFUSES_NEGATIVE)
     (root / MODEL / "config.pbtxt").write_text(CONFIG)
+    for name, config in (("fast", IDENTITY), ("slow", SLOW), ("slow_decoupled", SLOW_DECOUPLED)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(config)
     return root
 
 
@@ -86,8 +99,9 @@ def url(server) -> str:
 
 
 def request_bytes(request_id: str, value: float, model: str = MODEL) -> bytes:
+    """A request for the Python model, or for an identity model (`fast`, `slow`, ...)."""
     message = pb.ModelInferRequest(model_name=model, id=request_id)
-    message.inputs.add(name="IN", datatype="FP32", shape=[1])
+    message.inputs.add(name="IN" if model == MODEL else "INPUT0", datatype="FP32", shape=[1])
     message.raw_input_contents.append(np.array([value], np.float32).tobytes())
     return message.SerializeToString()
 
@@ -231,3 +245,28 @@ def test_with_grpc_errors_a_refusal_before_the_model_stays_in_the_stream(server)
     assert refused[0] is None and refused[1].status() is None
     assert refused[1].message() == "Request for unknown model: 'no_such_model' is not found"
     assert served[1] is None and served[0].as_numpy("OUT").tolist() == [4.0]
+
+
+# --- order ---
+
+
+def test_non_decoupled_responses_come_in_request_order(server):
+    """A slow request's answer first, then those of the quick ones sent after it, a
+    refused one among them (Triton writes them in request order)."""
+    responses, error = raw_stream(server, [request_bytes("slow", 1.0, model="slow"),
+                                           request_bytes("fast", 2.0, model="fast"),
+                                           request_bytes("unknown", 3.0, model="no_such_model"),
+                                           request_bytes("refused", -1.0)])
+    assert error is None
+    assert [r.infer_response.id for r in responses] == ["slow", "fast", "unknown", "refused"]
+
+
+def test_a_decoupled_model_s_responses_are_not_held_back(server):
+    responses, error = raw_stream(server, [request_bytes("slow", 1.0, model="slow"),
+                                           request_bytes("quick", 2.0, model="fast"),
+                                           request_bytes("own pace", 3.0, model="slow_decoupled"),
+                                           request_bytes("after", 4.0, model="fast")])
+    assert error is None
+    ids = [r.infer_response.id for r in responses]
+    assert ids.index("slow") < ids.index("quick") < ids.index("after")
+    assert sorted(ids) == ["after", "own pace", "quick", "slow"]
