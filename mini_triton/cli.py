@@ -195,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="read each model's configs/NAME.pbtxt where it exists, else config.pbtxt")
     add("--model-load-retry-count", type=non_negative, default=0,
         help="how many times a failed model load is tried again")
+    add("--model-namespacing", type=boolean, default=False,
+        help="a model is known by its repository and name: one name may serve from several "
+        "repositories, each ensemble using its own repository's models first")
     add("--model-load-thread-count", type=non_negative, default=4, metavar="N",
         help="models that load at once (0 counts as 1)")
     add("--strict-model-config", type=boolean, default=None,
@@ -495,6 +498,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         server_id=args.id, model_config_name=args.model_config_name,
         model_load_retry_count=args.model_load_retry_count,
         model_load_thread_count=max(1, args.model_load_thread_count),
+        model_namespacing=args.model_namespacing,
         log_settings=log_settings(args),
         trace_settings=trace_settings(args),
         http_max_input_size=args.http_max_input_size,

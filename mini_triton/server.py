@@ -87,6 +87,7 @@ class Settings:
     model_config_name: str = ""  # --model-config-name
     model_load_retry_count: int = 0  # --model-load-retry-count
     model_load_thread_count: int = 4  # --model-load-thread-count (Triton's default)
+    model_namespacing: bool = False  # --model-namespacing
     log_settings: dict = field(default_factory=dict)  # --log-*: the logging extension's keys
     trace_settings: dict = field(default_factory=dict)  # --trace-config: the trace API's keys
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
@@ -148,6 +149,7 @@ class Server:
                                 model_config_name=settings.model_config_name,
                                 model_load_retry_count=settings.model_load_retry_count,
                                 model_load_thread_count=settings.model_load_thread_count,
+                                model_namespacing=settings.model_namespacing,
                                 backend_config=settings.backend_config)
         if settings.rate_limit == "execution_count":
             options.rate_limiter = RateLimiter(settings.rate_limit_resources)

@@ -155,7 +155,8 @@ class InferenceService:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("infer request: model '%s' version '%s' id '%s' with %d inputs",
                       request.model_name, requested_version, request.id, len(request.inputs))
-        loaded = self.manager.get(request.model_name, requested_version)
+        loaded = self.manager.get(request.model_name, requested_version,
+                                  request.model_namespace)
         if endpoint and loaded.config.model_transaction_policy.decoupled:
             raise unsupported(
                 f"{endpoint} doesn't support models with decoupled transaction policy")
@@ -279,7 +280,8 @@ class InferenceService:
         marked so that models checking `is_cancelled()` can stop."""
         request.cancelled = True
         try:
-            loaded = self.manager.get(request.model_name, request.model_version)
+            loaded = self.manager.get(request.model_name, request.model_version,
+                                      request.model_namespace)
         except TritonError:
             return
         cancel = getattr(loaded.scheduler, "cancel", None)

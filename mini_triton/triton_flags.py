@@ -110,7 +110,6 @@ NOT_HONOURED: dict[str, tuple[str, str]] = {
                           "onnxruntime, tensorrt); no shared libraries are loaded"),
     "repoagent-directory": (NOT_APPLICABLE, "repository agents are shared libraries"),
     "cache-directory": (NOT_APPLICABLE, "caches are built in (local); no shared libraries"),
-    "model-namespacing": (NOT_YET, "model names are global across repositories"),
     "sagemaker-thread-count": (NOT_APPLICABLE, "a thread pool of Triton's HTTP library; "
                                "the event loop serves the SageMaker port"),
     "vertex-ai-thread-count": (NOT_APPLICABLE, "a thread pool of Triton's HTTP library; "

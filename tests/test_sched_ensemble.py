@@ -197,7 +197,7 @@ class StandInServer:
         self.inflight: dict[str, int] = {}
         self.max_inflight: dict[str, int] = {}
 
-    def get(self, name: str, version: str = ""):
+    def get(self, name: str, version: str = "", namespace: str = ""):
         if name not in self.models:
             raise TritonError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         return self.models[name]

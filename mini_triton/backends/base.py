@@ -41,6 +41,7 @@ class ModelContext:
     # The config.pbtxt the config was read from (None: an override), for load errors that
     # name the place a field was written (config/locate.py).
     config_source: Path | None = None
+    namespace: str = ""  # the model's repository, with --model-namespacing; "" without
 
     @property
     def version_dir(self) -> Path:

@@ -211,6 +211,9 @@ class InferenceRequest:
     on_complete: Callable[["InferenceRequest", InferenceResponse], None] | None = None
     trace: object | None = None  # tracing.Trace when this request is traced
     parent_trace: object | None = None  # an ensemble step's: the ensemble request's trace
+    # An ensemble step's: the ensemble's repository, where its step names resolve first
+    # (--model-namespacing); "" for a request by name alone.
+    model_namespace: str = ""
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     queue_start_ns: int = 0
     cancelled: bool = False

@@ -25,10 +25,10 @@ log = logging.getLogger("mini_triton.repository")
 
 
 def load_record(name: str, folder: Path, options: ServerOptions, server=None,
-                override: mc.ModelConfig | None = None) -> ModelRecord:
+                override: mc.ModelConfig | None = None, namespace: str = "") -> ModelRecord:
     """Read, complete and load every version of one model folder. Never raises:
     a failure becomes an UNAVAILABLE record whose reason says why."""
-    record = ModelRecord(name, folder, fingerprint=scan.fingerprint(folder))
+    record = ModelRecord(name, folder, fingerprint=scan.fingerprint(folder), namespace=namespace)
     started = time.monotonic()
     try:
         record.config = read_config(name, folder, options, server, override)
@@ -61,7 +61,7 @@ def _load_version(record: ModelRecord, version: int, options: ServerOptions, ser
     config.CopyFrom(record.config)
     context = ModelContext(record.name, version, config, record.model_dir,
                            record.model_dir.parent, server, options=vars(options),
-                           config_source=record.config_source)
+                           config_source=record.config_source, namespace=record.namespace)
     try:
         loaded = _start_version(context)
     except TritonError as error:

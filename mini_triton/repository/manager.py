@@ -19,6 +19,7 @@ from ..config.json_format import config_from_json
 from ..core.errors import TritonError, invalid_arg, not_found, unavailable
 from ..core.names import check_model_name
 from . import scan
+from .namespaces import keys_named, lookup, model_key, name_of, namespace_of, resolve
 from .loading import load_record
 from .overrides import remove_private_model, remove_private_root, write_private_model
 from .records import (LoadedVersion, ModelRecord, ServerOptions, State,  # noqa: F401
@@ -62,15 +63,20 @@ class ModelRepositoryManager:
             repository.check()
 
     def model_folders(self, fetch=None, strict: bool = True) -> dict[str, Path]:
-        """Model name → folder over all repositories; the first repository wins.
+        """Model key → folder over all repositories: the first repository wins a name,
+        unless --model-namespacing keys each model by its repository too (namespaces.py).
         `fetch` (ALL or names) has cloud repositories list again and mirror those
         models first; without it they answer from their last listing."""
         folders: dict[str, Path] = {}
         for repository in self.storages:
+            namespace = self._namespace(repository)
             for name, path in repository.model_dirs(fetch, strict).items():
-                folders.setdefault(name, path)
+                folders.setdefault(model_key(namespace, name), path)
         folders.update(self.registered.model_dirs())  # a mapped name wins, as in Triton
         return folders
+
+    def _namespace(self, repository) -> str:
+        return str(repository.location) if self.options.model_namespacing else ""
 
     def register_repository(self, repository: str, mapping: dict[str, str]) -> None:
         """Serve `repository`'s models too, `mapping` (name → subfolder) renaming some."""
@@ -90,9 +96,10 @@ class ModelRepositoryManager:
         folders = self.model_folders(fetch=ALL if explicit_all else set(names or []))
         never_loaded = []  # named models with no record: not found, or refused by name
         if self.mode == "explicit" and "*" not in (names or []):
-            self._load_many(self._with_steps([n for n in names or [] if n in folders], folders))
+            keys = [key for name in names or [] for key in keys_named(name, folders)]
+            self._load_many(self._with_steps(keys, folders))
             for name in names or []:
-                if name in folders:
+                if keys_named(name, folders):
                     continue
                 try:
                     self.load(name, check_mode=False)  # fails with Triton's words
@@ -105,27 +112,32 @@ class ModelRepositoryManager:
         return [r for r in self.records.values()
                 if r.state != State.READY and not r.unloaded] + never_loaded
 
-    def _with_steps(self, names: list[str], folders: dict[str, Path]) -> dict[str, Path]:
-        """The folders of `names` and of the models their ensembles use, recursively."""
+    def _with_steps(self, keys: list[str], folders: dict[str, Path]) -> dict[str, Path]:
+        """The folders of `keys` and of the models their ensembles use, recursively."""
         wanted: dict[str, Path] = {}
-        todo = list(names)
+        todo = list(keys)
         while todo:
-            name = todo.pop()
-            if name in wanted or name not in folders:
+            key = todo.pop()
+            if key in wanted or key not in folders:
                 continue
-            wanted[name] = folders[name]
-            todo.extend(self._peek_steps(name, folders[name]))
+            wanted[key] = folders[key]
+            todo.extend(self._peek_steps(key, folders[key], known=folders))
         return wanted
 
     def _load_many(self, folders: dict[str, Path]) -> None:
         """Load these model folders, up to --model-load-thread-count at once (as Triton's
         model lifecycle does), each ensemble after the models it uses. Model code runs in
         the pool; every change of a record happens in this thread, under the lock."""
-        order = _dependencies_first(folders, self._peek_steps)
+        known = set(folders) | set(self.records)
+
+        def steps_of(key: str, folder: Path) -> set[str]:
+            return self._peek_steps(key, folder, known=known)
+
+        order = _dependencies_first(folders, steps_of)
         if not order:
             return
         position = {name: index for index, name in enumerate(order)}
-        waits_for = {name: {s for s in self._peek_steps(name, folders[name])
+        waits_for = {name: {s for s in steps_of(name, folders[name])
                             if position.get(s, len(order)) < position[name]}
                      for name in order}  # only earlier steps: a cycle cannot deadlock
         pending, running = list(order), {}
@@ -175,57 +187,73 @@ class ModelRepositoryManager:
 
     def load(self, name: str, config_json: str | None = None,
              files: dict[str, bytes] | None = None, check_mode: bool = True) -> ModelRecord:
-        """Load or reload `name`; raises TritonError when it does not become READY."""
+        """Load or reload `name` (in every repository that has it, as Triton does with
+        --model-namespacing); raises TritonError when one does not become READY."""
         if check_mode:
             self.check_control_allowed()
         check_model_name(name)
         with self.lock:
-            private_dir = None
+            override = None
+            if config_json is not None:
+                override = _config_override(name, config_json)
             if files:
                 if config_json is None:
                     raise invalid_arg(f"failed to load '{name}': a 'config' parameter must be "
                                       "given with file overrides")
-                folder = private_dir = write_private_model(name, files)
-            else:
-                try:
-                    folder = self.model_folders(fetch={name}).get(name)
-                except StorageError as error:
-                    raise unavailable(f"failed to load '{name}', failed to poll from model "
-                                      f"repository: {error}") from None
-                if folder is None:
-                    raise invalid_arg(f"failed to load '{name}', failed to poll from model "
-                                      f"repository: model '{name}' is not found in any "
-                                      "model repository")
-            override = None
-            if config_json is not None:
-                override = _config_override(name, config_json)
-            for step in self._peek_steps(name, folder, override):
-                if not self.is_ready(step):
-                    self.load(step, check_mode=False)
-            record = self._load_folder(name, folder, override, private_dir)
-            if record.state != State.READY or self.records.get(name) is not record:
-                current = self.records.get(name)
-                raise invalid_arg(current.reason if current and current is not record
-                                  and current.reason else record.reason)
-            return record
+                folder = write_private_model(name, files)
+                return self._load_key(name, folder, override, folder)
+            try:
+                folders = self.model_folders(fetch={name})
+            except StorageError as error:
+                raise unavailable(f"failed to load '{name}', failed to poll from model "
+                                  f"repository: {error}") from None
+            keys = keys_named(name, folders)
+            if not keys:
+                raise invalid_arg(f"failed to load '{name}', failed to poll from model "
+                                  f"repository: model '{name}' is not found in any "
+                                  "model repository")
+            records = [self._load_key(key, folders[key], override) for key in keys]
+            return records[-1]
+
+    def _load_key(self, key: str, folder: Path, override: mc.ModelConfig | None,
+                  private_dir: Path | None = None) -> ModelRecord:
+        """Load one model (its ensemble's steps first); TritonError unless READY."""
+        known = set(self.records) | set(self.model_folders())
+        for step in self._peek_steps(key, folder, override, known):
+            if not self._key_ready(step):
+                self.load(name_of(step), check_mode=False)
+        record = self._load_folder(key, folder, override, private_dir)
+        if record.state != State.READY or self.records.get(key) is not record:
+            current = self.records.get(key)
+            raise invalid_arg(current.reason if current and current is not record
+                              and current.reason else record.reason)
+        return record
+
+    def _key_ready(self, key: str) -> bool:
+        record = self.records.get(key)
+        return bool(record and record.versions and
+                    record.versions[max(record.versions)].backend.is_ready())
 
     def unload(self, name: str, unload_dependents: bool = False, check_mode: bool = True) -> None:
         if check_mode:
             self.check_control_allowed()
         check_model_name(name)
         with self.lock:
-            if name not in self.records and name not in self.model_folders():
-                return  # nothing to unload: success, as Triton, so "unload, load" scripts work
-            self._unload(name, "unloaded")
-            if unload_dependents:
-                for dependent in self._dependents(name):
-                    self._unload(dependent, "unloaded")
+            keys = keys_named(name, set(self.records) | set(self.model_folders()))
+            for key in keys:  # none: success, as Triton, so "unload, load" scripts work
+                self._unload(key, "unloaded")
+                if unload_dependents:
+                    for dependent in self._dependents(key):
+                        self._unload(dependent, "unloaded")
 
-    def mark_unavailable(self, name: str, version: int, reason: str) -> None:
-        """A serving version broke (its worker died): stop routing to it."""
+    def mark_unavailable(self, name: str, version: int, reason: str, namespace: str = "",
+                         backend=None) -> None:
+        """A serving version broke (its worker died): stop routing to it (unless it no
+        longer serves with `backend`: reloaded or unloaded meanwhile)."""
         with self.lock:
-            record = self.records.get(name)
-            if record is None or version not in record.versions:
+            record = self.records.get(model_key(namespace, name))
+            if record is None or version not in record.versions or (
+                    backend is not None and record.versions[version].backend is not backend):
                 return
             loaded = record.versions.pop(version)
             record.statuses[version] = VersionStatus(version, State.UNAVAILABLE, reason)
@@ -236,11 +264,10 @@ class ModelRepositoryManager:
 
     # --- lookups used by the service ---
 
-    def get(self, name: str, version: str = "") -> LoadedVersion:
-        """The version that serves `name`/`version` ('' = latest ready), with Triton's errors."""
-        record = self.records.get(name)
-        if record is None:
-            raise _unknown_model(name)
+    def get(self, name: str, version: str = "", namespace: str = "") -> LoadedVersion:
+        """The version that serves `name`/`version` ('' = latest ready), with Triton's
+        errors; `namespace` is where the caller stands (an ensemble's repository)."""
+        record = self._find(name, namespace)
         if version:
             loaded = record.versions.get(_version_number(version, name))
             if loaded is None:
@@ -257,15 +284,22 @@ class ModelRepositoryManager:
             raise not_found(f"Request for unknown model: '{name}' has no available versions")
         return versions[max(versions)]
 
-    def record(self, name: str) -> ModelRecord:
+    def record(self, name: str, namespace: str = "") -> ModelRecord:
+        return self._find(name, namespace)
+
+    def _find(self, name: str, namespace: str = "") -> ModelRecord:
+        """The record `name` means; without --model-namespacing a plain lookup."""
         record = self.records.get(name)
+        if self.options.model_namespacing and (record is None or namespace):
+            check_model_name(name)
+            record = self.records.get(lookup(name, namespace, self.records))
         if record is None:
             raise _unknown_model(name)
         return record
 
-    def is_ready(self, name: str, version: str = "") -> bool:
+    def is_ready(self, name: str, version: str = "", namespace: str = "") -> bool:
         try:
-            loaded = self.get(name, version)
+            loaded = self.get(name, version, namespace)
         except TritonError:
             return False
         return loaded.backend.is_ready()
@@ -279,11 +313,12 @@ class ModelRepositoryManager:
     def index(self, ready_only: bool = False) -> list[dict]:
         entries = []
         records = dict(self.records)
-        for name in sorted(set(records) | set(self.model_folders())):
-            record = records.get(name)
+        for key in sorted(set(records) | set(self.model_folders()),
+                          key=lambda k: (name_of(k), k)):
+            record = records.get(key)
             if record is None:
                 if not ready_only:
-                    entries.append({"name": name})
+                    entries.append({"name": name_of(key)})
                 continue
             entries.extend(_index_entries(record))
         if ready_only:
@@ -302,57 +337,59 @@ class ModelRepositoryManager:
 
     # --- internals ---
 
-    def _load_folder(self, name: str, folder: Path, override: mc.ModelConfig | None = None,
+    def _load_folder(self, key: str, folder: Path, override: mc.ModelConfig | None = None,
                      private_dir: Path | None = None) -> ModelRecord:
         """Load a new record next to the old one and swap it in; a failed reload keeps
         the old versions serving and records why in the index."""
         with self.lock:
-            previous = self._mark_loading(name, folder)
-            record = self._load_with_retries(name, folder, override)
+            previous = self._mark_loading(key, folder)
+            record = self._load_with_retries(key, folder, override)
             record.private_dir = private_dir
-            return self._install(name, record, previous)
+            return self._install(key, record, previous)
 
-    def _mark_loading(self, name: str, folder: Path) -> ModelRecord | None:
+    def _mark_loading(self, key: str, folder: Path) -> ModelRecord | None:
         """A model about to load shows LOADING, unless older versions keep serving;
         returns its current record."""
-        previous = self.records.get(name)
+        previous = self.records.get(key)
         if previous is None or not previous.versions:
-            self.records[name] = ModelRecord(name, folder, state=State.LOADING,
-                                             statuses=_loading_statuses(previous))
+            self.records[key] = ModelRecord(name_of(key), folder, state=State.LOADING,
+                                            statuses=_loading_statuses(previous),
+                                            namespace=namespace_of(key))
         return previous
 
-    def _install(self, name: str, record: ModelRecord,
+    def _install(self, key: str, record: ModelRecord,
                  previous: ModelRecord | None) -> ModelRecord:
         """Swap a loaded record in and stop the previous one; a failed reload keeps
         the previous versions serving."""
         with self.lock:
             if record.state != State.READY and previous is not None and previous.versions:
-                previous.reason = f"failed to reload '{name}': {record.reason}"
+                previous.reason = f"failed to reload '{record.name}': {record.reason}"
                 previous.fingerprint = record.fingerprint
                 log.error("%s; the previous version keeps serving", previous.reason)
                 remove_private_model(record)
                 return record
-            self.records[name] = record
+            self.records[key] = record
             if previous is not None:
                 _stop_versions(previous, self.options.exit_timeout_secs)
                 if previous.private_dir != record.private_dir:
                     remove_private_model(previous)
             self._report(record)
             if record.state == State.READY:
-                self._reload_dependents(name)
+                self._reload_dependents(key)
             return record
 
-    def _load_with_retries(self, name: str, folder: Path,
+    def _load_with_retries(self, key: str, folder: Path,
                            override: mc.ModelConfig | None) -> ModelRecord:
         """load_record, tried again up to --model-load-retry-count times while it fails
         (as Triton retries a model whose load failed, e.g. on a flaky mount)."""
-        record = load_record(name, folder, self.options, self.server, override)
+        name, namespace = name_of(key), namespace_of(key)
+        record = load_record(name, folder, self.options, self.server, override, namespace)
         for attempt in range(self.options.model_load_retry_count):
             if record.state == State.READY:
                 break
             log.warning("%s; retrying (%d of %d)", record.reason, attempt + 1,
                         self.options.model_load_retry_count)
-            record = load_record(name, folder, self.options, self.server, override)
+            record = load_record(name, folder, self.options, self.server, override, namespace)
         return record
 
     def _report(self, record: ModelRecord) -> None:
@@ -362,32 +399,36 @@ class ModelRepositoryManager:
         else:
             log.error("%s", record.reason)
 
-    def _unload(self, name: str, reason: str) -> None:
-        previous = self.records.get(name)
+    def _unload(self, key: str, reason: str) -> None:
+        previous = self.records.get(key)
         statuses = {v: VersionStatus(v, State.UNAVAILABLE, reason)
                     for v in (previous.statuses if previous else {})}
-        self.records[name] = ModelRecord(name, previous.model_dir if previous else None,
-                                         config=previous.config if previous else None,
-                                         statuses=statuses, reason=reason, unloaded=True)
+        self.records[key] = ModelRecord(name_of(key), previous.model_dir if previous else None,
+                                        config=previous.config if previous else None,
+                                        statuses=statuses, reason=reason, unloaded=True,
+                                        namespace=namespace_of(key))
         if previous is not None:
             _stop_versions(previous, self.options.exit_timeout_secs)
             remove_private_model(previous)
-            log.info("successfully unloaded '%s'", name)
+            log.info("successfully unloaded '%s'", name_of(key))
 
-    def _dependents(self, name: str) -> list[str]:
-        return sorted(n for n, r in self.records.items()
-                      if name in r.ensemble_steps() and r.versions)
+    def _dependents(self, key: str) -> list[str]:
+        """The loaded ensembles whose steps resolve to `key`."""
+        return sorted(k for k, r in self.records.items() if r.versions and key in {
+            resolve(step, r.namespace, self.records) for step in r.ensemble_steps()})
 
-    def _reload_dependents(self, name: str) -> None:
+    def _reload_dependents(self, key: str) -> None:
         """An ensemble follows the models it uses: reload it when one of them changes."""
-        for dependent in self._dependents(name):
+        for dependent in self._dependents(key):
             record = self.records[dependent]
             if record.model_dir is not None and record.private_dir is None:
                 self._load_folder(dependent, record.model_dir)
 
-    def _peek_steps(self, name: str, folder: Path | None,
-                    override: mc.ModelConfig | None = None) -> set[str]:
-        """The models an ensemble folder uses, read without loading it."""
+    def _peek_steps(self, key: str, folder: Path | None,
+                    override: mc.ModelConfig | None = None, known=None) -> set[str]:
+        """The keys of the models an ensemble folder uses, read without loading it: each
+        step resolved from the ensemble's namespace among the `known` keys (a step no
+        model answers keeps its bare name)."""
         config = override
         path = scan.config_path(folder, self.options.model_config_name) if folder else None
         if config is None and path is not None and path.exists():
@@ -397,7 +438,11 @@ class ModelRepositoryManager:
                 return set()
         if config is None or config.platform != "ensemble":
             return set()
-        return {step.model_name for step in config.ensemble_scheduling.step} - {name}
+        names = {step.model_name for step in config.ensemble_scheduling.step}
+        if not self.options.model_namespacing:
+            return names - {key}
+        known = set(self.records) | set(self.model_folders()) if known is None else known
+        return {resolve(step, namespace_of(key), known) or step for step in names} - {key}
 
 
 def _loading_statuses(previous: ModelRecord | None) -> dict[int, VersionStatus]:

@@ -61,6 +61,7 @@ class ModelRecord:
     unloaded: bool = False  # unloaded on purpose: not counted for readiness
     private_dir: Path | None = None  # a directory written from load-API file overrides
     config_source: Path | None = None  # the config.pbtxt read (None: an override or none)
+    namespace: str = ""  # its repository, with --model-namespacing (namespaces.py)
 
     def ensemble_steps(self) -> set[str]:
         if self.config is None or self.config.platform != "ensemble":
@@ -80,5 +81,6 @@ class ServerOptions:
     model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt first
     model_load_retry_count: int = 0  # --model-load-retry-count: tries after a failed load
     model_load_thread_count: int = 4  # --model-load-thread-count: models loading at once
+    model_namespacing: bool = False  # --model-namespacing: names per repository
     # --backend-config: backend ("" for all) → {setting: value} (backend_config.settings_for)
     backend_config: dict = field(default_factory=dict)

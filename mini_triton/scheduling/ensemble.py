@@ -38,6 +38,7 @@ class EnsembleScheduler:
     def __init__(self, context, stats: ModelStats):
         self.config: mc.ModelConfig = context.config
         self.name = self.config.name
+        self.namespace = getattr(context, "namespace", "")  # where step names resolve first
         self.service = context.server
         self.stats = stats
         self.graph = EnsembleGraph.from_config(self.config)
@@ -107,7 +108,7 @@ class EnsembleScheduler:
         """The loaded version a step uses, with Triton's message when there is none."""
         version = "" if step.model_version < 0 else str(step.model_version)
         try:
-            return self.service.manager.get(step.model_name, version)
+            return self.service.manager.get(step.model_name, version, self.namespace)
         except TritonError:
             if version:
                 raise invalid_arg(
@@ -185,8 +186,9 @@ class _EnsembleRun:
         for step_request in list(self.step_requests.values()):
             step_request.cancelled = True
             try:
-                loaded = self.scheduler.service.manager.get(step_request.model_name,
-                                                            step_request.model_version)
+                loaded = self.scheduler.service.manager.get(
+                    step_request.model_name, step_request.model_version,
+                    step_request.model_namespace)
                 loaded.scheduler.cancel(step_request)
             except TritonError:
                 pass
@@ -271,7 +273,8 @@ class _EnsembleRun:
         return InferenceRequest(step.model_name, version, self.request.id, inputs,
                                 [RequestedOutput(name) for name in step.outputs],
                                 dict(self.request.parameters),
-                                parent_trace=self.request.trace)
+                                parent_trace=self.request.trace,
+                                model_namespace=self.scheduler.namespace)
 
     @staticmethod
     def _mapped_outputs(step, response: InferenceResponse) -> dict:

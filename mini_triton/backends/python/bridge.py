@@ -115,12 +115,10 @@ class ServerBridge:
                          name=f"{self.context.name}-unavailable").start()
 
     def _take_down(self, manager, reason: str) -> None:
-        name, version = self.context.name, self.context.version
-        record = manager.records.get(name)
-        loaded = record.versions.get(version) if record is not None else None
-        if loaded is None or (self.backend is not None and loaded.backend is not self.backend):
-            return  # this version no longer serves (it was reloaded or unloaded meanwhile)
-        manager.mark_unavailable(name, version, reason)
+        # Nothing happens if this version no longer serves with this backend (it was
+        # reloaded or unloaded meanwhile).
+        manager.mark_unavailable(self.context.name, self.context.version, reason,
+                                 self.context.namespace, self.backend)
 
     def release(self) -> None:
         if self.metrics is not None:
