@@ -185,7 +185,7 @@ class GrpcCalls:
             return
         stream.method = method
         stream.context = CallContext(tuple(metadata))
-        if method.compress_responses and self.server.response_compression != "none":
+        if method.compress_responses:  # set only when the server's level is not none
             stream.compress = response_encoding(self.server.response_compression,
                                                 _header(stream.headers, b"grpc-accept-encoding"))
         if method.client_streaming:

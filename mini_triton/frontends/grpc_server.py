@@ -380,8 +380,9 @@ async def start_server(service: InferenceService, address: str, port: int,
         await server.start()
         return server, bound
     methods = grpc_transport.methods_of(frontend, SERVICE, pb, RAW_REQUESTS)
-    for path in COMPRESSED_RPCS:  # as Triton: only inference responses are compressed
-        methods[path] = dataclasses.replace(methods[path], compress_responses=True)
+    if frontend.options.response_compression != "none":
+        for path in COMPRESSED_RPCS:  # as Triton: only inference responses are compressed
+            methods[path] = dataclasses.replace(methods[path], compress_responses=True)
     server = grpc_transport.GrpcServer(methods, max_receive_message_size, limits,
                                        frontend.options.response_compression)
     context = server_context(tls, ["h2"]) if tls is not None else None

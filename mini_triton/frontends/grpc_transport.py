@@ -51,7 +51,8 @@ class GrpcServer:
                  limits: Http2Limits | None = None, response_compression: str = "none"):
         self.methods = methods
         self.max_receive_message_size = max_receive_message_size
-        # a COMPRESSION_LEVELS name: the Methods that compress_responses do at it
+        # a COMPRESSION_LEVELS name: the Methods that compress_responses (none are
+        # marked when it is "none") do at it
         self.response_compression = response_compression
         self.limits = limits or Http2Limits()
         self.loop = asyncio.get_running_loop()

@@ -82,7 +82,7 @@ class Http2Output:
         WINDOW_UPDATE frees them."""
         if stream.closed or self.transport is None or self.transport.is_closing():
             return
-        if message is not None and self.held_back and self._past_cutoff(stream, message):
+        if self.held_back and message is not None and self._past_cutoff(stream, message):
             message, trailers = None, self._cut_off(stream, len(message))
         self.sent += 1
         out = []
