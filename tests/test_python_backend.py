@@ -185,6 +185,29 @@ class TritonPythonModel:
         return responses
 '''
 
+# Calls the `parameters` model with request parameters; answers with what it saw of them
+# and the JSON of the BLS response's parameters.
+BLS_PARAMETERS = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            answer = pb_utils.InferenceRequest(
+                model_name="parameters", requested_output_names=["PARAMETERS"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "IN")],
+                parameters={"k": True, "n": 2}).exec()
+            seen = pb_utils.get_output_tensor_by_name(answer, "PARAMETERS").as_numpy()[0]
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("SEEN", np.array([seen], np.object_)),
+                pb_utils.Tensor("ANSWER", np.array([answer.parameters().encode()],
+                                                   np.object_))]))
+        return responses
+'''
+
 BLS_ASYNC = '''
 import asyncio
 import triton_python_backend_utils as pb_utils
@@ -433,6 +456,8 @@ MODELS = {
                       ("MODEL_NAME", "TYPE_STRING", [1])],
                      [("OUTPUT0", "TYPE_FP32", [4]), ("OUTPUT1", "TYPE_FP32", [4])]), BLS_SYNC),
     "bls_async": (ADD_SUB_IO, BLS_ASYNC),
+    "bls_parameters": (_io(INT_IN, [("SEEN", "TYPE_STRING", [1]), ("ANSWER", "TYPE_STRING", [1])]),
+                       BLS_PARAMETERS),
     "bls_decoupled": (_io(INT_IN, [("SUM", "TYPE_INT32", [1]), ("COUNT", "TYPE_INT32", [1]),
                                    ("EMPTY_FINAL", "TYPE_BOOL", [1])]), BLS_DECOUPLED),
     "metrics": (_io([("IN", "TYPE_FP32", [1])], [("COUNT", "TYPE_FP64", [1])]), METRICS),
@@ -837,6 +862,16 @@ def test_request_parameters_json_is_written_as_triton_writes_it(client):
     else:
         assert text.startswith("{") and text.endswith("}")
         assert sorted(text[1:-1].split(",")) == sorted(pieces)
+
+
+def test_bls_parameters_json_is_written_as_triton_writes_it(client):
+    """The called model's request.parameters() (what a real Triton 2.51 gave) and the
+    BLS response's parameters() (a later Triton's, written by TritonJson the same way),
+    compact; pb_utils' own constructors keep json.dumps, as Triton's stub does."""
+    result = client.infer("bls_parameters", {"IN": (np.array([1], np.int32), "INT32")})
+    assert result.as_numpy("SEEN")[0].decode() == '{"k":true,"n":2}'
+    assert result.as_numpy("ANSWER")[0].decode() == \
+        '{"echo":true,"count":3,"note":"from the model"}'
 
 
 def test_requested_outputs_prune_the_response(client):
