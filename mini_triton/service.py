@@ -320,8 +320,11 @@ class InferenceService:
     # --- trace and logging extensions ---
 
     def trace_settings(self, model: str = "", changes: dict | None = None) -> dict:
-        if model:
-            self.manager.record(model)  # unknown models are an error, as in Triton
+        if model:  # a model that is not serving is Triton's INVALID_ARG here, in its words
+            try:
+                self.manager.get(model)
+            except TritonError:
+                raise invalid_arg(f"Request for unknown model : {model}") from None
         if changes and "trace_file" in changes:  # a client must not choose files we write
             raise TritonError(Code.UNSUPPORTED, "trace file location can not be updated "
                                                 "through network protocol")

@@ -171,7 +171,7 @@ class HttpFrontend:
 
     async def model_ready(self, request: HttpRequest) -> HttpReply:
         ready = await self.service.check_model_ready(*_model_and_version(request))
-        return _OK if ready else _NOT_READY
+        return _OK if ready else error_reply(400, "Model version not ready")  # Triton's
 
     @handles_errors
     async def model_metadata(self, request: HttpRequest) -> HttpReply:
@@ -194,7 +194,7 @@ class HttpFrontend:
         body = _json_body(request)
         ready = body.get("ready", False)
         if not isinstance(ready, bool):
-            raise invalid_arg("'ready' must be a boolean")
+            raise invalid_arg("attempt to access JSON non-boolean as boolean")  # Triton's
         return json_reply(self.service.repository_index(ready))
 
     @handles_errors

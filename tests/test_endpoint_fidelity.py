@@ -1,0 +1,38 @@
+"""The endpoints around inference answer as Triton 2.51 answers (its words and statuses,
+read from its HTTP and gRPC front ends): model readiness, trace settings of a model
+that is not serving, the repository index."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from conftest import STATUS
+from test_errors import get, post
+
+
+def test_a_model_version_not_ready_says_so(default_server):
+    """Triton answers 400 with a body; a client that prints it shows why."""
+    status, reply = get(default_server, "/v2/models/identity_fp32/versions/9/ready")
+    assert (status, json.loads(reply)) == (400, {"error": "Model version not ready"})
+    status, reply = get(default_server, "/v2/models/no_such_model/ready")
+    assert (status, json.loads(reply)) == (400, {"error": "Model version not ready"})
+
+
+def test_trace_settings_of_a_model_not_serving_are_invalid(proto):
+    for call in (lambda: proto.client.get_trace_settings(model_name="no_such_model"),
+                 lambda: proto.client.update_trace_settings(model_name="no_such_model",
+                                                           settings={"trace_rate": "1"})):
+        with pytest.raises(InferenceServerException) as caught:
+            call()
+        assert proto.status_of(caught.value) == STATUS[proto.name]["INVALID_ARG"]
+        assert caught.value.message() == "Request for unknown model : no_such_model"
+
+
+def test_repository_index_ready_must_be_a_boolean(default_server):
+    status, reply, _ = post(default_server, "/v2/repository/index",
+                            json.dumps({"ready": "yes"}).encode())
+    assert (status, json.loads(reply)["error"]) == (
+        400, "attempt to access JSON non-boolean as boolean")
