@@ -103,6 +103,26 @@ def test_grpc_metadata_matching_anywhere_in_the_name_is_forwarded(grpc_server):
     assert "x-trace-id" not in parameters_seen("http", grpc_server, {"x-trace-id": "abc"})
 
 
+def test_grpc_stream_metadata_that_matches_becomes_request_parameters(grpc_server):
+    import queue
+
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_server.grpc_url)
+    tensor = grpcclient.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+    client.start_stream(callback=lambda result, error: results.put((result, error)),
+                        headers={"x-trace-id": "streamed", "x-other": "no"})
+    try:
+        client.async_stream_infer("params", [tensor])
+        result, error = results.get(timeout=60)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert error is None
+    seen = json.loads(result.as_numpy("PARAMETERS")[0])
+    assert seen["x-trace-id"] == "streamed" and "x-other" not in seen
+
+
 def test_a_header_named_like_a_control_parameter_does_not_steer_the_request(grpc_server):
     seen = parameters_seen("grpc", grpc_server, {"x-trace": "1", "timeout": "1"})
     assert seen["x-trace"] == "1" and "timeout" not in seen

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
@@ -46,11 +47,15 @@ def shared_port_args(repository, server_id: str, http_port: int, grpc_port: int)
             "--reuse-http-port=true", "--reuse-grpc-port", "true"]
 
 
-def test_two_servers_share_the_http_and_grpc_ports_and_both_answer(tmp_path):
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+def test_two_servers_share_the_http_and_grpc_ports_and_both_answer(tmp_path, transport):
     write_model(tmp_path, "m")
     http_port, grpc_port = free_port(), free_port()
-    with ServerProcess(shared_port_args(tmp_path, "first", http_port, grpc_port)), \
-            ServerProcess(shared_port_args(tmp_path, "second", http_port, grpc_port)) as second:
+    transport_flag = f"--grpc-transport={transport}"
+    with ServerProcess(shared_port_args(tmp_path, "first", http_port, grpc_port)
+                       + [transport_flag]), \
+            ServerProcess(shared_port_args(tmp_path, "second", http_port, grpc_port)
+                          + [transport_flag]) as second:
         assert second.ports["http"] == http_port and second.ports["grpc"] == grpc_port
         assert answering_ids("http", f"127.0.0.1:{http_port}") == {"first", "second"}
         assert answering_ids("grpc", f"127.0.0.1:{grpc_port}") == {"first", "second"}
