@@ -33,6 +33,27 @@ class TritonPythonModel:
 # A model that computes a new array (not a view of its input), as most models do.
 NEGATE = IDENTITY.replace('.as_numpy())])', '.as_numpy() * -1)])')
 
+# Answers each request with the previous request's input, which it keeps (in thread
+# mode that input is a view of the previous request's body).
+KEEPER = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    kept = None
+
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            array = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            previous = self.kept if self.kept is not None else np.zeros_like(array)
+            self.kept = array
+            responses.append(pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("OUTPUT0", previous)]))
+        return responses
+'''
+
 IO = """max_batch_size: 8
 dynamic_batching {}
 input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
@@ -49,12 +70,13 @@ MODELS = {
                   '{ string_value: "thread" } }', IDENTITY, lambda x: x),
     "in_process": ('backend: "identity"', None, lambda x: x),
 }
+THREAD = 'backend: "python"\nparameters { key: "execution_mode" value: { string_value: "thread" } }'
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repository = tmp_path_factory.mktemp("large")
-    for name, (backend, source, _) in MODELS.items():
+    for name, (backend, source, _) in [*MODELS.items(), ("keeper", (THREAD, KEEPER, None))]:
         (repository / name / "1").mkdir(parents=True)
         (repository / name / "config.pbtxt").write_text(f'name: "{name}"\n{backend}\n{IO}')
         if source is not None:
@@ -209,3 +231,36 @@ def test_worker_maps_a_region_once_and_forgets_it_when_unregistered(server):
     while _mapped_keys(instance.process.pid) and time.monotonic() < deadline:
         time.sleep(0.05)  # the worker reads the server's word when it is next idle
     assert not _mapped_keys(instance.process.pid)
+
+
+def test_http_bodies_of_changing_sizes_on_one_connection(server):
+    """Large bodies are received into a buffer the connection reuses: each request
+    must still get exactly its own bytes, whatever the size before it."""
+    proto = connect("http", server)
+    try:
+        for seed, elements in enumerate([1024 * 1024, 150_528, 150_528, 1024 * 1024, 20_000,
+                                         70_000, 150_528]):
+            data = _data(elements, seed)
+            tensor = proto.module.InferInput("INPUT0", list(data.shape), "FP32")
+            tensor.set_data_from_numpy(data)
+            result = proto.client.infer("in_process", [tensor], outputs=[_output(proto)])
+            assert result.as_numpy("OUTPUT0").tobytes() == data.tobytes()
+    finally:
+        proto.client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_input_a_model_keeps_is_not_overwritten_by_the_next_request(server, protocol):
+    proto = connect(protocol, server)
+    try:
+        previous = np.zeros((1, 150_528), np.float32)
+        for seed in range(4):
+            data = _data(150_528, seed)
+            tensor = proto.module.InferInput("INPUT0", list(data.shape), "FP32")
+            tensor.set_data_from_numpy(data)
+            result = proto.client.infer("keeper", [tensor], outputs=[_output(proto)])
+            if seed:  # the first answer is whatever an earlier test left
+                assert result.as_numpy("OUTPUT0").tobytes() == previous.tobytes()
+            previous = data
+    finally:
+        proto.client.close()

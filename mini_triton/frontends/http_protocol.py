@@ -32,6 +32,7 @@ from typing import Callable
 import httptools
 
 from .. import SERVER_NAME, __version__
+from .http_body import BodyReceiver
 from .http_encoding import InflatedTooLarge, compress, inflate
 from .http_exchange import (App, BodyStream, Exchange, Handler, HttpReply,  # noqa: F401
                             HttpRequest, serve_async)
@@ -107,9 +108,7 @@ class HttpProtocol(asyncio.Protocol):
         self._url = b""
         self._headers: dict[str, str] = {}
         self._header_bytes = 0  # the counted size of this head's headers so far
-        self._body: list[bytes] = []
-        self._size = 0
-        self._too_large = False
+        self._body = BodyReceiver(max_body)
         self._last_request = False  # Content-Length came with chunked: the last request
         self._exchanges: collections.deque[Exchange] = collections.deque()  # unwritten
         # Requests parsed while the connection has max_in_progress under way, or while
@@ -226,8 +225,8 @@ class HttpProtocol(asyncio.Protocol):
     # --- httptools callbacks ---
 
     def on_message_begin(self) -> None:
-        self._url, self._headers, self._body, self._size = b"", {}, [], 0
-        self._too_large = False
+        self._url, self._headers = b"", {}
+        self._body.begin()
         self._header_bytes = 0
         self._in_message = self._head_open = self._in_fields = True
         self._raw_field_bytes = -1
@@ -258,6 +257,8 @@ class HttpProtocol(asyncio.Protocol):
             if _declared_length(headers) > self.max_body:
                 raise _Refusal(413, self._body_too_large())
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if "transfer-encoding" not in headers and "content-length" in headers:
+            self._body.expect(_declared_length(headers))
 
     def on_chunk_header(self) -> None:
         # Trailers may follow (after the last chunk's size line): count until data.
@@ -265,12 +266,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._in_fields = False  # chunk data, not trailers
-        self._size += len(body)
-        if self._size > self.max_body:
-            self._too_large = True
-            self._body = []
-        elif not self._too_large:
-            self._body.append(body)
+        self._body.add(body)
 
     def on_message_complete(self) -> None:
         self._in_fields = self._in_message = False  # the trailers, if any, have ended
@@ -284,11 +280,10 @@ class HttpProtocol(asyncio.Protocol):
         exchanges.append(exchange)
         if self._last_request:
             self._refused = True  # what follows is read and dropped (see LINGER_SECS)
-        if self._too_large:
+        if self._body.too_large:
             exchange.answer(self.router_error(413, self._body_too_large()))
         else:
-            body = b"".join(self._body) if len(self._body) != 1 else self._body[0]
-            request = HttpRequest(method, path, headers, body)
+            request = HttpRequest(method, path, headers, self._body.whole())
             if self._held or self._write_paused or len(exchanges) > self.max_in_progress:
                 self._hold(request, exchange)
             else:
