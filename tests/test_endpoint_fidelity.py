@@ -36,3 +36,31 @@ def test_repository_index_ready_must_be_a_boolean(default_server):
                             json.dumps({"ready": "yes"}).encode())
     assert (status, json.loads(reply)["error"]) == (
         400, "attempt to access JSON non-boolean as boolean")
+
+
+NOT_A_VERSION = ("failed to get model version from specified version string 'abc' (details: "
+                 "stol), version should be an integral value > 0")
+NEGATIVE = "invalid model version specified '-1' , version should be an integral value > 0"
+
+
+@pytest.mark.parametrize("version, message", [("abc", NOT_A_VERSION), ("-1", NEGATIVE)])
+def test_grpc_version_strings_are_read_as_triton_reads_them(default_server, version, message):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{default_server.ports['grpc']}")
+    tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 2), np.float32))
+    for call in (lambda: client.is_model_ready("identity_fp32", version),
+                 lambda: client.get_model_metadata("identity_fp32", version),
+                 lambda: client.get_model_config("identity_fp32", version),
+                 lambda: client.get_inference_statistics("identity_fp32", version),
+                 lambda: client.infer("identity_fp32", [tensor], model_version=version),
+                 lambda: client.infer("no_such_model", [tensor], model_version=version)):
+        with pytest.raises(InferenceServerException) as caught:
+            call()
+        assert (caught.value.status(), caught.value.message()) == \
+            ("StatusCode.INVALID_ARGUMENT", message)
+    # std::stol reads the leading number: "1 " and "01" are version 1
+    assert client.get_model_metadata("identity_fp32", "01").versions == ["1"]
+    client.close()

@@ -11,7 +11,7 @@ from ..core.errors import invalid_arg
 from ..core.request import InferenceRequest, InferenceResponse
 from ..core.tensor import RequestedOutput, Tensor
 from .grpc_parameters import (check_output_parameters, check_request_parameters,
-                              check_shared_memory_parameters)
+                              check_shared_memory_parameters, model_version)
 
 FINAL_RESPONSE = "triton_final_response"
 
@@ -42,6 +42,7 @@ def write_parameters(target, values: dict) -> None:
 
 
 def decode_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
+    version = model_version(message.model_version)
     check_request_parameters(message.parameters)
     raw_contents = message.raw_input_contents
     if raw_contents and len(raw_contents) != len(message.inputs):
@@ -53,8 +54,8 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
     for output in message.outputs:
         check_output_parameters(output)
         outputs.append(RequestedOutput(output.name, read_parameters(output.parameters)))
-    return InferenceRequest(message.model_name, message.model_version, message.id, inputs,
-                            outputs, read_parameters(message.parameters))
+    return InferenceRequest(message.model_name, version, message.id, inputs, outputs,
+                            read_parameters(message.parameters))
 
 
 def _decode_input(item, index: int, message: pb.ModelInferRequest) -> Tensor:

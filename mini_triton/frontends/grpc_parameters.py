@@ -8,6 +8,8 @@ checked once, for both, by the service and `core.validate`.
 
 from __future__ import annotations
 
+import re
+
 from ..core.errors import invalid_arg
 from ..logsettings import FORMATS
 
@@ -132,3 +134,21 @@ def log_setting_changes(settings) -> dict:
     if changes.get("log_format", "default") not in FORMATS:
         raise invalid_arg(f"invalid argument for log_format, got: {changes['log_format']}")
     return changes
+
+
+_VERSION = re.compile(r"\s*([+-]?\d+)")  # what std::stol reads (the rest is ignored)
+
+
+def model_version(text: str) -> str:
+    """A request's model version as Triton's gRPC front end reads it: '' for the
+    version policy's choice, else a non-negative integer (its words otherwise)."""
+    if not text or text.isdigit():
+        return text
+    match = _VERSION.match(text)
+    if match is None or not -2**63 <= int(match[1]) < 2**63:
+        raise invalid_arg(f"failed to get model version from specified version string "
+                          f"'{text}' (details: stol), version should be an integral value > 0")
+    if int(match[1]) < 0:
+        raise invalid_arg(f"invalid model version specified '{text}' , version should be an "
+                          "integral value > 0")
+    return str(int(match[1]))

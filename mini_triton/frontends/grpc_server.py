@@ -165,27 +165,29 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(self, request, context):
         return pb.ServerReadyResponse(ready=await self.service.check_ready())
 
+    @aborts_on_error
     async def ModelReady(self, request, context):
+        version = grpc_parameters.model_version(request.version)
         return pb.ModelReadyResponse(
-            ready=await self.service.check_model_ready(request.name, request.version))
+            ready=await self.service.check_model_ready(request.name, version))
 
     async def ServerMetadata(self, request, context):
         return pb.ServerMetadataResponse(**self.service.server_metadata())
 
     @aborts_on_error
     async def ModelMetadata(self, request, context):
-        return grpc_codec.metadata_message(
-            self.service.model_metadata(request.name, request.version))
+        return grpc_codec.metadata_message(self.service.model_metadata(
+            request.name, grpc_parameters.model_version(request.version)))
 
     @aborts_on_error
     async def ModelConfig(self, request, context):
-        return pb.ModelConfigResponse(
-            config=self.service.model_config(request.name, request.version))
+        return pb.ModelConfigResponse(config=self.service.model_config(
+            request.name, grpc_parameters.model_version(request.version)))
 
     @aborts_on_error
     async def ModelStatistics(self, request, context):
-        return grpc_codec.statistics_message(
-            self.service.model_statistics(request.name, request.version))
+        return grpc_codec.statistics_message(self.service.model_statistics(
+            request.name, grpc_parameters.model_version(request.version)))
 
     # --- model repository extension ---
 
@@ -333,8 +335,9 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         model is NOT_FOUND whatever the message holds (only a failing message pays)."""
         try:
             infer_request = grpc_codec.decode_infer_request(message)
-        except TritonError:
-            self.service.model_config(message.model_name, message.model_version)
+        except TritonError:  # a bad version string is refused first, as in Triton
+            version = grpc_parameters.model_version(message.model_version)
+            self.service.model_config(message.model_name, version)
             raise
         if self.header_pattern is not None:
             forward_headers(self.header_pattern, context.invocation_metadata() or (),
