@@ -294,9 +294,8 @@ def binary_header(size: int) -> dict:
     (INPUT_BYTES + 4, INPUT_BYTES + 4,
      NO_ID + "input byte size mismatch for input 'input' for model 'classifier'. "
      "Expected 602112, got 602116"),
-    (INPUT_BYTES, INPUT_BYTES - 4,
-     "unexpected size for input 'input', expecting 602112 bytes but only 602108 bytes "
-     "remain in the request for model 'classifier'"),
+    (INPUT_BYTES, INPUT_BYTES - 4,  # Triton's words
+     "unexpected size for input 'input', expecting 4 additional bytes for model 'classifier'"),
     (INPUT_BYTES, INPUT_BYTES + 4,
      "unexpected additional input data for model 'classifier': 4 bytes not claimed by any "
      "input"),
