@@ -10,7 +10,8 @@ Triton 2.51 answers it (checked against a real Triton on the same models):
 - with the header `triton_grpc_error: true` the first error a model answers with ends the
   stream with its gRPC status; refusals before a model stay in the stream, as Triton's do;
 - a message that does not parse as a ModelInferRequest is answered (Triton ends the
-  stream without a word there): in the stream, or with INVALID_ARGUMENT in the second mode.
+  stream without a word there): in the stream, or with INVALID_ARGUMENT in the second mode;
+  a unary call's is INTERNAL "Unable to parse request", as on Triton.
 
 Stock tritonclient where it can send the request; a raw gRPC channel for bytes it never
 sends (an unparseable message) and for the exact response messages.
@@ -143,6 +144,22 @@ def test_with_grpc_errors_a_message_that_does_not_parse_ends_the_stream(server):
     assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.details().startswith("failed to parse the request message")
     assert responses == []
+
+
+@pytest.mark.parametrize("rpc", ["ModelInfer", "ServerLive", "ModelMetadata"])
+def test_a_unary_message_that_does_not_parse_is_internal_as_on_triton(server, rpc):
+    """grpc C++'s answer, and so tritonserver's; then the channel serves the next call."""
+    with grpc.insecure_channel(url(server)) as channel:
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{rpc}",
+                                   request_serializer=lambda raw: raw)
+        with pytest.raises(grpc.RpcError) as raised:
+            call(GARBAGE, timeout=WAIT)
+        assert raised.value.code() == grpc.StatusCode.INTERNAL
+        assert raised.value.details() == "Unable to parse request"
+        live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive",
+                                   request_serializer=pb.ServerLiveRequest.SerializeToString,
+                                   response_deserializer=pb.ServerLiveResponse.FromString)
+        assert live(pb.ServerLiveRequest(), timeout=WAIT).live
 
 
 def test_error_responses_name_their_request_as_triton_does(server):

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 
 from .grpc_hpack import MALFORMED, trailers_problem
 from .grpc_wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, RESERVED_HEADERS,
+                        UNPARSEABLE_CODE, UNPARSEABLE_MESSAGE,
                         WINDOW_BITS, MessageTooLarge, binary_header_value, inflate,
                         parse_timeout, refusal_block, response_encoding, status_block,
                         too_large)
@@ -312,9 +313,8 @@ class GrpcCalls:
         client's mistake, no traceback in our log)."""
         try:
             return stream.method.request_type.FromString(message)
-        except DecodeError as error:
-            self._finish(stream, status_block(grpc.StatusCode.UNKNOWN,
-                                              f"Unexpected DecodeError: {error}"))
+        except DecodeError:
+            self._finish(stream, status_block(UNPARSEABLE_CODE, UNPARSEABLE_MESSAGE))
             return None
 
     # --- handlers ---

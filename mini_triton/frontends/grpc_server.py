@@ -9,12 +9,13 @@ import functools
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from ..core.errors import TritonError
 from ..service import InferenceService
-from . import grpc_codec, grpc_parameters, grpc_stream, grpc_transport
+from . import grpc_codec, grpc_parameters, grpc_stream, grpc_transport, grpc_wire
 from .errors import grpc_status
 from .grpc_wire import COMPRESSION_LEVELS
 from .header_forward import forward_headers
@@ -404,21 +405,38 @@ def begin_shutdown(server) -> None:
 
 
 def _add_handlers(frontend: GrpcFrontend, server: grpc.aio.Server) -> None:
-    """Every RPC of the service on grpc.aio, as the generated code adds them, but with
-    the messages of RAW_REQUESTS passed to their handlers as bytes."""
+    """Every RPC of the service on grpc.aio, as the generated code adds them, but each
+    handler parses its own request messages (the messages of RAW_REQUESTS reach it as
+    bytes): a unary message that does not parse is INTERNAL "Unable to parse request",
+    grpc C++'s answer and so tritonserver's, not grpc.aio's UNKNOWN."""
     handlers = {}
     for method in SERVICE.methods:
         request = getattr(pb, method.input_type.name)
         response = getattr(pb, method.output_type.name)
-        kind = grpc.stream_stream_rpc_method_handler if method.client_streaming \
-            else grpc.unary_unary_rpc_method_handler
-        handlers[method.name] = kind(
-            getattr(frontend, method.name),
-            request_deserializer=None if method.name in RAW_REQUESTS else request.FromString,
-            response_serializer=response.SerializeToString)
+        handler = getattr(frontend, method.name)
+        if method.client_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                handler, request_deserializer=None if method.name in RAW_REQUESTS
+                else request.FromString, response_serializer=response.SerializeToString)
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                _parsing(handler, request), response_serializer=response.SerializeToString)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
     server.add_registered_method_handlers(SERVICE.full_name, handlers)
+
+
+def _parsing(handler, request_type):
+    """A unary handler taking its request message as bytes."""
+
+    async def parse_then_handle(raw: bytes, context):
+        try:
+            request = request_type.FromString(raw)
+        except DecodeError:
+            await context.abort(grpc_wire.UNPARSEABLE_CODE, grpc_wire.UNPARSEABLE_MESSAGE)
+        return await handler(request, context)
+
+    return parse_then_handle
 
 
 def create_grpcio_server(frontend: GrpcFrontend, address: str, port: int,

@@ -62,6 +62,8 @@ RESPONSE_HEADERS = (b"\x88"  # :status 200, static table entry 8
                     + literal(b"content-type", b"application/grpc")
                     + literal(b"grpc-accept-encoding", b"identity,deflate,gzip"))
 OK_TRAILERS = literal(b"grpc-status", b"0")
+# A unary request message that does not parse: grpc C++'s status, as tritonserver answers.
+UNPARSEABLE_CODE, UNPARSEABLE_MESSAGE = grpc.StatusCode.INTERNAL, "Unable to parse request"
 
 # --- compressed responses (--grpc-infer-response-compression-level) ---
 
