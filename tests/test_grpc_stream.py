@@ -64,6 +64,24 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
 parameters { key: "execution_mode" value { string_value: "thread" } }
 '''
 MODEL = "refuses_negative"
+# Decoupled: answers IN, then for a negative IN an error response, then the final flag.
+ANSWERS_THEN_REFUSES = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUT", value)]))
+            if value.reshape(-1)[0] < 0:
+                sender.send(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("negative input")))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+DECOUPLED = "answers_then_refuses"
 IDENTITY = '''
 backend: "identity"
 max_batch_size: 0
@@ -80,6 +98,10 @@ def repository(tmp_path_factory):
     (root / MODEL / "1").mkdir(parents=True)
     (root / MODEL / "1" / "model.py").write_text(REFUSES_NEGATIVE)
     (root / MODEL / "config.pbtxt").write_text(CONFIG)
+    (root / DECOUPLED / "1").mkdir(parents=True)
+    (root / DECOUPLED / "1" / "model.py").write_text(ANSWERS_THEN_REFUSES)
+    (root / DECOUPLED / "config.pbtxt").write_text(
+        CONFIG + "model_transaction_policy { decoupled: true }\n")
     for name, config in (("fast", IDENTITY), ("slow", SLOW), ("slow_decoupled", SLOW_DECOUPLED)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config)
@@ -246,6 +268,30 @@ def test_with_grpc_errors_a_model_error_ends_the_stream_with_its_status(server):
     finally:
         stream.close()
     assert first[1] is None and first[0].get_response().id == "a"
+
+
+@pytest.mark.parametrize("headers", [None, dict(GRPC_ERRORS)], ids=["in-stream", "grpc-errors"])
+def test_a_decoupled_model_s_error_in_either_mode(server, headers):
+    stream = StreamClient(server, headers=headers)
+    try:
+        stream.send("a", -1.0, model=DECOUPLED)
+        answered = stream.answer()
+        refused = stream.answer()
+        if headers is None:  # the stream goes on
+            stream.send("b", 5.0, model=DECOUPLED)
+            after = stream.answer()
+        else:
+            with pytest.raises(InferenceServerException, match="no longer in valid state"):
+                stream.send("b", 5.0, model=DECOUPLED)
+    finally:
+        stream.close()
+    assert answered[1] is None and answered[0].as_numpy("OUT").tolist() == [-1.0]
+    assert refused[0] is None and refused[1].message() == "negative input"
+    if headers is None:
+        assert refused[1].status() is None
+        assert after[1] is None and after[0].as_numpy("OUT").tolist() == [5.0]
+    else:
+        assert refused[1].status() == "StatusCode.INTERNAL"
 
 
 def test_with_grpc_errors_a_refusal_before_the_model_stays_in_the_stream(server):
