@@ -1,8 +1,10 @@
-"""The JSON types of the parameters Triton's HTTP front end reads itself, checked
-before anything else is done with a request, in Triton 2.51's order and words.
+"""The JSON types of the fields and parameters Triton's HTTP front end reads itself
+(inference requests, model load and unload, shared-memory registration, logging
+settings), checked before anything else is done with a request, in Triton 2.51's
+order and words.
 
-Each check is one row of a table: the parameter, the JSON type it must have, and
-the verb of Triton's message ("Unable to parse 'KEY': attempt to access JSON
+Each check is one row of a table: the field, the JSON type it must have, and the
+verb of Triton's message ("Unable to parse 'KEY': attempt to access JSON
 non-boolean as boolean"). Triton answers these with HTTP 500 (TritonJson's
 errors are INTERNAL); the client sent them, so they are 400 here.
 """
@@ -37,7 +39,8 @@ _KINDS = {
 # TritonJson's words for a member that is not of the kind asked for.
 _MEMBER_KINDS = {
     "array": (lambda v: isinstance(v, list), "attempt to access JSON non-array as array"),
-    "string": (_is_string, _KINDS["string"][1]),
+    "object": (lambda v: isinstance(v, dict), "attempt to access JSON non-object as object"),
+    **_KINDS,
 }
 
 
@@ -170,3 +173,16 @@ def log_setting_changes(body: dict) -> dict:
     if changes.get("log_format", "default") not in FORMATS:
         raise invalid_arg(f"invalid argument for --log_format, got: {changes['log_format']}")
     return changes
+
+
+def register_field(body: dict, key: str, kind: str, default=None):
+    """A field of a shared-memory registration: `default` when absent (None: required,
+    "Shared memory register request has no 'KEY' field"), else of its JSON `kind`."""
+    if key not in body:
+        if default is not None:
+            return default
+        raise invalid_arg(f"Shared memory register request has no '{key}' field")
+    test, reason = _MEMBER_KINDS[kind]
+    if not test(body[key]):
+        raise invalid_arg(reason)
+    return body[key]

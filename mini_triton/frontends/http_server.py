@@ -244,9 +244,9 @@ class HttpFrontend:
         region = request.params.get("region", "")
         self.service.system_shm.check_name(region)
         body = _json_body(request)
-        key = _register_field(body, "key", str)
-        offset = _register_field(body, "offset", int, default=0)
-        size = _register_field(body, "byte_size", int)
+        key = http_parameters.register_field(body, "key", "string")
+        offset = http_parameters.register_field(body, "offset", "uint", default=0)
+        size = http_parameters.register_field(body, "byte_size", "uint")
         self.service.system_shm.register(region, key, offset, size)
         return _OK
 
@@ -263,7 +263,7 @@ class HttpFrontend:
     async def cuda_shm_register(self, request: HttpRequest) -> HttpReply:
         self.service.cuda_shm.check_name(request.params.get("region", ""))
         body = _json_body(request)
-        _register_field(body, "raw_handle", dict)
+        http_parameters.register_field(body, "raw_handle", "object")
         handle, device, size = body.get("raw_handle"), body.get("device_id", 0), \
             body.get("byte_size")
         if not isinstance(handle, dict) or not isinstance(handle.get("b64"), str) \
@@ -387,23 +387,6 @@ def _json_body(request: HttpRequest) -> dict:
     if not isinstance(document, dict):
         raise invalid_arg("the request body must be a JSON object")
     return document
-
-
-def _register_field(body: dict, key: str, kind: type, default=None):
-    """A field of a shared-memory registration, in the words of Triton's checks
-    (its JSON type errors are HTTP 500 there, 400 here)."""
-    if key not in body:
-        if default is not None:
-            return default
-        raise invalid_arg(f"Shared memory register request has no '{key}' field")
-    value = body[key]
-    if kind is int and (type(value) is not int or value < 0):
-        raise invalid_arg("attempt to access JSON non-unsigned-integer as unsigned-integer")
-    if kind is str and not isinstance(value, str):
-        raise invalid_arg("attempt to access JSON non-string as string")
-    if kind is dict and not isinstance(value, dict):
-        raise invalid_arg("attempt to access JSON non-object as object")
-    return value
 
 
 def _base64(key: str, value) -> bytes:
