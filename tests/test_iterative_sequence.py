@@ -296,3 +296,17 @@ def test_an_iterative_model_serves_ensemble_steps_and_bls_calls(server, protocol
     finally:
         proto.client.close()
     assert out == 3 and corr > 0
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_client_end_does_not_cut_an_iterative_sequence_short(server, protocol):
+    """START and END with a correlation id: the model still runs its iterations and the
+    request is answered (Triton 2.51 frees the slot at END and never answers the
+    rescheduled request: docs/migrating-from-triton.md)."""
+    proto = connect(protocol, server)
+    try:
+        result = proto.client.infer("counting_thread", request(proto, 3), sequence_id=77,
+                                    sequence_start=True, sequence_end=True)
+    finally:
+        proto.client.close()
+    assert outputs_of(result) == (3, 77)
