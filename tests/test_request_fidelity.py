@@ -85,6 +85,24 @@ def test_data_that_is_not_an_array_is_refused(default_server):
         400, "Unable to parse 'data': attempt to access JSON non-array as array")
 
 
+@pytest.mark.parametrize("datatype, data, message", [
+    ("FP32", ["a", "b"], "Unable to parse 'data': attempt to access JSON non-number as double"),
+    ("INT32", [1, 2.5], "Unable to parse 'data': attempt to access JSON non-signed-integer as "
+                        "signed-integer"),
+    ("UINT8", [1, -1], "Unable to parse 'data': attempt to access JSON non-unsigned-integer as "
+                       "unsigned-integer"),
+    ("BOOL", [1, 0], "Unable to parse 'data': attempt to access JSON non-boolean as boolean"),
+    ("BYTES", ["a", 1], "Unable to parse JSON bytes array: attempt to access JSON non-string "
+                        "as string"),
+    ("FP32", [1, "b", 3], "Unable to parse 'data': attempt to access JSON non-number as double"),
+])
+def test_data_elements_of_the_wrong_type_are_triton_s_messages(default_server, datatype, data,
+                                                                 message):
+    """Read before the count, as Triton reads element by element."""
+    entry = {"name": "INPUT0", "datatype": datatype, "shape": [1, 2], "data": data}
+    assert error_of(default_server, {"inputs": [entry]}) == (400, message)
+
+
 def test_data_is_checked_before_the_input_count(default_server):
     """add_sub needs two inputs; Triton reads the data before it counts them."""
     body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3]}]}

@@ -167,12 +167,13 @@ def json_to_array(data, datatype: str, name: str, shape: tuple[int, ...] | None 
             data = []  # Triton reads no data for an empty tensor
     nested = isinstance(data, list) and any(isinstance(v, list) for v in data)
     flat = _flatten(data) if isinstance(data, list) else [data]
+    array = _flat_to_array(flat, datatype, name)  # Triton meets a bad element first
     if shape is not None:
         if datatype != "BYTES" and len(flat) != datatypes.element_count(shape):
             raise invalid_arg(SHAPE_MISMATCH)
         if nested:
             _check_nesting(data, shape, name)
-    return _flat_to_array(flat, datatype, name)
+    return array
 
 
 # Triton's words for 'data' whose element count is not its shape's (clients compare them).
@@ -200,25 +201,46 @@ def _check_nesting(data: list, shape: tuple[int, ...], name: str) -> None:
                 f"match its shape {format_shape(shape)}")
 
 
+def _is_number(v) -> bool:
+    return type(v) in (int, float)
+
+
+def _is_int64(v) -> bool:
+    return type(v) is int and -2**63 <= v < 2**63
+
+
+def _is_uint64(v) -> bool:
+    return type(v) is int and 0 <= v < 2**64
+
+
+# The JSON kind each datatype's elements must be, with TritonJson's words otherwise.
+_ELEMENT_KINDS = {
+    "BOOL": (lambda v: type(v) is bool, "Unable to parse 'data': attempt to access JSON "
+                                        "non-boolean as boolean"),
+    "BYTES": (lambda v: isinstance(v, str), "Unable to parse JSON bytes array: attempt to "
+                                            "access JSON non-string as string"),
+    **{t: (_is_int64, "Unable to parse 'data': attempt to access JSON non-signed-integer as "
+                      "signed-integer") for t in ("INT8", "INT16", "INT32", "INT64")},
+    **{t: (_is_uint64, "Unable to parse 'data': attempt to access JSON non-unsigned-integer "
+                       "as unsigned-integer") for t in ("UINT8", "UINT16", "UINT32", "UINT64")},
+    **{t: (_is_number, "Unable to parse 'data': attempt to access JSON non-number as double")
+       for t in ("FP16", "BF16", "FP32", "FP64")},
+}
+
+
 def _flat_to_array(flat: list, datatype: str, name: str) -> np.ndarray:
-    dtype = datatypes.from_name(datatype)
+    test, reason = _ELEMENT_KINDS[datatype]
+    if not all(map(test, flat)):
+        raise invalid_arg(reason)
     try:
         if datatype == "BYTES":
             array = np.empty(len(flat), dtype=np.object_)
-            array[:] = [_to_bytes(v, name) for v in flat]
+            array[:] = [v.encode("utf-8") for v in flat]
             return array
-        if datatype == "BOOL":
-            if not all(isinstance(v, bool) for v in flat):
-                raise ValueError("expected booleans")
-            return np.array(flat, dtype=np.bool_)
-        if any(isinstance(v, (bool, str, list, dict)) or v is None for v in flat):
-            raise ValueError("expected numbers")
         if datatype == "BF16":
             return datatypes.float32_to_bf16(np.array(flat, dtype=np.float32))
-        if dtype.numpy.kind in "iu" and any(isinstance(v, float) for v in flat):
-            raise ValueError("expected integers")
-        return np.array(flat, dtype=dtype.numpy)
-    except (ValueError, OverflowError, TypeError) as error:
+        return np.array(flat, dtype=datatypes.from_name(datatype).numpy)
+    except (ValueError, OverflowError, TypeError) as error:  # beyond a narrower type's range
         raise invalid_arg(
             f"unable to parse 'data' of input '{name}' as {datatype}: {error}") from None
 
@@ -237,12 +259,6 @@ def _flatten(data: list) -> list:
         else:
             stack.pop()
     return flat
-
-
-def _to_bytes(value, name: str) -> bytes:
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    raise ValueError(f"BYTES input '{name}' elements must be strings")
 
 
 def _decode_output(item) -> RequestedOutput:
