@@ -20,11 +20,13 @@ import time
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
+from tritonclient.utils import InferenceServerException
 
 from conftest import DEFAULT_REPOSITORY
 from test_grpc_transport import (DATA, END_HEADERS, END_STREAM, H2, HEADERS, INFER,
-                                 RST_STREAM, WINDOW_UPDATE, grpc_message, start)
+                                 RST_STREAM, SLOW, WINDOW_UPDATE, grpc_message, start)
 from test_http2_limits import INITIAL_WINDOW_SIZE, cut_off, victim_succeeds
 from test_security_grpc import peak_memory, reset_peak_memory
 
@@ -81,7 +83,8 @@ FLOOD_MODEL = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     root = tmp_path_factory.mktemp("repository")
-    for name, config in (("batched_slow", BATCHED), ("flood", FLOOD_CONFIG)):
+    for name, config in (("batched_slow", BATCHED), ("flood", FLOOD_CONFIG),
+                         ("slow", SLOW.replace('"400"', '"3000"'))):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config)
     (root / "flood" / "1" / "model.py").write_text(FLOOD_MODEL)
@@ -197,3 +200,39 @@ def test_a_decoupled_stream_to_a_client_that_opens_no_window_is_bounded(stream_l
         assert len(response.messages()) < 300  # what the 1 MiB queue held, no more
         assert grown < 40 * MIB, grown
     victim_succeeds(stream_limited)
+
+
+def test_answers_held_behind_a_slow_request_count_against_the_bound(stream_limited):
+    """Answers for a model that is not decoupled go out in the order of the requests,
+    so quick 1 MiB answers wait behind a 3 s request: they count against the stream's
+    bound too, and past it the stream ends RESOURCE_EXHAUSTED instead of the server
+    holding them all (48 MiB)."""
+    client = grpcclient.InferenceServerClient(stream_limited.grpc_url)
+    errors: list = []
+    pid = stream_limited.proc.pid
+    reset_peak_memory(pid)
+    before = peak_memory(pid)
+    try:
+        client.start_stream(callback=lambda result, error: errors.append(error))
+        slow = grpcclient.InferInput("INPUT0", [3], "FP32")
+        slow.set_data_from_numpy(np.ones(3, np.float32))
+        client.async_stream_infer("slow", [slow], request_id="slow")
+        big = grpcclient.InferInput("INPUT0", [1, MIB // 4], "FP32")
+        big.set_data_from_numpy(np.ones((1, MIB // 4), np.float32))
+        for index in range(48):  # 48 MiB behind the slow one, if all were kept
+            try:
+                client.async_stream_infer("identity_fp32", [big], request_id=str(index))
+            except InferenceServerException:  # the stream has ended already
+                break
+        deadline = time.monotonic() + 30
+        while not any(e is not None for e in errors) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        client.stop_stream()
+    finally:
+        client.close()
+    grown = peak_memory(pid) - before
+    [error] = [e for e in errors if e is not None]
+    assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    assert "--grpc-stream-max-queued-bytes" in error.message()
+    assert grown < 32 * MIB, grown
+

@@ -78,12 +78,29 @@ class StreamOutbox:
             return
         size = 0 if message is None or isinstance(message, AbortError) \
             else message.ByteSize() + RESPONSE_OVERHEAD
-        if self.limit and self.items and self.size + size > self.limit:
+        if self.limit and self.size and self.size + size > self.limit:
             self._overflowed(size)
             return
         self.size += size
         self.items.append((message, size))
         self._wake()
+
+    def charge(self, message) -> int:
+        """Count a response that waits elsewhere for its turn (ResponseOrder) as queued:
+        its size, to be given back with `release` before it is put; 0 after an overflow,
+        which this may cause."""
+        if self.overflow is not None:
+            return 0
+        size = message.ByteSize() + RESPONSE_OVERHEAD
+        if self.limit and self.size and self.size + size > self.limit:
+            self._overflowed(size)
+            return 0
+        self.size += size
+        return size
+
+    def release(self, size: int) -> None:
+        if self.overflow is None:
+            self.size -= size
 
     def _overflowed(self, size: int) -> None:
         self.overflow = (
@@ -140,7 +157,9 @@ async def stream_responses(service, request_messages, context, decode, limit: in
 class ResponseOrder:
     """Slots for the responses of the stream's non-decoupled requests, in the order the
     requests came; a response leaves for the outbox once every slot before it has
-    (Triton's EnqueueForResponse / WriteResponseIfReady). A slot is a one-item list."""
+    (Triton's EnqueueForResponse / WriteResponseIfReady). A slot is a list: the message
+    (None until it comes) and the bytes it is charged to the outbox while it waits for
+    an earlier one (responses held behind a slow request count against the bound)."""
 
     __slots__ = ("outbox", "slots")
     SKIP = object()  # fills a slot that has no response to send
@@ -150,15 +169,19 @@ class ResponseOrder:
         self.slots: collections.deque = collections.deque()
 
     def reserve(self) -> list:
-        slot = [None]
+        slot = [None, 0]
         self.slots.append(slot)
         return slot
 
     def fill(self, slot: list, message) -> None:
         slot[0] = message
         slots = self.slots
+        if slots[0] is not slot and message is not self.SKIP \
+                and not isinstance(message, AbortError):
+            slot[1] = self.outbox.charge(message)
         while slots and slots[0][0] is not None:
-            ready = slots.popleft()[0]
+            ready, charged = slots.popleft()
+            self.outbox.release(charged)
             if ready is not self.SKIP:
                 self.outbox.put(ready)
 
