@@ -73,6 +73,15 @@ def test_invocations_infers_the_default_model(sagemaker):
     assert document["outputs"][0]["data"] == [1.0, 2.0, 3.0]
 
 
+def test_invocation_replies_are_never_compressed(sagemaker):
+    """Triton's SageMaker server answers in identity encoding whatever the client
+    accepts (the v2 port compresses inference replies for a client that accepts it)."""
+    reply = sagemaker.post("/invocations", json=infer_body([1.0] * 4096),
+                           headers={"Accept-Encoding": "gzip"})
+    assert reply.status_code == 200, reply.text
+    assert "content-encoding" not in reply.headers
+
+
 def test_invocations_binary_data_rides_in_the_content_type(sagemaker):
     header = json.dumps({
         "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2],
@@ -111,7 +120,7 @@ def test_invocations_errors_in_triton_format(sagemaker):
 
 def test_unknown_routes_are_a_bare_400(sagemaker):
     for method, path in (("GET", "/"), ("GET", "/v2/health/ready"), ("PUT", "/models"),
-                         ("POST", "/models/a/b/c")):
+                         ("POST", "/models/a/b/c"), ("PATCH", "/models/a")):
         reply = sagemaker.request(method, path)
         assert reply.status_code == 400, (method, path)
         assert reply.content == b""
@@ -135,8 +144,10 @@ def test_multi_model_load_list_invoke_unload(sagemaker, tmp_path):
     assert sagemaker.get("/models/m1").status_code == 404
     assert sagemaker.post("/models/m1/invoke", json=infer_body()).status_code == 404
     assert sagemaker.delete("/models/m1").status_code == 404
+    assert sagemaker.delete("/models").status_code == 404  # no name: none loaded, as Triton
     assert sagemaker.get("/models").json() == {"models": []}
-    reloaded = sagemaker.post("/models", json={"model_name": "m1", "url": str(url)})
+    # A name in the path is ignored, as in Triton: the body names the model.
+    reloaded = sagemaker.post("/models/ignored", json={"model_name": "m1", "url": str(url)})
     assert reloaded.status_code == 200, reloaded.text  # unregistered: free to load again
     assert sagemaker.delete("/models/m1").status_code == 200
 

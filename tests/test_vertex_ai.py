@@ -66,6 +66,8 @@ def test_predict_route_infers_the_only_model(vertex):
     assert reply.json()["model_name"] == "echo"
     assert reply.json()["outputs"][0]["data"] == [1.0, 2.0, 3.0]
     assert vertex.get(PREDICT).status_code == 405
+    big = vertex.post(PREDICT, json=infer_body([1.0] * 4096), headers={"Accept-Encoding": "gzip"})
+    assert big.status_code == 200 and "content-encoding" not in big.headers  # as Triton's
 
 
 def test_predict_binary_header_length_in_content_type(vertex):

@@ -344,10 +344,11 @@ class HttpFrontend:
 class InferReplies:
     """How an inference front end answers: the reply to an error, and the headers of
     a reply whose body holds `json_length` bytes of JSON then binary outputs (None:
-    JSON only)."""
+    JSON only), and whether it is compressed for a client that accepts it."""
 
     error: Callable[[TritonError], HttpReply]
     binary_headers: Callable[[int | None], tuple[str, dict[str, str]]]
+    compressible: bool = True
 
 
 def _v2_binary_headers(json_length: int | None) -> tuple[str, dict[str, str]]:
@@ -373,7 +374,8 @@ def _infer_reply(response, request, binary_output: bool, replies: InferReplies) 
         log.exception("cannot encode the response of model '%s'", request.model_name)
         return error_reply(500, f"internal error: {error}")
     content_type, headers = replies.binary_headers(json_length)
-    return HttpReply(200, chunks, content_type, headers, compressible=True)
+    return HttpReply(200, chunks, content_type, headers,
+                     compressible=replies.compressible)
 
 
 def _json_body(request: HttpRequest) -> dict:

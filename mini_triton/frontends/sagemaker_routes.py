@@ -75,9 +75,11 @@ def _mme_error(error: TritonError) -> HttpReply:
 
 
 # /invocations answers errors as the v2 API does; a multi-model invoke as SageMaker wants.
+# Replies are never compressed (Triton's SageMaker server sends identity only).
 INVOCATION_REPLIES = InferReplies(
-    lambda error: error_reply(http_status(error.code), error.message), binary_headers)
-MME_REPLIES = InferReplies(_mme_error, binary_headers)
+    lambda error: error_reply(http_status(error.code), error.message), binary_headers,
+    compressible=False)
+MME_REPLIES = InferReplies(_mme_error, binary_headers, compressible=False)
 
 
 def header_length(content_type: str | None, body_length: int, mime: str) -> int | None:
@@ -166,9 +168,9 @@ class SagemakerFrontend:
             target = request.headers.get(TARGET_MODEL_HEADER, name)
             log.info("Invoking SageMaker TargetModel: %s", target)
             self.invoke(request, exchange, target, MME_REPLIES)
-        elif method == "POST" and not name:
+        elif method == "POST":  # the body names the model; a name in the path is ignored
             exchange.run(self.load_model, request)
-        elif method == "DELETE" and name:
+        elif method == "DELETE":
             request.params = {"name": name}
             exchange.run(self.unload_model, request)
         else:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..core.errors import TritonError, invalid_arg
 from ..service import InferenceService
 from .http_exchange import Exchange, HttpReply, HttpRequest
-from .http_server import V2_REPLIES, HttpFrontend, error_reply
+from .http_server import V2_REPLIES, HttpFrontend, InferReplies, error_reply
 from .sagemaker_routes import header_length
 
 log = logging.getLogger("mini_triton.vertex_ai")
@@ -40,6 +40,10 @@ _REDIRECTS = (
      "POST"),
     (re.compile(r"/v2/repository(?:/[^/]+)?/(?:index|models/[^/]+/(?:load|unload))"), "POST"),
 )
+
+
+# The v2 API's replies, never compressed (Triton's Vertex AI server sends identity only).
+REPLIES = InferReplies(V2_REPLIES.error, V2_REPLIES.binary_headers, compressible=False)
 
 
 @dataclass
@@ -114,9 +118,9 @@ class VertexFrontend:
             length = header_length(request.headers.get("content-type"), len(request.body),
                                    BINARY_MIME)
         except TritonError as error:
-            exchange.answer(V2_REPLIES.error(error))
+            exchange.answer(REPLIES.error(error))
             return
-        self.v2.start_infer(request, exchange, model, version, length)
+        self.v2.start_infer(request, exchange, model, version, length, REPLIES)
 
     def _redirect(self, request: HttpRequest, exchange: Exchange, path: str) -> None:
         log.debug("Redirecting Vertex AI request: %s", path)
