@@ -293,6 +293,14 @@ class InferenceService:
     def repository_index(self, ready_only: bool = False) -> list[dict]:
         return self.manager.index(ready_only)
 
+    @staticmethod
+    def check_repository_name(name: str) -> None:
+        """The repositories are served as one, as in Triton: a repository API call that
+        names one is UNSUPPORTED (Triton's words)."""
+        if name:
+            raise TritonError(Code.UNSUPPORTED,
+                              "'repository_name' specification is not supported")
+
     async def load_model(self, name: str, config_json: str | None = None,
                          files: dict[str, bytes] | None = None) -> None:
         self.manager.check_control_allowed()

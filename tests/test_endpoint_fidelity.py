@@ -64,3 +64,41 @@ def test_grpc_version_strings_are_read_as_triton_reads_them(default_server, vers
     # std::stol reads the leading number: "1 " and "01" are version 1
     assert client.get_model_metadata("identity_fp32", "01").versions == ["1"]
     client.close()
+
+
+def test_naming_a_repository_is_unsupported(proto):
+    """Triton serves its repositories as one; its repository API refuses a name."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    message = "'repository_name' specification is not supported"
+    if proto.name == "http":
+        for path in ("/v2/repository/other/index", "/v2/repository/other/models/m/load",
+                     "/v2/repository/other/models/m/unload"):
+            status, reply, _ = post_to(proto, path)
+            assert (status, json.loads(reply)["error"]) == (501, message)
+        return
+    with grpc.insecure_channel(proto.url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for method, request in (
+                ("RepositoryIndex", service_pb2.RepositoryIndexRequest(repository_name="o")),
+                ("RepositoryModelLoad", service_pb2.RepositoryModelLoadRequest(
+                    repository_name="o", model_name="not_a_model")),
+                ("RepositoryModelUnload", service_pb2.RepositoryModelUnloadRequest(
+                    repository_name="o", model_name="not_a_model"))):
+            with pytest.raises(grpc.RpcError) as caught:
+                getattr(stub, method)(request, timeout=10)
+            assert (caught.value.code(), caught.value.details()) == \
+                (grpc.StatusCode.UNIMPLEMENTED, message)
+
+
+def post_to(proto, path):
+    import http.client
+
+    connection = http.client.HTTPConnection(*proto.url.split(":"), timeout=10)
+    connection.request("POST", path, b"{}")
+    reply = connection.getresponse()
+    try:
+        return reply.status, reply.read(), dict(reply.headers)
+    finally:
+        connection.close()

@@ -194,6 +194,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @aborts_on_error
     async def RepositoryIndex(self, request, context):
+        self.service.check_repository_name(request.repository_name)
         response = pb.RepositoryIndexResponse()
         for entry in self.service.repository_index(request.ready):
             response.models.add(**entry)
@@ -201,6 +202,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @aborts_on_error
     async def RepositoryModelLoad(self, request, context):
+        self.service.check_repository_name(request.repository_name)
         grpc_parameters.check_load_parameters(request.parameters)
         parameters = grpc_codec.read_parameters(request.parameters)
         config = parameters.get("config")
@@ -210,6 +212,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @aborts_on_error
     async def RepositoryModelUnload(self, request, context):
+        self.service.check_repository_name(request.repository_name)
         grpc_parameters.check_unload_parameters(request.parameters)
         parameters = grpc_codec.read_parameters(request.parameters)
         await self.service.unload_model(request.model_name,

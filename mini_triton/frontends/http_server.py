@@ -120,6 +120,12 @@ class HttpFrontend:
         system, cuda = "/v2/systemsharedmemory", "/v2/cudasharedmemory"
         routes += [
             ("model-repository", post, "/v2/repository/index", self.repository_index),
+            ("model-repository", post, "/v2/repository/{repository}/index",
+             self.named_repository),
+            ("model-repository", post, "/v2/repository/{repository}/models/{model}/load",
+             self.named_repository),
+            ("model-repository", post, "/v2/repository/{repository}/models/{model}/unload",
+             self.named_repository),
             ("model-repository", post, "/v2/repository/models/{model}/load", self.load_model),
             ("model-repository", post, "/v2/repository/models/{model}/unload",
              self.unload_model),
@@ -188,6 +194,11 @@ class HttpFrontend:
         return json_reply({"model_stats": self.service.model_statistics(name, version)})
 
     # --- model repository extension ---
+
+    @handles_errors
+    async def named_repository(self, request: HttpRequest) -> HttpReply:
+        self.service.check_repository_name(request.params["repository"])
+        return _OK  # not reached: a named repository is refused
 
     @handles_errors
     async def repository_index(self, request: HttpRequest) -> HttpReply:
