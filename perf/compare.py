@@ -10,6 +10,8 @@ results.json and plots into perf/results/<timestamp>/.
     python perf/compare.py                      # identity_py over HTTP and gRPC, c1, c4, c16
     python perf/compare.py --servers triton     # the baseline alone
     python perf/compare.py --concurrency-range 1:16:x2 -p 3000 --tool loadgen
+    python perf/compare.py --preset payloads    # 64 B, 588 KiB, 4 MiB x HTTP, gRPC,
+                                                # shared memory x c1-c16, with CPU (compare_table.py)
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mini_triton.server import started_service  # noqa: E402
+import compare_table  # noqa: E402
 import loadgen  # noqa: E402
 import run_perf_analyzer  # noqa: E402
 from measurements import (  # noqa: E402
@@ -295,7 +298,9 @@ def write_report(results: list[Measurement], args: argparse.Namespace, out_dir: 
         "",
     ]
     if {"mini_triton", "triton"} <= {s.name for s in servers}:
-        parts += ["## Ours / Triton", "", ratio_table(results), ""]
+        ratios = compare_table.table(results) if args.preset == "payloads" \
+            else ratio_table(results)
+        parts += ["## Ours / Triton", "", ratios, ""]
     parts += ["## All measurements", "", markdown_table(results, with_server=True), ""]
     parts += [f"![{p}]({p})" for p in plots] + [""]
     parts += ["## Servers", "", "```"] + [shlex.join(s.command) for s in servers] + ["```", ""]
@@ -334,7 +339,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--triton-args", default="", help="extra flags for tritonserver")
     parser.add_argument("--ready-timeout", type=float, default=120.0)
     parser.add_argument("--results-dir", type=Path, default=None)
+    parser.add_argument("--preset", choices=("payloads",), default=None,
+                        help="payloads: the table of tensor sizes x routes x concurrency "
+                             "with CPU per inference (compare_table.py)")
+    parser.add_argument("--sizes", default=",".join(map(str, compare_table.SIZES)),
+                        help="--preset payloads: FP32 elements per request")
+    parser.add_argument("--routes", default=",".join(compare_table.ROUTES),
+                        help="--preset payloads: http, grpc, shm (gRPC), http-shm")
     args = parser.parse_args(argv)
+    args.sizes = [int(v) for v in args.sizes.split(",")]
+    args.routes = args.routes.split(",")
+    args.levels = [int(v) for v in parse_range(args.concurrency_range)]
+    if args.preset == "payloads" and "--concurrency-range" not in " ".join(argv):
+        args.levels = list(compare_table.LEVELS)
     args.shape = args.shape or ["INPUT0:16"]
     args.triton_model = args.triton_model or args.model
     if args.tool == "auto":
@@ -363,14 +380,20 @@ def main(argv: list[str] | None = None) -> int:
             server.wait_ready(model_for(server, args), args.ready_timeout)
             print(f"[compare] {server.name} ready: HTTP {server.http_url}, "
                   f"gRPC {server.grpc_url}", file=sys.stderr)
-        results = run_sweep(servers, args, out_dir)
+        if args.preset == "payloads":
+            results = compare_table.run(servers, model_for, args, out_dir)
+        else:
+            results = run_sweep(servers, args, out_dir)
     except RuntimeError as exc:
         print(f"[compare] {exc}", file=sys.stderr)
         return 2
     finally:
         for server in servers:
             server.stop()
-    plots = plot(results, out_dir)
+    if args.preset == "payloads":
+        plots = compare_table.plot(results, out_dir)
+    else:
+        plots = plot(results, out_dir)
     print(write_report(results, args, out_dir, servers, plots, argv))
     print(f"[compare] report, plots and logs in {out_dir}", file=sys.stderr)
     return 0 if all(m.ok for m in results) else 1
