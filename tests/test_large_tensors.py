@@ -264,3 +264,22 @@ def test_an_input_a_model_keeps_is_not_overwritten_by_the_next_request(server, p
             previous = data
     finally:
         proto.client.close()
+
+
+def test_grpc_response_serialized_with_one_copy_is_protobufs_own_bytes():
+    """Our transport sends ModelInfer responses serialized by hand (each output's
+    contents copied once); they must be exactly the bytes protobuf makes."""
+    from mini_triton.core.request import InferenceResponse
+    from mini_triton.core.tensor import Tensor
+    from mini_triton.frontends import grpc_codec
+
+    outputs = [
+        Tensor.from_array("IMAGE", np.random.default_rng(3).random((1, 150_528), np.float32)),
+        Tensor("IN_SHM", "FP32", (1, 16), raw=b""),
+        Tensor.from_array("TEXT", np.array([b"a", b"bc" * 100], dtype=np.object_), "BYTES"),
+        Tensor.from_array("ONE", np.array([7], np.int8)),
+        Tensor("NONE", "FP32", (0,), np.zeros(0, np.float32), parameters={"note": "x"}),
+    ]
+    response = InferenceResponse("m", "1", "id-1", outputs, {"p": 1, "q": "v"})
+    expected = grpc_codec.encode_infer_response(response).SerializeToString()
+    assert bytes(grpc_codec.serialize_infer_response(response).SerializeToString()) == expected

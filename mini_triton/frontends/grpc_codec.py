@@ -116,6 +116,15 @@ def _typed_contents(item, datatype: str, model: str) -> np.ndarray:
 
 
 def encode_infer_response(response: InferenceResponse) -> pb.ModelInferResponse:
+    message = _response_without_contents(response)
+    for tensor in response.outputs:
+        # One raw entry per output keeps positions aligned; shared-memory outputs
+        # carry theirs in the client's region.
+        message.raw_output_contents.append(bytes(tensor.raw_bytes()))
+    return message
+
+
+def _response_without_contents(response: InferenceResponse) -> pb.ModelInferResponse:
     message = pb.ModelInferResponse(model_name=response.model_name,
                                     model_version=response.model_version, id=response.id)
     if response.parameters:
@@ -125,10 +134,52 @@ def encode_infer_response(response: InferenceResponse) -> pb.ModelInferResponse:
                                      shape=tensor.shape)
         if tensor.parameters:
             write_parameters(output.parameters, tensor.parameters)
-        # One raw entry per output keeps positions aligned; shared-memory outputs
-        # carry theirs in the client's region.
-        message.raw_output_contents.append(bytes(tensor.raw_bytes()))
     return message
+
+
+class SerializedResponse:
+    """A ModelInferResponse already in wire form (what our transport sends of a result:
+    `SerializeToString()`)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytearray):
+        self.data = data
+
+    def SerializeToString(self) -> bytearray:  # noqa: N802 (protobuf's name)
+        return self.data
+
+
+_RAW_OUTPUT_TAG = 6 << 3 | 2  # raw_output_contents: field 6, length-delimited
+
+
+def serialize_infer_response(response: InferenceResponse) -> SerializedResponse:
+    """The bytes `encode_infer_response(...).SerializeToString()` makes, with each
+    output's contents copied once (protobuf copies them into the message, and again
+    into its serialization): the message without them, then each as field 6, which
+    protobuf writes last (the highest field number) and in order."""
+    head = _response_without_contents(response).SerializeToString()
+    contents = [tensor.raw_bytes() for tensor in response.outputs]
+    framed = [(_varint(len(raw)), raw) for raw in contents]
+    data = bytearray(len(head) + sum(1 + len(size) + len(raw) for size, raw in framed))
+    data[:len(head)] = head
+    position = len(head)
+    for size, raw in framed:
+        data[position] = _RAW_OUTPUT_TAG
+        data[position + 1:position + 1 + len(size)] = size
+        position += 1 + len(size)
+        data[position:position + len(raw)] = raw
+        position += len(raw)
+    return SerializedResponse(data)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def encode_stream_response(response: InferenceResponse) -> pb.ModelStreamInferResponse:

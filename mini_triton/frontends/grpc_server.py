@@ -294,9 +294,14 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             infer_request = self._decode(request, context)
 
+            # Our transport sends what it is given as it is; grpc.aio wants the message.
+            encode = grpc_codec.serialize_infer_response \
+                if isinstance(context, grpc_transport.CallContext) \
+                else grpc_codec.encode_infer_response
+
             def on_final(response) -> None:
                 try:
-                    result = _infer_result(response)
+                    result = _infer_result(response, encode)
                 except Exception as error:  # a bug here must not reach the scheduler
                     result = error
                 reply(result)
@@ -355,13 +360,13 @@ def _settle(future: asyncio.Future, result) -> None:
         future.set_result(result)
 
 
-def _infer_result(response):
+def _infer_result(response, encode=grpc_codec.encode_infer_response):
     """A final response as ModelInfer's message, or the AbortError it ends with."""
     if response.error is not None:
         return grpc_transport.AbortError(grpc_status(response.error.code),
                                          response.error.message)
     try:
-        return grpc_codec.encode_infer_response(response)
+        return encode(response)
     except TritonError as error:
         return grpc_transport.AbortError(grpc_status(error.code), error.message)
 

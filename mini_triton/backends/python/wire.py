@@ -261,11 +261,10 @@ class Link:
     def _add_returns(self, meta: dict) -> None:
         """Tell the other end which of its blocks this end is done with, and which of
         this end's segments it may unmap."""
-        freed = self.peer.take_freed()
-        if freed:
-            meta["_freed"] = freed
-        dropped = self.arena.take_dropped()
-        if dropped:
+        if self.peer.freed:
+            meta["_freed"] = self.peer.take_freed()
+        if self.arena.dropped:  # rare: read without the arena's lock first
+            dropped = self.arena.take_dropped()
             meta["_dropped"] = dropped
             self._announced.difference_update(dropped)
 
