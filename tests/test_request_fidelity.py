@@ -400,6 +400,18 @@ def test_grpc_contents_are_read_as_triton_reads_them(default_server, request_, m
     assert grpc_error(default_server, request_) == (grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
+def test_grpc_inputs_take_raw_contents_in_order(default_server):
+    request = service_pb2.ModelInferRequest(model_name="identity_fp32")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 2])
+    assert grpc_error(default_server, request) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unable to find data for input tensor 'INPUT0' for model 'identity_fp32' in request.")
+    request.raw_input_contents.extend([bytes(8), bytes(8)])  # one too many: refused here
+    assert grpc_error(default_server, request) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "1 raw_input_contents not claimed by any input for model 'identity_fp32'")
+
+
 def test_an_unknown_datatype_is_triton_s_invalid(default_server):
     request = grpc_request()
     request.inputs[0].datatype = "FLOAT"

@@ -59,6 +59,22 @@ def test_inputs_and_outputs_through_shared_memory(proto, regions):
     np.testing.assert_array_equal(got, data)
 
 
+def test_one_input_in_shared_memory_and_one_sent_with_the_request(proto, regions):
+    """Triton's test_mixed_raw_shm: stock tritonclient sends raw contents only for the
+    inputs not in shared memory; each input takes the next one."""
+    in_name, _, in_handle = regions["in"]
+    a = np.arange(4, dtype=np.float32)
+    b = np.full(4, 10, dtype=np.float32)
+    shm.set_shared_memory_region(in_handle, [a])
+    first = proto.module.InferInput("INPUT0", [4], "FP32")
+    first.set_shared_memory(in_name, 16)
+    second = proto.module.InferInput("INPUT1", [4], "FP32")
+    second.set_data_from_numpy(b)
+    result = proto.client.infer("add_sub", [first, second])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
 def test_status_lists_registered_regions(proto, regions):
     in_name, key, _ = regions["in"]
     status = proto.client.get_system_shared_memory_status(in_name, as_json=True) \

@@ -44,12 +44,9 @@ def write_parameters(target, values: dict) -> None:
 def decode_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
     version = model_version(message.model_version)
     check_request_parameters(message.parameters)
-    raw_contents = message.raw_input_contents
-    if raw_contents and len(raw_contents) != len(message.inputs):
-        raise invalid_arg(
-            f"expected {len(message.inputs)} raw_input_contents, got {len(raw_contents)}: "
-            "raw contents must be given for every input or for none")
-    inputs = [_decode_input(item, index, message) for index, item in enumerate(message.inputs)]
+    raw = _RawContents(message.raw_input_contents, message.model_name)
+    inputs = [_decode_input(item, raw, message.model_name) for item in message.inputs]
+    raw.check_consumed()
     outputs = []
     for output in message.outputs:
         check_output_parameters(output)
@@ -58,7 +55,31 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
                             read_parameters(message.parameters))
 
 
-def _decode_input(item, index: int, message: pb.ModelInferRequest) -> Tensor:
+class _RawContents:
+    """Hands out raw_input_contents in order, as Triton does: one to each input that
+    is neither in shared memory nor given typed contents."""
+
+    def __init__(self, contents, model: str):
+        self.contents = contents
+        self.model = model
+        self.next = 0
+
+    def take(self, name: str) -> bytes:
+        if self.next >= len(self.contents):  # Triton's words
+            raise invalid_arg(f"unable to find data for input tensor '{name}' for model "
+                              f"'{self.model}' in request.")
+        self.next += 1
+        return self.contents[self.next - 1]
+
+    def check_consumed(self) -> None:
+        """Contents no input claims are refused (Triton drops them without a word)."""
+        left = len(self.contents) - self.next
+        if left:
+            raise invalid_arg(f"{left} raw_input_contents not claimed by any input for model "
+                              f"'{self.model}'")
+
+
+def _decode_input(item, raw: _RawContents, model: str) -> Tensor:
     # An unknown datatype is Triton's INVALID, which the model's checks then refuse.
     datatype = item.datatype if item.datatype in datatypes.BY_NAME else datatypes.INVALID
     tensor = Tensor(item.name, datatype, tuple(item.shape),
@@ -67,15 +88,15 @@ def _decode_input(item, index: int, message: pb.ModelInferRequest) -> Tensor:
         if item.HasField("contents"):  # Triton's words
             raise invalid_arg(
                 "unexpected 'content' provided when using shared memory for input tensor "
-                f"'{item.name}' for model '{message.model_name}'")
-    elif message.raw_input_contents:
-        if item.HasField("contents"):  # Triton refuses the two together
+                f"'{item.name}' for model '{model}'")
+    elif item.HasField("contents"):
+        if raw.contents:  # Triton refuses the two together
             raise invalid_arg(
                 "contents field must not be specified when using raw_input_contents for "
-                f"'{item.name}' for model '{message.model_name}'")
-        tensor.raw = message.raw_input_contents[index]
+                f"'{item.name}' for model '{model}'")
+        tensor.data = _typed_contents(item, datatype, model)
     else:
-        tensor.data = _typed_contents(item, datatype, message.model_name)
+        tensor.raw = raw.take(item.name)
     return tensor
 
 
