@@ -10,7 +10,8 @@ server (e.g. new checks per request) is measured against the commit before it:
     git worktree add /tmp/mt-before HEAD
     .venv/bin/python perf/bench_http_connection.py /tmp/mt-before . [--rounds 5]
 
-Prints µs per request, every round and the best of each tree.
+Prints µs and Python bytecodes per request (the count does not move with the machine's
+load), every round and the best time of each tree.
 """
 
 from __future__ import annotations
@@ -59,17 +60,31 @@ async def main(count):
     started = time.perf_counter()
     for _ in range(count):
         protocol.data_received(REQUEST)
-    return (time.perf_counter() - started) / count * 1e6
+    elapsed = (time.perf_counter() - started) / count * 1e6
+    opcodes = 0
+
+    def tracer(frame, event, arg):
+        nonlocal opcodes
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            opcodes += 1
+        return tracer
+
+    sys.settrace(tracer)
+    for _ in range(200):
+        protocol.data_received(REQUEST)
+    sys.settrace(None)
+    return elapsed, opcodes / 200
 
 print(json.dumps(asyncio.run(main(int(sys.argv[1])))))
 """
 
 
-def one_round(tree: Path, count: int) -> float:
+def one_round(tree: Path, count: int) -> tuple[float, float]:
     done = subprocess.run([sys.executable, "-c", ROUND, str(count)], cwd=tree,
                           capture_output=True, text=True, check=True,
                           env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
-    return json.loads(done.stdout)
+    return tuple(json.loads(done.stdout))
 
 
 def main() -> int:
@@ -79,14 +94,18 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=50000, help="requests per round")
     args = parser.parse_args()
     before, after = (tree.resolve() for tree in args.trees)
-    times: dict[Path, list[float]] = {before: [], after: []}
-    print("| round | before µs/request | after µs/request |\n|---|---|---|")
+    results: dict[Path, list[tuple[float, float]]] = {before: [], after: []}
+    print("| round | before µs/request | after µs/request | before bytecodes/request | "
+          "after bytecodes/request |\n|---|---|---|---|---|")
     for number in range(1, args.rounds + 1):
         order = [before, after] if number % 2 else [after, before]
         for tree in order:
-            times[tree].append(one_round(tree, args.count))
-        print(f"| {number} | {times[before][-1]:.2f} | {times[after][-1]:.2f} |", flush=True)
-    best_before, best_after = min(times[before]), min(times[after])
+            results[tree].append(one_round(tree, args.count))
+        (b_us, b_ops), (a_us, a_ops) = results[before][-1], results[after][-1]
+        print(f"| {number} | {b_us:.2f} | {a_us:.2f} | {b_ops:,.0f} | {a_ops:,.0f} |",
+              flush=True)
+    best_before = min(us for us, _ in results[before])
+    best_after = min(us for us, _ in results[after])
     print(f"\nbest: before {best_before:.2f} µs, after {best_after:.2f} µs "
           f"({best_after - best_before:+.2f} µs, {best_after / best_before:.3f}x)")
     return 0

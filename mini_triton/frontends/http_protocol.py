@@ -26,6 +26,7 @@ import collections
 import logging
 import socket
 import struct
+import time
 import zlib
 from typing import Callable
 
@@ -130,9 +131,10 @@ class HttpProtocol(asyncio.Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False  # a refusal is queued, or the last request is in
         self._linger_timer: asyncio.TimerHandle | None = None
-        # The keep-alive watch: whether bytes moved since it last looked, and the bytes
-        # it saw waiting unsent then (see _watch).
-        self._active = False
+        # The keep-alive watch: when bytes last moved (time.monotonic, the clock of
+        # asyncio's and uvloop's timers), and the bytes it saw waiting unsent when it last
+        # looked (see _watch); and when the last head began.
+        self._moved = self._head_began = 0.0
         self._unsent = 0
         self._watch_timer: asyncio.TimerHandle | None = None
         self._probe_timer: asyncio.TimerHandle | None = None
@@ -141,6 +143,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self._moved = time.monotonic()
         if self.max_connections and len(self.connections) >= self.max_connections:
             self._refuse(503, f"the server has its limit of {self.max_connections} "
                               f"connections open (--http-max-connections); try again later")
@@ -154,7 +157,7 @@ class HttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # read and dropped while the refusal goes out (see LINGER_SECS)
-        self._active = True
+        self._moved = time.monotonic()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as error:
@@ -231,6 +234,7 @@ class HttpProtocol(asyncio.Protocol):
         self._in_message = self._head_open = self._in_fields = True
         self._raw_field_bytes = -1
         self._heads_begun += 1
+        self._head_began = self._moved
         if self._head_timer is None or self._heads_begun == 1:
             self._time_this_head()
 
@@ -391,17 +395,18 @@ class HttpProtocol(asyncio.Protocol):
             self._head_timer.cancel()
         self._arm_head_timer()
 
-    def _arm_head_timer(self) -> None:
+    def _arm_head_timer(self, delay: float | None = None) -> None:
         self._head_timer = asyncio.get_running_loop().call_later(
-            self.header_timeout, self._head_deadline, self._heads_begun)
+            self.header_timeout if delay is None else delay, self._head_deadline,
+            self._heads_begun)
 
     def _head_deadline(self, heads_begun_when_armed: int) -> None:
         """One timer per connection, not one per request: armed when a head begins
         (or the connection opens) with no timer running, it finds here whether that
-        same head is still open. A later head still open gets a full period of its
-        own, so a head on a kept-alive connection is cut off between one and two
-        timeouts after its first byte. A head the server is not reading (requests
-        held) is not the client's delay."""
+        same head is still open. A later head still open gets the rest of its own
+        period (from the read it began in), so every head is cut off one timeout after
+        its first byte. A head the server is not reading (requests held) is not the
+        client's delay."""
         self._head_timer = None
         if self._refused or self.transport is None:
             return
@@ -412,39 +417,41 @@ class HttpProtocol(asyncio.Protocol):
             self._refuse(408, f"request head not received within {self.header_timeout:g} s "
                               f"(--http-header-timeout-secs)")
         elif self._head_open:
-            self._arm_head_timer()
+            left = self._head_began + self.header_timeout - time.monotonic()
+            self._arm_head_timer(left if left > 0 else None)
         # else between requests: the next head arms the timer again
 
-    def _arm_watch(self) -> None:
-        self._watch_timer = asyncio.get_running_loop().call_later(self.keepalive_timeout,
-                                                                  self._watch)
+    def _arm_watch(self, delay: float | None = None) -> None:
+        self._watch_timer = asyncio.get_running_loop().call_later(
+            self.keepalive_timeout if delay is None else delay, self._watch)
 
     def _watch(self) -> None:
-        """The keep-alive timeout, one timer per connection that looks once a period at
-        whether anything moved: a connection with nothing received or sent for a
-        whole period (so, between one and two timeouts) is closed when idle, answered
-        408 when a request of it stopped arriving, and reset when its client read
-        nothing of the replies waiting for it. A request the server is still working
-        on keeps its connection."""
+        """The keep-alive timeout, one timer per connection, re-armed for what is left
+        of the timeout since bytes last moved: a connection with nothing received or
+        sent for the timeout is closed when idle, answered 408 when a request of it
+        stopped arriving, and reset when its client read nothing of the replies waiting
+        for it. A request the server is still working on keeps its connection."""
         self._watch_timer = None
         transport = self.transport
         if transport is None or self._linger_timer is not None:
             return  # closing already
-        unsent = transport.get_write_buffer_size()
-        if self._active or unsent < self._unsent:
-            self._active, self._unsent = False, unsent
+        now, unsent = time.monotonic(), transport.get_write_buffer_size()
+        if unsent < self._unsent:
+            self._moved = now  # the client read some of its replies
+        self._unsent = unsent
+        left = self._moved + self.keepalive_timeout - now
+        if left > 0:
+            self._arm_watch(left)
         elif unsent:
             self._reset(f"its client read nothing of its replies for "
                         f"{self.keepalive_timeout:g} s")
-            return
         elif self._in_message and not self._reading_paused:
             self._refuse(408, f"request not received in full: nothing arrived for "
                               f"{self.keepalive_timeout:g} s (--http-keepalive-timeout-secs)")
-            return
         elif not self._exchanges:
             transport.close()  # idle
-            return
-        self._arm_watch()
+        else:
+            self._arm_watch()  # a request the server is still working on
 
     def _look_for_reset(self, check: int) -> None:
         self._probe_timer = asyncio.get_running_loop().call_later(
@@ -530,7 +537,7 @@ class HttpProtocol(asyncio.Protocol):
     def _write(self, reply: HttpReply, keep_alive: bool, accept_encoding: str) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        self._active = True
+        self._moved = time.monotonic()
         chunks = reply.body if isinstance(reply.body, list) else [reply.body]
         extra = reply.headers
         if reply.compressible and accept_encoding and sum(len(c) for c in chunks):
@@ -551,7 +558,7 @@ class HttpProtocol(asyncio.Protocol):
             self._exchanges.popleft()
             body.lose()
             return True
-        self._active = True
+        self._moved = time.monotonic()
         # Without chunked coding (HTTP/1.0) the body ends when the connection closes.
         keep_alive = exchange.keep_alive and exchange.chunked
         if not body.started:
