@@ -194,6 +194,8 @@ def test_http_parameters_of_the_wrong_type_are_triton_s_messages(default_server,
     ({"inputs": [tensor(SIXTEEN)], "outputs": {"name": "OUTPUT0"}},
      "Unable to parse 'outputs': attempt to access JSON non-array as array"),
     ({"inputs": [tensor(SIXTEEN)], "outputs": [{"name": 0}]}, f"Unable to parse 'name': {STRING}"),
+    ({"parameters": [1], "inputs": [tensor(SIXTEEN)]},
+     "failed to get request params.: attempt to get members for non-object"),
 ])
 def test_http_request_fields_are_triton_s_messages(default_server, body, message):
     assert error_of(default_server, body) == (400, message)

@@ -71,7 +71,10 @@ def decode_infer_request(model: str, version: str, body: bytes,
         raise invalid_arg("the request JSON must be an object")
     # Triton's order: the id, the parameters, the inputs, the outputs.
     request_id = member(document, "id", "string") if "id" in document else ""
-    parameters = dict(_optional(document, "parameters", dict, {}))
+    parameters = document.get("parameters", {})
+    if not isinstance(parameters, dict):  # Triton's words
+        raise invalid_arg("failed to get request params.: attempt to get members for non-object")
+    parameters = dict(parameters)
     _check_request_parameters(parameters)
     binary_output = parameters.pop("binary_data_output", False)
     request = InferenceRequest(model, version, id=request_id, parameters=parameters)
@@ -97,13 +100,6 @@ def _parse_json(data):
         return loads(bytes(data))
     except (ValueError, TypeError) as error:
         raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
-
-
-def _optional(document: dict, key: str, kind: type, default):
-    value = document.get(key, default)
-    if not isinstance(value, kind):
-        raise invalid_arg(f"'{key}' must be of JSON type {kind.__name__}")
-    return value
 
 
 class _BinaryCursor:
