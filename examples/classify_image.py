@@ -31,6 +31,8 @@ import numpy as np
 SIZE = (224, 224)
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(3, 1, 1)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(3, 1, 1)
+SCALE = (1 / (255 * STD)).astype(np.float32)  # (pixel / 255 - MEAN) / STD, in two steps
+OFFSET = (MEAN / STD).astype(np.float32)
 TOP_K = 5
 LABELS = Path(__file__).resolve().parent.parent / "model_repository" / "classifier" / "labels.txt"
 
@@ -44,13 +46,16 @@ def preprocess(encoded: bytes) -> np.ndarray:
 
     try:
         with Image.open(io.BytesIO(encoded), formats=("JPEG", "PNG")) as image:
-            image = image.convert("RGB").resize(SIZE, Image.BILINEAR)
+            if image.mode != "RGB":
+                image = image.convert("RGB")
+            image = image.resize(SIZE, Image.BILINEAR)
     except UnidentifiedImageError:
         raise ValueError("is not a JPEG or PNG image") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         raise ValueError(f"does not decode: {error}") from None
-    pixels = np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / np.float32(255.0)
-    return (pixels - MEAN) / STD
+    pixels = np.multiply(np.asarray(image).transpose(2, 0, 1), SCALE, dtype=np.float32)
+    pixels -= OFFSET
+    return pixels
 
 
 def softmax_top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
