@@ -109,6 +109,22 @@ def test_a_refused_connection_gets_goaway_after_its_answer(two_connections):
             holder.close()
 
 
+def test_a_refused_connection_that_makes_no_call_is_closed_soon(two_connections):
+    holders = [client_of(two_connections) for _ in range(2)]
+    try:
+        for holder in holders:
+            identity_call(holder)
+        with H2(two_connections.ports["grpc"]) as client:
+            client.handshake()
+            started = time.monotonic()
+            last, code, _ = goaway_of(client)  # after 5 s, not the 300 s idle timeout
+            assert (last, code) == (0, 0)
+            assert time.monotonic() - started < CUT_OFF
+    finally:
+        for holder in holders:
+            holder.close()
+
+
 # --- SETTINGS acknowledgement ---
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,8 @@ from .grpc_wire import MESSAGE_PREFIX, status_block
 from .http2_frames import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_FRAME_SIZE,
                            DEFAULT_WINDOW, END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM,
                            FIXED_SIZES, FLOW_CONTROL_ERROR, FRAME_HEADER, FRAME_SIZE_ERROR,
-                           GOAWAY, HEADERS, INTERNAL_ERROR, MAX_FRAME_SIZE, MAX_WINDOW,
-                           PADDED, PING, PREFACE, PRIORITY, PRIORITY_FLAG, PROTOCOL_ERROR,
-                           PUSH_PROMISE,
+                           GOAWAY, HEADERS, INTERNAL_ERROR, MAX_FRAME_SIZE, MAX_WINDOW, PADDED,
+                           PING, PREFACE, PRIORITY, PRIORITY_FLAG, PROTOCOL_ERROR, PUSH_PROMISE,
                            REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ENABLE_PUSH,
                            SETTINGS_HEADER_TABLE_SIZE, SETTINGS_INITIAL_WINDOW_SIZE,
                            SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_MAX_FRAME_SIZE,
@@ -47,6 +46,8 @@ MAX_HELD_BACK = 2**62
 # The RST_STREAM code of no stream: its call is answered that the server has too many
 # connections (a refusal code, never sent).
 OVER_LIMIT = -1
+# Seconds a connection past max_connections is kept for its first call (to answer why).
+OVER_LIMIT_LINGER = 5.0
 
 
 class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
@@ -100,6 +101,7 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
             # then GOAWAY (a refused stream or a bare GOAWAY would be retried at once)
             self.over_limit, self.max_streams = True, 0
             server.over_limit += 1
+            self.loop.call_later(OVER_LIMIT_LINGER, self._finish_go_away)
         transport.set_write_buffer_limits(high=limits.write_buffer_size)
         settings = struct.pack(">HIHIHIHIHI",
                                SETTINGS_INITIAL_WINDOW_SIZE, self.window,
