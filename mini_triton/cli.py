@@ -33,6 +33,7 @@ from .scheduling.rate_limiter import parse_resource
 from .logsettings import FORMATS as LOG_FORMATS
 from .logsettings import TritonFormatter
 from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
+from .metrics import DEFAULT_PINNED_POOL_BYTES
 from .tracing import Tracer
 from .triton_flags import (NOT_APPLICABLE, accepted_flags_given, add_accepted_flags,
                            grouped_adder)
@@ -510,6 +511,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         http_max_connections=args.http_max_connections,
         http_stream_max_queued_bytes=args.http_stream_max_queued_bytes,
         metrics_config=dict(args.metrics_config),
+        pinned_memory_pool_byte_size=_or_default(args.accepted_pinned_memory_pool_byte_size,
+                                                 DEFAULT_PINNED_POOL_BYTES),
         allow_cpu_metrics=args.allow_cpu_metrics, metrics_interval_ms=args.metrics_interval_ms,
         http_restricted=parse_restrictions(args.http_restricted_api),
         grpc_restricted=parse_restrictions(args.grpc_restricted_protocol, "protocol"),
@@ -575,6 +578,11 @@ def main(argv: list[str] | None = None) -> int:
     log_accepted_flags(args)
     log_backend_config(settings.backend_config)
     return run(settings)
+
+
+def _or_default(value, default):
+    """An accepted flag's value (None when not given) or tritonserver's default."""
+    return default if value is None else value
 
 
 def log_backend_config(table: dict) -> None:

@@ -154,6 +154,9 @@ PINNED_TOTAL = Family("nv_pinned_memory_pool_total_bytes", "gauge",
 PINNED_USED = Family("nv_pinned_memory_pool_used_bytes", "gauge",
                      "Pinned memory pool used memory size, in bytes")
 DEFAULT_INTERVAL_MS = 2000.0  # tritonserver's --metrics-interval-ms
+# tritonserver's --pinned-memory-pool-byte-size default: Triton reports the pool size asked
+# for as nv_pinned_memory_pool_total_bytes even where no pool could be made (no GPU).
+DEFAULT_PINNED_POOL_BYTES = 268435456
 
 
 def _labels(values: dict) -> str:
@@ -252,14 +255,17 @@ class Metrics:
     """The server's metrics, read from each loaded model's statistics on scrape."""
 
     def __init__(self, manager, extra_sources=(), config: dict | None = None,
-                 allow_cpu: bool = True, interval_ms: float = DEFAULT_INTERVAL_MS):
+                 allow_cpu: bool = True, interval_ms: float = DEFAULT_INTERVAL_MS,
+                 pinned_pool_bytes: int = DEFAULT_PINNED_POOL_BYTES):
         self.manager = manager
+        self.pinned_pool_bytes = pinned_pool_bytes  # --pinned-memory-pool-byte-size
         self.allow_cpu = allow_cpu  # --allow-cpu-metrics
         # --metrics-interval-ms: the CPU gauges are sampled at most this often, as
         # Triton polls them, so a scrape reads the utilisation over the last interval.
         self.interval_s = max(0.0, interval_ms) / 1000.0
         self._cpu_samples: list[float] = []
-        self.extra_sources = list(extra_sources)  # callables adding families to a MetricsText
+        # callables (text, kind) adding the families of one kind to a MetricsText
+        self.extra_sources = list(extra_sources)
         # The models' statistics keep latency windows only when summaries are asked
         # for (ServerOptions.latency_summaries, read from the same config).
         self.options = MetricsOptions.from_config(config)
@@ -271,23 +277,29 @@ class Metrics:
         self.extra_sources.append(source)
 
     def render(self) -> str:
-        """The exposition, families grouped by kind as prometheus-cpp orders Triton's:
-        counters, then gauges, then summaries, then the models' own metrics."""
+        """The exposition, families grouped by kind as prometheus-cpp's registry orders
+        Triton's: counters, gauges, histograms, summaries; within a kind in the order
+        they were registered, so the models' own families follow the server's of their kind."""
         text = MetricsText()
         versions = self.manager.loaded_versions()
         self._model_counters(text, versions)
+        self._extra_families(text, "counter")
         self._model_gauges(text, versions)
-        text.family(PINNED_TOTAL, [({}, 0)])  # no pinned memory pool on a CPU server
-        text.family(PINNED_USED, [({}, 0)])
+        text.family(PINNED_TOTAL, [({}, self.pinned_pool_bytes)])
+        text.family(PINNED_USED, [({}, 0)])  # nothing is ever taken from it here
         if self.allow_cpu:
             self._cpu_families(text)
         if self.response_cache is not None:
             self._cache_families(text)
+        self._extra_families(text, "gauge")
+        self._extra_families(text, "histogram")
         if self.options.summary_latencies:
             self._model_summaries(text, versions)
-        for source in self.extra_sources:
-            source(text)
         return text.render()
+
+    def _extra_families(self, text: MetricsText, kind: str) -> None:
+        for source in self.extra_sources:
+            source(text, kind)
 
     def _model_counters(self, text: MetricsText, versions: list) -> None:
         labelled = [(_labels_of(v.stats), v.stats) for v in versions]

@@ -29,7 +29,7 @@ from .frontends.vertex_ai_routes import (VertexFrontend, VertexSettings, check_r
                                          default_model)
 from .frontends.tls import TlsError, TlsFiles, server_context
 from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
-from .metrics import Metrics, MetricsOptions
+from .metrics import DEFAULT_PINNED_POOL_BYTES, Metrics, MetricsOptions
 from .repository.manager import ModelRepositoryManager, ServerOptions
 from .core.errors import TritonError
 from .repository.storage import StorageError, is_url
@@ -100,6 +100,7 @@ class Settings:
     http_stream_max_queued_bytes: int = DEFAULT_STREAM_MAX_QUEUED_BYTES  # 0: no limit
     metrics_config: dict = field(default_factory=dict)
     allow_cpu_metrics: bool = True
+    pinned_memory_pool_byte_size: int = DEFAULT_PINNED_POOL_BYTES  # reported, not allocated
     metrics_interval_ms: float = DEFAULT_METRICS_INTERVAL_MS
     http_restricted: dict = field(default_factory=dict)  # API group → Restriction
     grpc_restricted: dict = field(default_factory=dict)
@@ -161,7 +162,8 @@ class Server:
         self.manager.server = self.service
         self.metrics = Metrics(self.manager, config=settings.metrics_config,
                                allow_cpu=settings.allow_cpu_metrics,
-                               interval_ms=settings.metrics_interval_ms)
+                               interval_ms=settings.metrics_interval_ms,
+                               pinned_pool_bytes=settings.pinned_memory_pool_byte_size)
         self.service.metrics = self.metrics  # backends add their own families (custom metrics)
         if settings.response_cache_bytes:
             self.service.response_cache = ResponseCache(settings.response_cache_bytes)

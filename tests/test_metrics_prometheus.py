@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from conftest import DEFAULT_REPOSITORY, server_settings
+from serverproc import ServerProcess
 from mini_triton.core.stats import LatencyWindow
 from mini_triton.metrics import MetricsOptions
 from mini_triton.server import ServerThread
@@ -174,6 +175,18 @@ def test_a_server_without_models_declares_no_model_families(tmp_path):
         names = [f.name for f in text_string_to_metric_families(scrape(running))]
     assert names == ["nv_pinned_memory_pool_total_bytes", "nv_pinned_memory_pool_used_bytes",
                      *CPU_GAUGES]
+
+
+@pytest.mark.parametrize("flags, expected", [([], 268435456),
+                                             (["--pinned-memory-pool-byte-size=1024"], 1024)])
+def test_pinned_memory_pool_total_is_the_size_asked_for(tmp_path, flags, expected):
+    """Triton 2.51 on a CPU machine reports the pool size of
+    --pinned-memory-pool-byte-size (default 256 MiB) although no pool was made."""
+    with ServerProcess([f"--model-repository={tmp_path}", *flags]) as running:
+        text = urllib.request.urlopen(running.metrics_url, timeout=10).read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["nv_pinned_memory_pool_total_bytes"].samples[0].value == expected
+    assert families["nv_pinned_memory_pool_used_bytes"].samples[0].value == 0
 
 
 def test_metrics_config_keys_follow_triton():

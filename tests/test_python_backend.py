@@ -799,6 +799,25 @@ def test_custom_metrics_on_the_metrics_endpoint(served):
     assert "nv_inference_count" in text
 
 
+def test_custom_metric_families_are_grouped_by_kind_as_triton_lists_them(served):
+    """prometheus-cpp lists counters, gauges, histograms, summaries, each kind in the
+    order registered: a model's counter follows the nv_* counters, its gauge the nv_*
+    gauges (Triton 2.51's page, seen side by side with perf/triton_diff.py)."""
+    Client("http", served).infer("metrics", {"IN": (np.array([1.0], np.float32), "FP32")})
+    url = f"http://127.0.0.1:{served.ports['metrics']}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    kinds = {line.split()[2]: line.split()[3] for line in text.splitlines()
+             if line.startswith("# TYPE")}
+    counters = [n for n in names if kinds[n] == "counter"]
+    assert counters[-1] == "py_requests"
+    assert names.index("py_requests") < names.index("nv_inference_pending_request_count")
+    gauges = [n for n in names if kinds[n] == "gauge"]
+    assert gauges[-1] == "py_last_value"
+    assert names.index("py_last_value") == names.index("py_values") - 1
+    assert names[:len(counters)] == counters
+
+
 def test_error_response_fails_only_its_request(client):
     good, bad = client.infer_in_parallel("errors", [{"IN": (np.array([[0]], np.int32), "INT32")},
                                                     {"IN": (np.array([[1]], np.int32), "INT32")}])

@@ -119,11 +119,13 @@ class CustomMetrics:
             raise invalid_arg(f"metric '{name}' with labels {labels} does not exist")
         return series
 
-    def render(self, text) -> None:
-        """Add every family to a `metrics.MetricsText`."""
+    def render(self, text, kind: str) -> None:
+        """Add every family of `kind` to a `metrics.MetricsText`, in the order they were
+        declared (as Triton's registry lists them)."""
         with self.lock:
-            families = [self.families[name] for name in sorted(self.families)]
-            for family in families:
+            for family in self.families.values():
+                if family.kind != kind:
+                    continue
                 header = Family(family.name, family.kind, family.description)
                 series = list(family.series.values())
                 if family.kind != "histogram":
