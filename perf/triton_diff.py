@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Start mini_triton and the real Triton 2.51 side by side on one repository of Python models
+(perf/repos/fidelity: echo with batching, a decoupled generator, an ensemble of two Python
+steps, a sequence model), ask both the same things with stock tritonclient and raw HTTP,
+and print every place where the answers differ.
+
+    perf/setup_triton.sh                # once: installs Triton 2.51 in perf/.tools
+    python perf/triton_diff.py          # prints the differences and a summary
+    python perf/triton_diff.py -k metrics -k generate   # only probes whose name has a word
+
+What is compared: server and model metadata, model config (HTTP JSON and gRPC), repository
+index, statistics (fields and order), the /metrics page (families, HELP/TYPE, labels,
+order), inference answers (ensembles: output order, parameters), error status codes and
+texts for common client mistakes on both protocols, the generate extension, and the
+messages of the start-up log. Values that change from run to run (times, durations, ports)
+are replaced before comparing (perf/triton_diff_probes.py says which). Differences that
+are on purpose are listed in docs/migrating-from-triton.md; this script shows them too.
+Exit status: 0 when nothing differs, 1 otherwise, 2 when a server did not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import Server, free_port  # noqa: E402
+from measurements import PERF_DIR  # noqa: E402
+from triton_diff_probes import Target, probes  # noqa: E402
+
+REPOSITORY = PERF_DIR / "repos" / "fidelity"
+MODELS = ("echo", "gen", "gen_stream", "pipeline", "seq", "step_a", "step_b")
+
+
+def start(name: str, python: str, out_dir: Path) -> Server:
+    ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+    flags = ["--model-repository", str(REPOSITORY), "--http-port", str(ports["http"]),
+             "--grpc-port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"])]
+    command = ([str(PERF_DIR / "tritonserver"), *flags] if name == "triton"
+               else [python, "-m", "mini_triton", *flags])
+    server = Server(name, command, out_dir / f"{name}.log", ports)
+    server.start()
+    return server
+
+
+def target_of(server: Server) -> Target:
+    return Target(http=server.http_url, grpc=server.grpc_url,
+                  metrics=f"127.0.0.1:{server.ports['metrics']}")
+
+
+def run_probes(servers: dict[str, Server], words: list[str]) -> list[tuple[str, list[str]]]:
+    """(probe name, diff lines) for every probe that differs, in the order they ran."""
+    differences = []
+    targets = {name: target_of(server) for name, server in servers.items()}
+    for name, probe in probes():
+        if words and not any(word in name for word in words):
+            continue
+        answers = {}
+        for server_name, target in targets.items():
+            try:
+                answers[server_name] = probe(target)
+            except Exception as error:  # a probe that breaks is itself a difference
+                answers[server_name] = f"probe raised {type(error).__name__}: {error}"
+        diff = diff_lines(answers["triton"], answers["mini_triton"])
+        if diff:
+            differences.append((name, diff))
+    return differences
+
+
+def diff_lines(theirs, ours) -> list[str]:
+    def lines(value):
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            return value
+        return json.dumps(value, indent=1, ensure_ascii=False).splitlines()
+    if theirs == ours:
+        return []
+    return list(difflib.unified_diff(lines(theirs), lines(ours), "triton", "mini_triton",
+                                     lineterm="", n=2))
+
+
+LOG_LINE = re.compile(r'^([IWEV])\d{4} [\d:.]+ +\d+ [^\]]+\] (.*)$')
+
+
+def log_messages(path: Path) -> set[str]:
+    """Severity and text of each start-up log line, numbers and paths made neutral."""
+    messages = set()
+    for line in path.read_text(errors="replace").splitlines():
+        match = LOG_LINE.match(line)
+        if match:
+            text = re.sub(r"\d+", "N", match.group(2))
+            messages.add(f"{match.group(1)} {text.strip()}")
+    return messages
+
+
+def log_differences(servers: dict[str, Server]) -> list[str]:
+    theirs = log_messages(servers["triton"].log_path)
+    ours = log_messages(servers["mini_triton"].log_path)
+    return ([f"- {line}" for line in sorted(theirs - ours)] +
+            [f"+ {line}" for line in sorted(ours - theirs)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-k", action="append", default=[], dest="words",
+                        help="only probes whose name contains this (repeatable)")
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter that runs mini_triton (default: this one)")
+    parser.add_argument("--timeout", type=float, default=180,
+                        help="seconds each server may take to get ready")
+    args = parser.parse_args(argv)
+    out_dir = Path(tempfile.mkdtemp(prefix="triton_diff_"))
+    servers = {name: start(name, args.python, out_dir) for name in ("triton", "mini_triton")}
+    try:
+        for server in servers.values():
+            for model in MODELS:
+                server.wait_ready(model, args.timeout)
+    except RuntimeError as error:
+        print(error)
+        for server in servers.values():
+            server.stop()
+        return 2
+    try:
+        differences = run_probes(servers, args.words)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return report(differences, log_differences(servers) if not args.words else [], out_dir)
+
+
+def report(differences, log_lines, out_dir: Path) -> int:
+    for name, diff in differences:
+        print(f"=== {name}")
+        print("\n".join(diff[2:]))
+    if log_lines:
+        print("=== start-up log messages (- only Triton, + only mini_triton)")
+        print("\n".join(log_lines))
+    print(f"\nsummary: {len(differences)} probes differ"
+          + (f", {len(log_lines)} start-up log messages differ" if log_lines else ""))
+    for name, _ in differences:
+        print(f"  differs: {name}")
+    print(f"server logs: {out_dir}")
+    return 1 if differences or log_lines else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
