@@ -139,10 +139,11 @@ def key_value(value: str) -> tuple[str, str]:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """Report a bad command line in one clear line, exit status 2."""
+    """Report a bad command line in one clear line, exit status 1 as tritonserver's
+    (argparse's own convention would be 2)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(1, f"{self.prog}: error: {message}\n")
 
 
 def version_line() -> str:

@@ -214,13 +214,13 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 def test_safe_port_range_and_collisions_stop_the_server(tmp_path):
     outside = run_cli("--model-repository", str(tmp_path), "--allow-sagemaker=true",
                       "--sagemaker-port=8080", "--sagemaker-safe-port-range=9000-9100")
-    assert outside.returncode == 2
+    assert outside.returncode == 1
     assert ("The server cannot listen to HTTP requests at port 8000, allowed port range is "
             "[9000, 9100]") in outside.stderr
     same = run_cli("--model-repository", str(tmp_path), "--allow-sagemaker=true",
                    "--sagemaker-port=8000")
-    assert same.returncode == 2
+    assert same.returncode == 1
     assert ("The server cannot listen to HTTP requests and SageMaker requests at the same "
             "address and port 0.0.0.0:8000") in same.stderr
     bad = run_cli("--sagemaker-safe-port-range=9000")
-    assert bad.returncode == 2 and "--sagemaker-safe-port-range" in bad.stderr
+    assert bad.returncode == 1 and "--sagemaker-safe-port-range" in bad.stderr
