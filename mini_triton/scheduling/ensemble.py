@@ -28,6 +28,7 @@ from ..core.errors import TritonError, internal, invalid_arg, unavailable
 from ..core.request import InferenceRequest, InferenceResponse
 from ..core.stats import ExecutionTiming, ModelStats
 from ..core.tensor import RequestedOutput, Tensor
+from .hash_order import iteration_order
 from .base import cancelled_error, fail, rows, tap
 from .dynamic import STOPPING_MESSAGE
 from ..config.validation.ensemble import validate_ensemble_steps
@@ -50,6 +51,8 @@ class EnsembleScheduler:
         self.stopping = False
         self.checked_against: tuple | None = None
         self.optional_inputs = [t.name for t in self.config.input if t.optional]
+        # Triton lists a response's outputs as its unordered map of them iterates.
+        self.output_order = iteration_order([t.name for t in self.config.output])
         if self.service is not None:
             self._check_steps()
 
@@ -291,8 +294,8 @@ class _EnsembleRun:
     def _maybe_respond(self, flow: _Flow) -> None:
         if self.done or flow.emitted:
             return
-        wanted = [o.name for o in self.request.outputs] or [o.name for o in
-                                                            self.scheduler.config.output]
+        asked = {o.name for o in self.request.outputs}
+        wanted = [n for n in self.scheduler.output_order if not asked or n in asked]
         if not all(name in flow.tensors for name in wanted):
             return
         flow.emitted = True
