@@ -38,6 +38,15 @@ def test_repository_index_ready_must_be_a_boolean(default_server):
         400, "attempt to access JSON non-boolean as boolean")
 
 
+def test_repository_index_has_a_reason_only_when_there_is_one(default_server):
+    """Triton's entries for ready models are name, version and state; `reason` is
+    written only when it is not empty."""
+    status, reply, _ = post(default_server, "/v2/repository/index", b'{"ready": true}')
+    entries = json.loads(reply)
+    assert status == 200 and entries
+    assert all(list(entry) == ["name", "version", "state"] for entry in entries), entries
+
+
 NOT_A_VERSION = ("failed to get model version from specified version string 'abc' (details: "
                  "stol), version should be an integral value > 0")
 NEGATIVE = "invalid model version specified '-1' , version should be an integral value > 0"

@@ -427,7 +427,7 @@ def onnx_gpu_available() -> bool:
 
 def load_reasons(server: ServerThread) -> dict[str, str]:
     """Why each model failed to load, as the repository index reports it."""
-    return {entry["name"]: entry["reason"] for entry in server.server.manager.index()
+    return {entry["name"]: entry.get("reason", "") for entry in server.server.manager.index()
             if entry["state"] != "READY"}
 
 

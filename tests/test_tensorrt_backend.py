@@ -27,7 +27,7 @@ needs_gpu = pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or ""
 
 
 def load_reasons(server: ServerThread) -> dict[str, str]:
-    return {entry["name"]: entry["reason"] for entry in server.server.manager.index()
+    return {entry["name"]: entry.get("reason", "") for entry in server.server.manager.index()
             if entry["state"] != "READY"}
 
 

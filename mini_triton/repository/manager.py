@@ -453,16 +453,24 @@ def _loading_statuses(previous: ModelRecord | None) -> dict[int, VersionStatus]:
 
 def _index_entries(record: ModelRecord) -> list[dict]:
     if not record.statuses:
-        return [{"name": record.name, "state": record.state.value, "reason": record.reason}]
+        return [_index_entry(record.name, None, record.state, record.reason)]
     entries = []
     for version in sorted(record.statuses):
         status = record.statuses[version]
         reason = status.reason
         if status.state == State.READY and record.reason:
             reason = record.reason  # a failed reload, while this version keeps serving
-        entries.append({"name": record.name, "version": str(version),
-                        "state": status.state.value, "reason": reason})
+        entries.append(_index_entry(record.name, version, status.state, reason))
     return entries
+
+
+def _index_entry(name: str, version: int | None, state: State, reason: str) -> dict:
+    """One repository index entry as Triton writes it: `reason` only when there is one."""
+    entry = {"name": name} if version is None else {"name": name, "version": str(version)}
+    entry["state"] = state.value
+    if reason:
+        entry["reason"] = reason
+    return entry
 
 
 def _dependencies_first(folders: dict[str, Path], steps_of) -> list[str]:
