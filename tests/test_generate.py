@@ -75,6 +75,18 @@ def test_generate_maps_fields_to_inputs_and_parameters(url):
                                               "flag": [1], "words": [2], "grid": [2, 2]}
 
 
+def test_fields_named_like_control_parameters_reach_the_model_as_parameters(url):
+    """Triton 2.51's generate sets every field that is not an input as a plain parameter:
+    the model sees sequence_id, priority and timeout (a 1 us timeout times nothing out)."""
+    fields = {"sequence_id": 3, "sequence_start": True, "sequence_end": False,
+              "priority": 1, "timeout": 1, "other": "x"}
+    for path in ("/v2/models/echo/generate", "/v2/models/echo/generate_stream"):
+        reply = post(url, path, {"text_input": "hi", **fields})
+        assert reply.status_code == 200, reply.text
+        document = reply.json() if path.endswith("generate") else events(reply.text)[0]
+        assert json.loads(document["params"]) == fields
+
+
 def test_generate_adds_the_batch_dimension_for_batching_models(url):
     one = post(url, "/v2/models/echo_batched/generate", {"text_input": "a", "vals": [1, 2, 3]})
     assert json.loads(one.json()["shapes"]) == {"text_input": [1, 1], "vals": [1, 3]}

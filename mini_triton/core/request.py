@@ -198,6 +198,10 @@ class InferenceRequest:
     inputs: list[Tensor] = field(default_factory=list)
     outputs: list[RequestedOutput] = field(default_factory=list)
     parameters: dict = field(default_factory=dict)
+    # Parameters for the model alone, never read by the server: generate-extension fields
+    # named like the control parameters (`sequence_id`, `priority`, `timeout`, ...), which
+    # Triton passes to the model as plain parameters. None: none.
+    model_parameters: dict | None = None
     # The one input is a raw body whose name and shape core.validate deduces.
     raw_input: bool = False
     # Filled by core.validate.normalize:

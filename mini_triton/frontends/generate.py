@@ -6,7 +6,8 @@ field of `parameters`) becomes the model input of that name, or else a request
 parameter, as Triton's HTTP front end does it: a string is a BYTES element, a number
 or a boolean an element of the input's datatype, a list a 1-D run of elements; the
 shape is the input's (the batch dimension included) with its -1s filled in. `id` is
-the request id, and, as in Triton, a parameter too. A response is one flat object:
+the request id, and, as in Triton, a parameter too; `sequence_id`, `priority`, `timeout`
+and the sequence flags reach the model as plain parameters and steer nothing. A response is one flat object:
 `model_name`, `model_version`, `id` when there is one, the response's parameters and
 each output by name (a one-element tensor as a scalar, any other as a flat list),
 keys in Triton's (sorted) order.
@@ -30,6 +31,11 @@ from ..core.validate import config_datatype
 from . import http_codec
 
 PARAMETERS = "parameters"  # the one nested field of the request schema
+# Fields that steer an /infer request (sequence, priority, timeout) are plain parameters
+# in a generate request: Triton's generate front end sets every field that is not an
+# input as a parameter for the model, never as the request's control value.
+MODEL_ONLY = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority",
+                        "timeout"))
 EXACTLY_ONE = ("generate expects model to produce exactly 1 response, use generate stream "
                "for model that generates various number of responses")
 
@@ -98,6 +104,10 @@ def _map_fields(request: InferenceRequest, document: dict, specs: dict[str, Inpu
                 raise invalid_arg(f"[request id: {request.id or '<id_unknown>'}] input "
                                   f"'{name}' already exists in request")
             request.inputs.append(input_tensor(name, value, specs[name]))
+        elif name in MODEL_ONLY:
+            if request.model_parameters is None:
+                request.model_parameters = {}
+            request.model_parameters[name] = _parameter(name, value)
         else:
             request.parameters[name] = _parameter(name, value)
 

@@ -276,6 +276,7 @@ class _EnsembleRun:
         return InferenceRequest(step.model_name, version, self.request.id, inputs,
                                 [RequestedOutput(name) for name in step.outputs],
                                 dict(self.request.parameters),
+                                model_parameters=self.request.model_parameters,
                                 parent_trace=self.request.trace,
                                 model_namespace=self.scheduler.namespace)
 

@@ -56,6 +56,7 @@ def request_parameters_json(request: CoreRequest) -> str:
     """The parameters a model sees in `request.parameters()`."""
     visible = {k: v for k, v in request.parameters.items()
                if k not in _SERVER_PARAMETERS and not k.startswith("triton_")}
+    visible.update(request.model_parameters or {})
     return write_object(visible)
 
 
