@@ -150,6 +150,48 @@ def test_the_example_client_reports_a_bad_image(default_server, tmp_path, capsys
     assert classify_image.main([str(path), "--url", url, "--fast-path"]) == 1
     assert capsys.readouterr().err == f"error: {path} is not a JPEG or PNG image\n"
 
+STEPS = ("preprocess", "classifier", "postprocess")
+COMPUTE = ("compute_input", "compute_infer", "compute_output")
+
+
+def inference_stats(proto, model: str) -> dict:
+    """(count, ns) of each phase, and {batch size: (count, ns of each compute phase)}."""
+    if proto.name == "grpc":
+        stats = proto.client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+    else:
+        stats = proto.client.get_inference_statistics(model)["model_stats"][0]
+    phases = {name: (int(value.get("count", 0)), int(value.get("ns", 0)))
+              for name, value in stats["inference_stats"].items()}
+    phases["batches"] = {int(b["batch_size"]): tuple(int(b[phase].get("ns", 0))
+                                                     for phase in COMPUTE)
+                         for b in stats.get("batch_stats", [])}
+    return phases
+
+
+def test_ensemble_statistics_sum_its_steps_compute_times_as_triton_does(proto, images):
+    """Triton's ensemble reports, as its compute input/infer/output, the sums of its step
+    requests' (the steps' queueing and the hops between them are not in them); the last
+    step's times are counted too, although its answer is the ensemble's."""
+    models = ("image_classifier", *STEPS)
+    before = {model: inference_stats(proto, model) for model in models}
+    for encoded in ([images["JPEG"]], [images["PNG"]], [images["JPEG"], images["PNG"]]):
+        classify(proto.client, proto.module, encoded)
+    after = {model: inference_stats(proto, model) for model in models}
+
+    def delta(model, phase):
+        return tuple(a - b for a, b in zip(after[model][phase], before[model][phase]))
+
+    for phase in COMPUTE:
+        count, ns = delta("image_classifier", phase)
+        assert count == 3
+        assert ns == sum(delta(step, phase)[1] for step in STEPS) > 0
+    new_batches = {size: tuple(a - b for a, b in zip(
+        sums, before["image_classifier"]["batches"].get(size, (0, 0, 0))))
+        for size, sums in after["image_classifier"]["batches"].items()}
+    totals = [sum(sums[index] for sums in new_batches.values()) for index in range(3)]
+    assert totals == [delta("image_classifier", phase)[1] for phase in COMPUTE]
+
+
 # --- the steps on their own ---
 
 

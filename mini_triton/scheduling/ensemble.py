@@ -158,7 +158,9 @@ class _EnsembleRun:
         self.limits: dict[int, asyncio.Semaphore] = {}
         self.done = False
         self.failed = False
-        self.compute_ns = 0
+        # Triton's ensemble statistics: the sums of its step requests' compute input,
+        # infer and output times (a step's queueing is the step's own).
+        self.step_compute = [0, 0, 0]
         self.started_ns = 0
         self.idle: asyncio.Event | None = None
 
@@ -230,7 +232,6 @@ class _EnsembleRun:
 
     async def _infer_step(self, flow: _Flow, step) -> None:
         step_request = self._step_request(flow, step)
-        began = time.monotonic_ns()
         try:
             stream = self.scheduler.service.infer(step_request)
         except TritonError as error:
@@ -240,6 +241,8 @@ class _EnsembleRun:
         try:
             decoupled = step_request.decoupled
             async for response in stream:
+                if response.final:  # before the outputs move on: the last step's may answer
+                    self._add_step_compute(step_request)
                 if self.done:
                     continue
                 if response.error is not None:
@@ -255,7 +258,14 @@ class _EnsembleRun:
                     self._advance(flow)
         finally:
             self.step_requests.pop(id(step_request), None)
-            self.compute_ns += time.monotonic_ns() - began
+
+    def _add_step_compute(self, step_request: InferenceRequest) -> None:
+        """Count a finished step request's compute times (none for an answer from the
+        response cache); a step that is itself an ensemble gives its own sums."""
+        timing = getattr(step_request, "ensemble_compute", None) or step_request.timing
+        if isinstance(timing, ExecutionTiming):
+            for index, ns in enumerate((timing.input_ns, timing.infer_ns, timing.output_ns)):
+                self.step_compute[index] += ns
 
     def _limit(self, index: int) -> asyncio.Semaphore | None:
         if not self.scheduler.max_inflight:
@@ -323,10 +333,16 @@ class _EnsembleRun:
             self.request.respond(response)
 
     def _record(self, started: int) -> None:
-        """As Triton accounts an ensemble: one execution of the request's batch
-        size, its compute time the time its steps took."""
-        end = time.monotonic_ns()
+        """As Triton accounts an ensemble: one execution of the request's batch size,
+        whose compute input, infer and output times are the sums of its step
+        requests' (so they leave out the steps' queueing and the hops between them)."""
+        input_ns, infer_ns, output_ns = self.step_compute
+        timing = ExecutionTiming(started, started + input_ns, started + input_ns + infer_ns,
+                                 started + input_ns + infer_ns + output_ns)
+        # Where this ensemble is a step of another, its sums count there (not as
+        # `timing`, which would give its trace compute marks no execution had).
+        self.request.ensemble_compute = timing
         stats = self.scheduler.stats
-        stats.record_batch(ExecutionTiming(started, started, end, end), rows(self.request))
-        stats.record_compute(started - self.request.queue_start_ns, 0, self.compute_ns, 0,
-                             rows(self.request))
+        stats.record_batch(timing, rows(self.request))
+        stats.record_compute(started - self.request.queue_start_ns, input_ns, infer_ns,
+                             output_ns, rows(self.request))
