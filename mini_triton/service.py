@@ -249,11 +249,22 @@ class InferenceService:
         except TritonError as error:
             current = self._replacement(loaded, request.model_name, requested_version)
             if current is None:
-                request.on_complete(request, request.error_response(error))
+                self._refused(request, error)
                 raise
             # A reload swapped in a new version between lookup and submit: go there.
             self._prepare(request, current)
             self._submit(request, current, requested_version)
+
+    @staticmethod
+    def _refused(request: InferenceRequest, error: TritonError) -> None:
+        """A request its scheduler would not take. One it found invalid (the sequence
+        batcher's correlation ID, START flag or batch size) never reached the model and,
+        as in Triton, counts nowhere; one it rejected (a full queue, a stopping model) is a
+        failure, with its reason."""
+        if error.code is Code.INVALID_ARG:
+            request.release_regions()
+        else:
+            request.on_complete(request, request.error_response(error))
 
     def _cache_lookup(self, request: InferenceRequest, loaded: LoadedVersion):
         """The response cache's answer for `request` (a CacheLookup), or None where the

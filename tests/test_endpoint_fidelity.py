@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
@@ -111,3 +112,25 @@ def post_to(proto, path):
         return reply.status, reply.read(), dict(reply.headers)
     finally:
         connection.close()
+
+
+def _sequence_failures(proto) -> int:
+    stats = proto.client.get_inference_statistics("sequence_accumulate", as_json=True) \
+        if proto.name == "grpc" else \
+        proto.client.get_inference_statistics("sequence_accumulate")
+    return int(stats["model_stats"][0]["inference_stats"]["fail"].get("count", 0))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "must specify a non-zero or non-empty correlation ID"),
+    ({"sequence_id": 987654}, "must specify the START flag on the first request"),
+])
+def test_a_request_the_sequence_batcher_refuses_is_not_a_failure(proto, kwargs, message):
+    """Triton 2.51 counts none of these in the model's statistics or nv_* failures."""
+    before = _sequence_failures(proto)
+    tensor = proto.module.InferInput("INPUT0", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.ones((1, 1), dtype=np.int32))
+    with pytest.raises(InferenceServerException) as caught:
+        proto.client.infer("sequence_accumulate", [tensor], **kwargs)
+    assert message in caught.value.message()
+    assert _sequence_failures(proto) == before
