@@ -237,3 +237,34 @@ def test_answers_held_behind_a_slow_request_count_against_the_bound(stream_limit
     assert "--grpc-stream-max-queued-bytes" in error.message()
     assert grown < 64 * MIB, grown
 
+
+
+@pytest.fixture(scope="module")
+def in_flight_limited(repository):
+    running = start("--model-repository", str(repository),
+                    "--grpc-stream-max-requests-in-flight=2")
+    yield running
+    assert running.stop() == 0
+    assert "Traceback" not in running.output, running.output
+
+
+def test_a_stream_has_at_most_its_limit_of_requests_under_way(in_flight_limited):
+    """48 requests of 1 MiB for a 3 s model on one stream: the server takes two and
+    leaves the rest to the client's flow control, instead of reading and queueing
+    48 MiB."""
+    client = grpcclient.InferenceServerClient(in_flight_limited.grpc_url)
+    pid = in_flight_limited.proc.pid
+    reset_peak_memory(pid)
+    before = peak_memory(pid)
+    try:
+        client.start_stream(callback=lambda result, error: None)
+        big = grpcclient.InferInput("INPUT0", [MIB // 4], "FP32")
+        big.set_data_from_numpy(np.ones(MIB // 4, np.float32))
+        for index in range(48):
+            client.async_stream_infer("slow", [big], request_id=str(index))
+        time.sleep(2.0)  # what the server would read meanwhile
+        grown = peak_memory(pid) - before
+        client.stop_stream(cancel_requests=True)
+    finally:
+        client.close()
+    assert grown < 24 * MIB, grown

@@ -131,6 +131,9 @@ class GrpcOptions:
     # --grpc-stream-max-queued-bytes: one ModelStreamInfer call's responses waiting for
     # its client (grpc_stream.StreamOutbox); 0: no limit
     stream_max_queued_bytes: int = grpc_stream.DEFAULT_STREAM_MAX_QUEUED_BYTES
+    # --grpc-stream-max-requests-in-flight: one ModelStreamInfer call's requests under
+    # way; past it the next is not read (0: no limit)
+    stream_max_in_flight: int = grpc_stream.DEFAULT_STREAM_MAX_IN_FLIGHT
     # --grpc-infer-response-compression-level: none, low, medium or high (COMPRESSION_LEVELS)
     response_compression: str = "none"
 
@@ -335,7 +338,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         decode = functools.partial(self._decode, context=context)
         async for message in grpc_stream.stream_responses(
                 self.service, request_messages, context, decode,
-                self.options.stream_max_queued_bytes):
+                self.options.stream_max_queued_bytes, self.options.stream_max_in_flight):
             yield message
 
     def _decode(self, message, context):

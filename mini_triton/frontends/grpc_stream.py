@@ -42,6 +42,9 @@ from . import grpc_codec
 from .errors import grpc_status
 from .grpc_calls import AbortError
 
+# Default bound on one stream's requests under way (as SETTINGS_MAX_CONCURRENT_STREAMS
+# bounds a connection's unary calls).
+DEFAULT_STREAM_MAX_IN_FLIGHT = 100
 # Default bound on one stream's queued responses, in bytes.
 DEFAULT_STREAM_MAX_QUEUED_BYTES = 32 << 20
 # What a queued response costs besides its bytes (its message objects), so that many
@@ -129,16 +132,18 @@ class StreamOutbox:
         return message
 
 
-async def stream_responses(service, request_messages, context, decode, limit: int):
+async def stream_responses(service, request_messages, context, decode, limit: int,
+                           max_in_flight: int = 0):
     """ModelStreamInfer: requests and responses interleave, each request's responses
     written as they come. `request_messages` are the request messages as bytes; `decode`
     makes a parsed one an InferenceRequest (TritonError when it cannot). Past `limit`
     bytes of responses queued (StreamOutbox), the call ends RESOURCE_EXHAUSTED; in
     gRPC-error mode the first error ends it with its status. Either way the requests
-    still in flight are cancelled."""
+    still in flight are cancelled. With `max_in_flight` requests under way, the next is
+    not read until one ends (read_requests)."""
     outbox = StreamOutbox(limit)
     reader = asyncio.create_task(read_requests(service, request_messages, decode, outbox,
-                                               wants_grpc_errors(context)))
+                                               wants_grpc_errors(context), max_in_flight))
     outbox.on_overflow = reader.cancel
     try:
         while True:
@@ -187,7 +192,10 @@ class ResponseOrder:
 
 
 async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
-                        grpc_errors: bool = False) -> None:
+                        grpc_errors: bool = False, max_in_flight: int = 0) -> None:
+    """Start each request of the stream as it is read, at most `max_in_flight` at once
+    (0: no limit): past it the next message is not taken, so its bytes stay out of the
+    stream's flow-control window and the client waits, as HTTP's pipelined requests do."""
     forwarders: set[asyncio.Task] = set()
     order = ResponseOrder(outbox)
     try:
@@ -215,6 +223,8 @@ async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
                                                outbox, grpc_errors, order, slot))
             forwarders.add(task)
             task.add_done_callback(forwarders.discard)
+            while max_in_flight and len(forwarders) >= max_in_flight:
+                await asyncio.wait(forwarders, return_when=asyncio.FIRST_COMPLETED)
         if forwarders:
             await asyncio.gather(*forwarders)
     finally:
