@@ -4,6 +4,9 @@ below were read from a real Triton 2.51 on these configs (perf/triton_diff.py)."
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import numpy as np
 import pytest
 
@@ -92,3 +95,23 @@ def test_the_hash_is_libstdcxx_murmur():
     # std::hash<std::string>{}("") on x86-64 libstdc++.
     assert string_hash("") == 6142509188972423790
     assert iteration_order(["OUT_B", "OUT_A", "DOUBLE"]) == ["DOUBLE", "OUT_A", "OUT_B"]
+
+
+# Triton 2.51's /v2/models/NAME/config of an ensemble: fields in the proto's declaration
+# order at every level, and no field its proto does not have (max_inflight_requests).
+ENSEMBLE_CONFIG_KEYS = [
+    "name", "platform", "backend", "runtime", "version_policy", "max_batch_size", "input",
+    "output", "batch_input", "batch_output", "ensemble_scheduling", "instance_group",
+    "default_model_filename", "cc_model_filenames", "metric_tags", "parameters",
+    "model_warmup", "model_transaction_policy"]
+INPUT_KEYS = ["name", "data_type", "format", "dims", "is_shape_tensor", "allow_ragged_batch",
+              "optional", "is_non_linear_format_io"]
+
+
+def test_ensemble_config_json_has_tritons_field_order(server):
+    url = f"http://127.0.0.1:{server.ports['http']}/v2/models/wide5/config"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        config = json.loads(reply.read())
+    assert list(config) == ENSEMBLE_CONFIG_KEYS
+    assert list(config["input"][0]) == INPUT_KEYS
+    assert list(config["ensemble_scheduling"]) == ["step"]

@@ -35,7 +35,35 @@ def config_to_json(config: ModelConfig, *, including_defaults: bool) -> dict:
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=including_defaults,
     )
-    return _int64_as_numbers(data, config.DESCRIPTOR)
+    return _in_declaration_order(_int64_as_numbers(data, config.DESCRIPTOR), config.DESCRIPTOR)
+
+
+# Scalar fields of the protos (tritonclient's) that Triton 2.51's model_config.proto does
+# not have yet: written only when set, so a default config reads as Triton 2.51's.
+_NEWER_THAN_TRITON = frozenset({("inference.ModelEnsembling", "max_inflight_requests")})
+
+
+def _in_declaration_order(data: dict, descriptor) -> dict:
+    """`data` with its fields in the order the proto declares them, at every level, as
+    Triton's (C++) JSON printer writes them; Python's lists the set fields first."""
+    ordered = {}
+    for field in descriptor.fields:
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if (descriptor.full_name, field.name) in _NEWER_THAN_TRITON and not value:
+            continue
+        if field.cpp_type == _MESSAGE and not field.message_type.GetOptions().map_entry:
+            inner = field.message_type
+            value = ([_in_declaration_order(v, inner) for v in value] if field.is_repeated
+                     else _in_declaration_order(value, inner))
+        elif field.cpp_type == _MESSAGE:  # a map: its message values in order too
+            value_field = field.message_type.fields_by_name["value"]
+            if value_field.cpp_type == _MESSAGE:
+                value = {k: _in_declaration_order(v, value_field.message_type)
+                         for k, v in value.items()}
+        ordered[field.name] = value
+    return ordered
 
 
 def _int64_as_numbers(data: dict, descriptor) -> dict:
