@@ -82,6 +82,21 @@ INVOCATION_REPLIES = InferReplies(
 MME_REPLIES = InferReplies(_mme_error, binary_headers, compressible=False)
 
 
+def post_infer(v2: HttpFrontend, request: HttpRequest, exchange: Exchange, model: str,
+               version: str, replies: InferReplies, mime: str) -> None:
+    """An inference route of a cloud front end: POST only, the JSON header's length
+    from the content type (`mime` plus the size), then the v2 inference itself."""
+    if request.method != "POST":
+        exchange.answer(error_reply(405, "Method Not Allowed"))
+        return
+    try:
+        length = header_length(request.headers.get("content-type"), len(request.body), mime)
+    except TritonError as error:
+        exchange.answer(replies.error(error))
+        return
+    v2.start_infer(request, exchange, model, version, length, replies)
+
+
 def header_length(content_type: str | None, body_length: int, mime: str) -> int | None:
     """The JSON header's length a content type declares (None: the whole body is
     JSON; 0: the body is the only input's raw data), with Triton's errors."""
@@ -187,16 +202,7 @@ class SagemakerFrontend:
 
     def invoke(self, request: HttpRequest, exchange: Exchange, model: str,
                replies: InferReplies) -> None:
-        if request.method != "POST":
-            exchange.answer(error_reply(405, "Method Not Allowed"))
-            return
-        try:
-            length = header_length(request.headers.get("content-type"), len(request.body),
-                                   BINARY_MIME)
-        except TritonError as error:
-            exchange.answer(replies.error(error))
-            return
-        self.v2.start_infer(request, exchange, model, "", length, replies)
+        post_infer(self.v2, request, exchange, model, "", replies, BINARY_MIME)
 
     # --- multi-model endpoints ---
 

@@ -16,11 +16,11 @@ import logging
 import re
 from dataclasses import dataclass
 
-from ..core.errors import TritonError, invalid_arg
+from ..core.errors import invalid_arg
 from ..service import InferenceService
 from .http_exchange import Exchange, HttpReply, HttpRequest
 from .http_server import V2_REPLIES, HttpFrontend, InferReplies, error_reply
-from .sagemaker_routes import header_length
+from .sagemaker_routes import post_infer
 
 log = logging.getLogger("mini_triton.vertex_ai")
 
@@ -111,16 +111,7 @@ class VertexFrontend:
 
     def _infer(self, request: HttpRequest, exchange: Exchange, model: str,
                version: str) -> None:
-        if request.method != "POST":
-            exchange.answer(error_reply(405, "Method Not Allowed"))
-            return
-        try:
-            length = header_length(request.headers.get("content-type"), len(request.body),
-                                   BINARY_MIME)
-        except TritonError as error:
-            exchange.answer(REPLIES.error(error))
-            return
-        self.v2.start_infer(request, exchange, model, version, length, REPLIES)
+        post_infer(self.v2, request, exchange, model, version, REPLIES, BINARY_MIME)
 
     def _redirect(self, request: HttpRequest, exchange: Exchange, path: str) -> None:
         log.debug("Redirecting Vertex AI request: %s", path)
