@@ -32,8 +32,8 @@ MODEL = "identity_py"
 PYTHON = os.environ.get("MINI_TRITON_PYTHON", sys.executable)
 
 
-def start(tree: Path, port: int, extra: list[str]) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(tree))
+def start(tree: Path, port: int, extra: list[str], more_env: dict) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(tree), **more_env)
     return subprocess.Popen(
         [PYTHON, "-m", "mini_triton", "--model-repository", str(REPO), "--http-port", str(port),
          "--grpc-port", str(port + 1), "--metrics-port", str(port + 2), *extra],
@@ -130,10 +130,18 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=300, help="requests per window")
     parser.add_argument("--strace", action="store_true", help="system calls per request")
     parser.add_argument("--server-args", default="")
+    parser.add_argument("--second-args", default="",
+                        help="flags for the second server only (one tree twice: a flag A/B)")
+    parser.add_argument("--second-env", default="",
+                        help="NAME=VALUE,... in the second server's environment only")
     args = parser.parse_args()
     trees = [tree.resolve() for tree in args.trees]
     ports = [18400 + 10 * i for i in range(len(trees))]
-    servers = [start(tree, port, args.server_args.split()) for tree, port in zip(trees, ports)]
+    extra = [args.server_args.split(), args.server_args.split() + args.second_args.split()]
+    second_env = dict(item.split("=", 1) for item in args.second_env.split(",") if item)
+    envs = [{}, second_env]
+    servers = [start(tree, port, flags, env)
+               for tree, port, flags, env in zip(trees, ports, extra, envs)]
     try:
         for port in ports:
             wait_ready(port)
@@ -146,7 +154,9 @@ def main() -> None:
                     order.reverse()
                 for i in order:
                     r = measure(servers[i], ports[i], point, args.count, args.strace)
-                    print(f"| {rep} | {point} | {trees[i].name or trees[i]} | {r['infer_s']:,.0f} "
+                    name = (trees[i].name or str(trees[i])) + (f" {args.second_args} {args.second_env}"
+                                                               if i else "")
+                    print(f"| {rep} | {point} | {name} | {r['infer_s']:,.0f} "
                           f"| {r['cpu_us']:,.0f} | {r.get('syscalls', '')} |", flush=True)
     finally:
         for server in servers:
