@@ -59,3 +59,28 @@ def test_server_and_model_lines_are_in_tritons_format(tmp_path, log_format, patt
     executing = next(line for line in lines if '"executing"' in line)
     assert executing.startswith("W") or " W " in executing[:25]
     assert " model.py:10] " in executing
+
+
+def test_load_and_unload_lines_are_tritons(tmp_path):
+    """Triton 2.51: `successfully loaded 'NAME'` once a model is up, and
+    `successfully unloaded 'NAME' version N` for each version it stops (on unload and
+    when the server exits)."""
+    for name in ("a", "b"):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "identity"\nmax_batch_size: 1\n'
+            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    server = ServerProcess([f"--model-repository={tmp_path}", "--model-control-mode=explicit",
+                            "--load-model=a", "--load-model=b"]).start()
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        client.unload_model("a")
+        client.close()
+    finally:
+        server.stop()
+    messages = [line.rstrip("\n").split("] ", 1)[-1] for line in server.lines]
+    for expected in ('"successfully loaded \'a\'"', '"successfully loaded \'b\'"',
+                     '"successfully unloaded \'a\' version 1"',
+                     '"successfully unloaded \'b\' version 1"'):
+        assert messages.count(expected) == 1, (expected, server.output)

@@ -394,8 +394,7 @@ class ModelRepositoryManager:
 
     def _report(self, record: ModelRecord) -> None:
         if record.state == State.READY:
-            log.info("successfully loaded '%s' version %s", record.name,
-                     ",".join(str(v) for v in sorted(record.versions)))
+            log.info("successfully loaded '%s'", record.name)  # Triton's line
         else:
             log.error("%s", record.reason)
 
@@ -410,7 +409,6 @@ class ModelRepositoryManager:
         if previous is not None:
             _stop_versions(previous, self.options.exit_timeout_secs)
             remove_private_model(previous)
-            log.info("successfully unloaded '%s'", name_of(key))
 
     def _dependents(self, key: str) -> list[str]:
         """The loaded ensembles whose steps resolve to `key`."""
@@ -521,5 +519,8 @@ def _stop_quietly(loaded: LoadedVersion, timeout: float) -> None:
 
 
 def _stop_versions(record: ModelRecord, timeout: float) -> None:
-    for loaded in list(record.versions.values()):
+    """Stop each version, saying so in Triton's words (an unload, a replaced version or
+    the server's exit alike)."""
+    for version, loaded in sorted(record.versions.items()):
         _stop_quietly(loaded, timeout)
+        log.info("successfully unloaded '%s' version %d", record.name, version)
