@@ -53,6 +53,8 @@ def test_server_and_model_lines_are_in_tritons_format(tmp_path, log_format, patt
     lines = [line.rstrip("\n") for line in server.lines]
     loaded = next(line for line in lines if "successfully loaded 'talker'" in line)
     assert pattern.match(loaded), loaded
+    instance = next(line for line in lines if "TRITONBACKEND_ModelInstanceInitialize" in line)
+    assert instance.endswith('"TRITONBACKEND_ModelInstanceInitialize: talker_0 (CPU device 0)"')
     hello = next(line for line in lines if "hello from initialize" in line)
     assert pattern.match(hello) and " model.py:7] " in hello, hello
     assert '\\"quote\\"\\nand a newline"' in hello  # one line, escaped as JSON

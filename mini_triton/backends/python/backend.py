@@ -8,6 +8,7 @@ the execution mode picks `ProcessInstance` (the default) or `ThreadInstance`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from . import exec_env, process_mode
 from .bridge import ServerBridge
 from .exec_env import EXECUTION_ENV_PATH
 from .runner import ModelError, ModelRunner, install_module_alias, mentions_auto_complete
+
+log = logging.getLogger("mini_triton.backends.python")
 
 EXECUTION_MODE = "execution_mode"  # "process" (default) or "thread"
 AUTO_STACK = "auto_stack"  # "true": execute gets one request holding the whole batch
@@ -145,6 +148,9 @@ class PythonBackend(Backend):
 
     def create_instance(self, index: int, kind: str, device_id: int) -> ModelInstance:
         name = self._instance_name(index)
+        # Triton's Python backend line, which log readers look for per instance.
+        log.info("TRITONBACKEND_ModelInstanceInitialize: %s (%s device %d)", name,
+                 kind.removeprefix("KIND_"), device_id)
         args = {
             "model_config": self._config_json,
             "model_instance_kind": kind.removeprefix("KIND_"),
