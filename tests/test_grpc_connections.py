@@ -51,6 +51,23 @@ def identity_call(client, timeout: float = 20.0, model: str = "identity_fp32"):
 
 # --- how many connections ---
 
+def hold_connections(server, count: int) -> list:
+    """`count` clients with a call answered on each: the server's connections they hold
+    (retried while the server has yet to see an earlier test's connections close)."""
+    holders = []
+    deadline = time.monotonic() + CUT_OFF
+    while len(holders) < count:
+        holder = client_of(server)
+        try:
+            identity_call(holder)
+            holders.append(holder)
+        except InferenceServerException:
+            holder.close()
+            assert time.monotonic() < deadline, "the server kept refusing connections"
+            time.sleep(0.2)
+    return holders
+
+
 @pytest.fixture(scope="module")
 def two_connections():
     running = start("--grpc-max-connections=2")
@@ -60,10 +77,8 @@ def two_connections():
 
 
 def test_a_connection_past_max_connections_is_refused_saying_so(two_connections):
-    first, second = client_of(two_connections), client_of(two_connections)
+    first, second = hold_connections(two_connections, 2)  # two open: the limit
     try:
-        identity_call(first)
-        identity_call(second)  # two open: the limit
         third = client_of(two_connections)
         started = time.monotonic()
         with pytest.raises(InferenceServerException) as refused:
@@ -92,10 +107,8 @@ def test_a_connection_past_max_connections_is_refused_saying_so(two_connections)
 
 
 def test_a_refused_connection_gets_goaway_after_its_answer(two_connections):
-    holders = [client_of(two_connections) for _ in range(2)]
+    holders = hold_connections(two_connections, 2)
     try:
-        for holder in holders:
-            identity_call(holder)
         with H2(two_connections.ports["grpc"]) as client:
             client.handshake()
             client.call(1, INFER, infer_request(VALUES))
@@ -110,10 +123,8 @@ def test_a_refused_connection_gets_goaway_after_its_answer(two_connections):
 
 
 def test_a_refused_connection_that_makes_no_call_is_closed_soon(two_connections):
-    holders = [client_of(two_connections) for _ in range(2)]
+    holders = hold_connections(two_connections, 2)
     try:
-        for holder in holders:
-            identity_call(holder)
         with H2(two_connections.ports["grpc"]) as client:
             client.handshake()
             started = time.monotonic()
