@@ -239,9 +239,9 @@ def test_answers_held_behind_a_slow_request_count_against_the_bound(stream_limit
 
 
 
-@pytest.fixture(scope="module")
-def in_flight_limited(repository):
-    running = start("--model-repository", str(repository),
+@pytest.fixture(scope="module", params=["native", "grpcio"])
+def in_flight_limited(repository, request):
+    running = start("--model-repository", str(repository), f"--grpc-transport={request.param}",
                     "--grpc-stream-max-requests-in-flight=2")
     yield running
     assert running.stop() == 0
