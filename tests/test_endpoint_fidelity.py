@@ -134,3 +134,17 @@ def test_a_request_the_sequence_batcher_refuses_is_not_a_failure(proto, kwargs, 
         proto.client.infer("sequence_accumulate", [tensor], **kwargs)
     assert message in caught.value.message()
     assert _sequence_failures(proto) == before
+
+
+@pytest.mark.parametrize("path, status, message", [
+    ("/v2/nothing/here", 404, "Not Found"),
+    ("/v2/models/identity_fp32/versions/x", 404, "Not Found"),
+    ("/v2/models/identity_fp32/versions/-1/ready", 404, "Not Found"),
+    ("/v2/models/identity_fp32/infer", 405, "Method Not Allowed"),
+])
+def test_paths_triton_does_not_route_are_answered_in_its_words(default_server, path, status,
+                                                                message):
+    """Triton's routes take a version of digits only; what they do not match is 404
+    "Not Found", a known path with another method 405 "Method Not Allowed"."""
+    got, reply = get(default_server, path)
+    assert (got, json.loads(reply)) == (status, {"error": message})

@@ -11,6 +11,13 @@ if TYPE_CHECKING:
     from .http_protocol import Handler, HttpReply
 
 
+def _placeholder(match: re.Match) -> str:
+    """A path parameter's regex: one path segment; a version is digits only, as in
+    Triton's routes (`/versions/x` is not a route there: 404 "Not Found")."""
+    name = match.group(1)
+    return f"(?P<{name}>{'[0-9]+' if name == 'version' else '[^/]+'})"
+
+
 class Router:
     """Exact paths in a dict, parameterised paths as anchored regexes."""
 
@@ -31,7 +38,7 @@ class Router:
         if "{" not in path:
             self.exact.setdefault(path, {})[method] = handler
             return
-        regex = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path) + "$")
+        regex = re.compile("^" + re.sub(r"\{(\w+)\}", _placeholder, path) + "$")
         for pattern, methods in self.patterns:
             if pattern.pattern == regex.pattern:
                 methods[method] = handler
@@ -44,10 +51,10 @@ class Router:
         if methods is None:
             methods, params = self.matched.get(path) or self._match(path)
         if methods is None:
-            return None, {}, self.not_found(f"Not Found: {path}")
+            return None, {}, self.not_found("Not Found")  # Triton's words
         handler = methods.get(method)
         if handler is None:
-            reply = self.not_found(f"Method {method} not allowed for {path}")
+            reply = self.not_found("Method Not Allowed")
             reply.status = 405
             reply.headers["Allow"] = ", ".join(sorted(methods))
             return None, {}, reply
