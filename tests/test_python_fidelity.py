@@ -127,6 +127,86 @@ MODELS.update({
              'output [{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }]\n', TAIL),
 })
 
+REPEAT_SOURCE = '''
+import threading, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = float(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            threading.Thread(target=self.repeat, args=(request.get_response_sender(), x)).start()
+        return None
+
+    def repeat(self, sender, x):
+        for i in range(3):
+            time.sleep(0.02)
+            sender.send(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", np.array([x * 10 + i], np.float32))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+# Four decoupled BLS calls awaited together from an async execute, every response of
+# each streamed on to the client.
+BLS_GATHER_STREAMS = '''
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            calls = [pb_utils.InferenceRequest(
+                         model_name="repeat_source", requested_output_names=["OUT"],
+                         inputs=[pb_utils.Tensor("IN", (x + k).astype(np.float32))]
+                     ).async_exec(decoupled=True) for k in range(4)]
+            for stream in await asyncio.gather(*calls):
+                for response in stream:
+                    if response.has_error():
+                        raise pb_utils.TritonModelException(response.error().message())
+                    out = pb_utils.get_output_tensor_by_name(response, "OUT")
+                    if out is not None:
+                        sender.send(pb_utils.InferenceResponse(
+                            [pb_utils.Tensor("OUT", out.as_numpy())]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+# Four non-decoupled BLS calls awaited together; the reply sums what they answered.
+BLS_GATHER_UNARY = '''
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            answers = await asyncio.gather(*[pb_utils.InferenceRequest(
+                model_name="tail", requested_output_names=["Y"],
+                inputs=[pb_utils.Tensor("X", (x + k).astype(np.float32))]).async_exec()
+                for k in range(4)])
+            total = sum(pb_utils.get_output_tensor_by_name(a, "Y").as_numpy() for a in answers)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", total)]))
+        return responses
+'''
+
+_DECOUPLED_IO = ('model_transaction_policy { decoupled: true }\nmax_batch_size: 0\n'
+                 'input [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+                 'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }]\n')
+MODELS.update({
+    "repeat_source": (_DECOUPLED_IO, REPEAT_SOURCE),
+    "bls_gather_streams": (_DECOUPLED_IO, BLS_GATHER_STREAMS),
+    "bls_gather_unary": ('max_batch_size: 0\n'
+                         'input [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+                         'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }]\n',
+                         BLS_GATHER_UNARY),
+})
+
 # B is optional; "extra" connects the steps and exists only when B came.
 ENSEMBLE = """name: "optional_ensemble"
 platform: "ensemble"
@@ -316,3 +396,42 @@ def test_ensemble_optional_inputs_may_be_left_out(served, protocol, with_b):
     # Triton 2.51: SUM 3 and Y 3 + 20 with B; without it SUM 1, and "tail" runs without E.
     assert result.as_numpy("SUM").tolist() == ([3.0] if with_b else [1.0])
     assert result.as_numpy("Y").tolist() == ([23.0] if with_b else [1001.0])
+
+
+# --- item: BLS calls made concurrently from an async execute ---
+
+def _stream_all(server, model: str) -> list[float]:
+    """Every OUT value a gRPC stream brings for one request, until its final flag."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports['grpc']}")
+    arrived: queue.Queue = queue.Queue()
+    client.start_stream(lambda result, error: arrived.put((result, error)))
+    tensor = grpcclient.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([3], np.float32))
+    client.async_stream_infer(model, [tensor], enable_empty_final_response=True)
+    values = []
+    try:
+        while True:
+            result, error = arrived.get(timeout=30)
+            assert error is None, error
+            response = result.get_response()
+            if response.outputs:
+                values.append(float(result.as_numpy("OUT")[0]))
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                return values
+    finally:
+        client.stop_stream()
+
+
+def test_concurrent_decoupled_bls_calls_deliver_every_response(served):
+    """Four decoupled async_exec awaited together: all twelve responses reach the
+    client and the stream closes with its final flag."""
+    for _ in range(3):
+        assert sorted(_stream_all(served, "bls_gather_streams")) == sorted(
+            (3 + k) * 10 + i for k in range(4) for i in range(3))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_concurrent_bls_calls_all_answer(served, protocol):
+    result = _infer(protocol, served, "bls_gather_unary")
+    assert result.as_numpy("OUT")[0] == sum(3 + k + 1000 for k in range(4))
