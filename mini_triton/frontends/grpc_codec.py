@@ -41,10 +41,13 @@ def write_parameters(target, values: dict) -> None:
             parameter.string_param = str(value)
 
 
-def decode_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
+def decode_infer_request(message: pb.ModelInferRequest,
+                         raw_contents: list | None = None) -> InferenceRequest:
+    """`raw_contents`: the message's raw_input_contents read apart (grpc_split.py)."""
     version = model_version(message.model_version)
     check_request_parameters(message.parameters)
-    raw = _RawContents(message.raw_input_contents, message.model_name)
+    raw = _RawContents(message.raw_input_contents if raw_contents is None else raw_contents,
+                       message.model_name)
     inputs = [_decode_input(item, raw, message.model_name) for item in message.inputs]
     raw.check_consumed()
     outputs = []

@@ -15,7 +15,8 @@ from tritonclient.grpc import service_pb2_grpc
 
 from ..core.errors import TritonError
 from ..service import InferenceService
-from . import grpc_codec, grpc_parameters, grpc_stream, grpc_transport, grpc_wire
+from . import (grpc_codec, grpc_parameters, grpc_split, grpc_stream, grpc_transport,
+               grpc_wire)
 from .errors import grpc_status
 from .grpc_wire import COMPRESSION_LEVELS
 from .header_forward import forward_headers
@@ -27,6 +28,9 @@ MAX_MESSAGE_SIZE = grpc_transport.MAX_MESSAGE_SIZE  # INT32_MAX, as tritonserver
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 # The RPCs whose handlers parse their request messages themselves (they get bytes).
 RAW_REQUESTS = frozenset({"ModelStreamInfer"})
+# On our transport ModelInfer reads its message itself too: its tensors as views of
+# the received bytes (grpc_split.py), not copied twice by protobuf.
+NATIVE_RAW_REQUESTS = RAW_REQUESTS | {"ModelInfer"}
 
 
 def server_options(max_receive_message_size: int = MAX_MESSAGE_SIZE,
@@ -294,8 +298,15 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Start the inference; `reply` gets the response message, or the AbortError or
         exception the call ends with, from the call that delivers the final response
         (our transport writes it from there). Returns what cancels the request."""
+        raw_contents = None
+        if not isinstance(request, pb.ModelInferRequest):  # bytes, on our transport
+            try:
+                request, raw_contents = grpc_split.split_infer_request(request)
+            except DecodeError:  # as our transport answers any that does not parse
+                raise grpc_transport.AbortError(grpc_wire.UNPARSEABLE_CODE,
+                                                grpc_wire.UNPARSEABLE_MESSAGE) from None
         try:
-            infer_request = self._decode(request, context)
+            infer_request = self._decode(request, context, raw_contents)
 
             # Our transport sends what it is given as it is; grpc.aio wants the message.
             encode = grpc_codec.serialize_infer_response \
@@ -341,12 +352,12 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
                 self.options.stream_max_queued_bytes, self.options.stream_max_in_flight):
             yield message
 
-    def _decode(self, message, context):
+    def _decode(self, message, context, raw_contents: list | None = None):
         """The InferenceRequest of a message, with the call's forwarded metadata. As in
         Triton, the model is looked up before the message is read: an unknown or failed
         model is NOT_FOUND whatever the message holds (only a failing message pays)."""
         try:
-            infer_request = grpc_codec.decode_infer_request(message)
+            infer_request = grpc_codec.decode_infer_request(message, raw_contents)
         except TritonError:  # a bad version string is refused first, as in Triton
             version = grpc_parameters.model_version(message.model_version)
             self.service.model_config(message.model_name, version)
@@ -394,7 +405,7 @@ async def start_server(service: InferenceService, address: str, port: int,
                                              max_receive_message_size, limits, reuse_port)
         await server.start()
         return server, bound
-    methods = grpc_transport.methods_of(frontend, SERVICE, pb, RAW_REQUESTS)
+    methods = grpc_transport.methods_of(frontend, SERVICE, pb, NATIVE_RAW_REQUESTS)
     if frontend.options.response_compression != "none":
         for path in COMPRESSED_RPCS:  # as Triton: only inference responses are compressed
             methods[path] = dataclasses.replace(methods[path], compress_responses=True)
