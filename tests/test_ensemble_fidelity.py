@@ -115,3 +115,22 @@ def test_ensemble_config_json_has_tritons_field_order(server):
     assert list(config) == ENSEMBLE_CONFIG_KEYS
     assert list(config["input"][0]) == INPUT_KEYS
     assert list(config["ensemble_scheduling"]) == ["step"]
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({}, {"sequence_id": 0, "sequence_start": False, "sequence_end": False}),
+    ({"sequence_id": 42, "sequence_start": True},
+     {"sequence_id": 42, "sequence_start": True, "sequence_end": False}),
+])
+def test_ensemble_responses_carry_the_sequence_parameters(client, kwargs, expected):
+    """Triton 2.51's ensemble scheduler tags every output with the step's correlation ID
+    and flags and writes them as response parameters, even outside sequences."""
+    tensor = client.module.InferInput("X", [1], "FP32")
+    tensor.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+    response = client.client.infer("wide5", [tensor], **kwargs).get_response()
+    if client.name == "http":
+        assert response["parameters"] == expected
+    else:
+        got = {k: getattr(v, v.WhichOneof("parameter_choice"))
+               for k, v in response.parameters.items()}
+        assert got == expected

@@ -28,6 +28,7 @@ from ..core.errors import TritonError, internal, invalid_arg, unavailable
 from ..core.request import InferenceRequest, InferenceResponse
 from ..core.stats import ExecutionTiming, ModelStats
 from ..core.tensor import RequestedOutput, Tensor
+from ..core.validate import SEQUENCE_END, SEQUENCE_START
 from .hash_order import iteration_order
 from .base import cancelled_error, fail, rows, tap
 from .dynamic import STOPPING_MESSAGE
@@ -313,11 +314,20 @@ class _EnsembleRun:
         outputs = [flow.tensors[n] for n in wanted if flow.tensors[n] is not None]
         response = InferenceResponse(self.request.model_name, self.request.model_version,
                                      self.request.id, outputs,
+                                     self._sequence_parameters() if outputs else {},
                                      final=not self.decoupled)
         if self.decoupled:
             self.request.respond(response)
         else:
             self._finish(response)
+
+    def _sequence_parameters(self) -> dict:
+        """Triton 2.51 writes the steps' sequence fields on every ensemble response with
+        outputs (its ensemble scheduler tags each output tensor with them), sequence or not."""
+        flags = self.request.flags
+        return {"sequence_id": self.request.correlation_id or 0,
+                "sequence_start": bool(flags & SEQUENCE_START),
+                "sequence_end": bool(flags & SEQUENCE_END)}
 
     def _fail(self, error: TritonError) -> None:
         if not self.done:
