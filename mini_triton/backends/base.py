@@ -56,6 +56,11 @@ class ModelContext:
 class ModelInstance:
     """One execution instance; `execute` is called from its worker thread only."""
 
+    #: Whether per-response statistics of decoupled requests are kept (the statistics
+    #: API's response_stats), as for Triton's backends that report them; Triton 2.51's
+    #: Python backend reports none.
+    reports_response_statistics = True
+
     def execute(self, requests: list[InferenceRequest]) -> ExecutionTiming:
         raise NotImplementedError
 

@@ -147,7 +147,7 @@ def execute_batch(instance, requests: list, stats: ModelStats, nulls: frozenset 
     ids of null requests (a sequence batcher's empty slots): they count in
     the executed batch size but are not requests of anyone.
     """
-    taps, start = begin_batch(requests, stats, nulls)
+    taps, start = begin_batch(requests, stats, nulls, _per_response(instance))
     try:
         timing = instance.execute(requests)
     except TritonError as error:
@@ -159,15 +159,20 @@ def execute_batch(instance, requests: list, stats: ModelStats, nulls: frozenset 
     end_batch(instance, requests, taps, start, timing, stats, nulls, queue_start)
 
 
-def begin_batch(requests: list, stats: ModelStats,
-                nulls: frozenset = frozenset()) -> tuple[list, int]:
-    """The first half of `execute_batch`, before the instance runs: (taps, start ns)."""
+def _per_response(instance) -> bool:
+    return getattr(instance, "reports_response_statistics", True)
+
+
+def begin_batch(requests: list, stats: ModelStats, nulls: frozenset = frozenset(),
+                per_response: bool = True) -> tuple[list, int]:
+    """The first half of `execute_batch`, before the instance runs: (taps, start ns);
+    `per_response`: keep the decoupled requests' per-response statistics."""
     taps = [tap(request) for request in requests]
     for request_tap in taps:
         request_tap.hold_final()
     start = time.monotonic_ns()
     for request, request_tap in zip(requests, taps):
-        if request.decoupled and id(request) not in nulls and not (
+        if per_response and request.decoupled and id(request) not in nulls and not (
                 request_tap.stages and isinstance(request_tap.stages[0], ResponseStatsStage)):
             request_tap.stages.insert(0, ResponseStatsStage(stats, start))  # once, if rerun
     return taps, start

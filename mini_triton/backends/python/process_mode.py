@@ -193,6 +193,7 @@ class _Batch:
 
 
 class ProcessInstance(ModelInstance):
+    reports_response_statistics = False  # as Triton 2.51's Python backend
     responds_in_execute = False  # a response sender may answer after execute returns
 
     def __init__(self, backend, instance_name: str, args: dict):
