@@ -9,7 +9,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from mini_triton.frontends import grpc_codec
-from mini_triton.frontends.grpc_split import split_infer_request
+from mini_triton.frontends.grpc_split import SPLIT_FROM, split_infer_request
 
 
 def _request(raws: list[bytes]) -> pb.ModelInferRequest:
@@ -25,13 +25,16 @@ def _request(raws: list[bytes]) -> pb.ModelInferRequest:
 
 @pytest.mark.parametrize("raws", [
     [], [b""], [b"a"], [np.arange(150_528, dtype=np.float32).tobytes()],
-    [b"x" * 127, b"y" * 128, b"z" * 16_384, b""]])  # one- and two-byte lengths
+    [b"x" * 127, b"y" * 128, b"z" * 16_384, b""],  # one- and two-byte lengths
+    [b"x" * 127, b"y" * 128, b"z" * 70_000, b""]])  # and three
 def test_split_request_decodes_as_protobufs_parse(raws):
     data = _request(raws).SerializeToString()
     message, views = split_infer_request(data)
-    if raws:
+    if len(data) >= SPLIT_FROM:
         assert [bytes(v) for v in views] == raws
         assert all(v.obj is data for v in views)  # views of the bytes received, no copies
+    else:
+        assert views is None  # small: protobuf parses it whole
     split = grpc_codec.decode_infer_request(message, views)
     whole = grpc_codec.decode_infer_request(pb.ModelInferRequest.FromString(data))
     assert [(t.name, t.shape, bytes(t.raw or b""), t.parameters) for t in split.inputs] == \
@@ -43,6 +46,6 @@ def test_split_request_decodes_as_protobufs_parse(raws):
 def test_a_message_that_does_not_parse_is_protobufs_error():
     with pytest.raises(DecodeError):
         split_infer_request(b"\xff\xff\xff not protobuf")
-    truncated = _request([b"abc" * 100]).SerializeToString()[:-5]
+    truncated = _request([b"abc" * 30_000]).SerializeToString()[:-5]
     with pytest.raises(DecodeError):
         split_infer_request(truncated)

@@ -175,15 +175,19 @@ class SerializedResponse:
 
 
 _RAW_OUTPUT_TAG = 6 << 3 | 2  # raw_output_contents: field 6, length-delimited
+SERIALIZE_FROM = 64 * 1024  # outputs' bytes from which serialize_infer_response copies once
 
 
-def serialize_infer_response(response: InferenceResponse) -> SerializedResponse:
-    """The bytes `encode_infer_response(...).SerializeToString()` makes, with each
-    output's contents copied once (protobuf copies them into the message, and again
-    into its serialization): the message without them, then each as field 6, which
-    protobuf writes last (the highest field number) and in order."""
-    head = _response_without_contents(response).SerializeToString()
+def serialize_infer_response(response: InferenceResponse):
+    """What our transport sends for a response (its `SerializeToString()`): the bytes
+    `encode_infer_response(...)` serializes to, with each output's contents copied once
+    (protobuf copies them into the message, and again into its serialization): the
+    message without them, then each as field 6, which protobuf writes last (the highest
+    field number) and in order. Small outputs: the message itself."""
     contents = [tensor.raw_bytes() for tensor in response.outputs]
+    if sum(map(len, contents)) < SERIALIZE_FROM:
+        return encode_infer_response(response)  # small: protobuf's own way is cheaper
+    head = _response_without_contents(response).SerializeToString()
     framed = [(_varint(len(raw)), raw) for raw in contents]
     data = bytearray(len(head) + sum(1 + len(size) + len(raw) for size, raw in framed))
     data[:len(head)] = head

@@ -11,13 +11,17 @@ from __future__ import annotations
 from tritonclient.grpc import service_pb2 as pb
 
 _RAW_INPUT_CONTENTS = 7  # the field number in ModelInferRequest
+# Smaller messages are parsed whole: copying their contents costs less than the walk.
+SPLIT_FROM = 64 * 1024
 _LENGTH_DELIMITED, _VARINT, _FIXED64, _FIXED32 = 2, 0, 1, 5
 
 
 def split_infer_request(data) -> tuple[pb.ModelInferRequest, list | None]:
     """The message without its raw contents, and those contents as memoryviews of
-    `data` (None: the message has none, or is not well formed, and protobuf parsed it
-    whole, raising its DecodeError as before)."""
+    `data` (None: the message is small, has none, or is not well formed, and protobuf
+    parsed it whole, raising its DecodeError as before)."""
+    if len(data) < SPLIT_FROM:
+        return pb.ModelInferRequest.FromString(data), None
     view = memoryview(data)
     found = _raw_fields(view)
     if not found:

@@ -343,9 +343,23 @@ class Link:
         finally:
             view.release()
         self._position = end
+        if fd_count:
+            self._take_descriptors(meta, fd_count)
+        if "_freed" in meta:
+            self.arena.free(meta["_freed"])
+        if "_dropped" in meta:
+            self.peer.drop(meta["_dropped"])
+        if "_forget" in meta:
+            for serial in meta["_forget"]:
+                self.regions.pop(serial, None)  # unmapped once no view holds it
+        shared = self.peer.block(*meta["_block"]) if "_block" in meta else None
+        return Incoming(meta, inline, shared, self.regions)
+
+    def _take_descriptors(self, meta: dict, count: int) -> None:
+        """Map what came with a message: its new segment first, then client regions."""
         owners = ([("segment", meta["_segment"])] if "_segment" in meta else []) + \
             [("region", serial) for serial in meta.get("_regions", ())]
-        for kind, key in owners[:fd_count]:
+        for kind, key in owners[:count]:
             fd = self._fds.popleft()
             try:
                 if kind == "segment":
@@ -354,15 +368,6 @@ class Link:
                     self.regions[key] = mmap.mmap(fd, 0)
             finally:
                 os.close(fd)
-        for serial in meta.get("_forget", ()):
-            self.regions.pop(serial, None)  # unmapped once no view holds it
-        if "_freed" in meta:
-            self.arena.free(meta["_freed"])
-        if "_dropped" in meta:
-            self.peer.drop(meta["_dropped"])
-        block = meta.get("_block")
-        shared = None if block is None else self.peer.block(*block)
-        return Incoming(meta, inline, shared, self.regions)
 
     def _fill(self, blocking: bool) -> int:
         """Read what the socket has (waiting for it when `blocking`); the bytes read
