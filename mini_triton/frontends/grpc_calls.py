@@ -247,6 +247,11 @@ class GrpcCalls:
         """The complete length-prefixed messages in the stream's body, removed from it
         (and their sizes on the wire, prefix included, in `sizes`)."""
         body, messages, offset = stream.body, [], 0
+        if sizes is None and stream.ended and len(body) >= LARGE_MESSAGE_VIEW:
+            whole = _whole_message(body, self.max_message)
+            if whole is not None:  # a unary call's one large message: lent, not copied
+                stream.body = bytearray()
+                return [whole]
         while len(body) - offset >= 5:
             compressed, length = MESSAGE_PREFIX.unpack_from(body, offset)
             if length > self.max_message:  # refused at its prefix, before it is buffered
@@ -445,3 +450,18 @@ def _header(headers: list, name: bytes) -> bytes | None:
         if key == name:
             return value
     return None
+
+
+# A unary request message this large is handed to its handler as a view of the stream's
+# body (which the stream then gives up) instead of a copy: one copy of a tensor less.
+LARGE_MESSAGE_VIEW = 64 * 1024
+
+
+def _whole_message(body: bytearray, max_message: int) -> memoryview | None:
+    """The body's message when the body is exactly one uncompressed message within
+    the limit; None otherwise (the general path then takes and checks it)."""
+    compressed, length = MESSAGE_PREFIX.unpack_from(body)
+    if compressed or length > max_message or len(body) != 5 + length:
+        return None
+    return memoryview(body)[5:]
+
