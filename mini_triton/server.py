@@ -186,6 +186,8 @@ class Server:
         except StorageError as error:
             raise StartupError(str(error)) from None
         await loop.run_in_executor(None, self._load_models)
+        if self.settings.allow_metrics and self.settings.allow_cpu_metrics:
+            log.info("Collecting CPU metrics")  # Triton's line
         if self.settings.allow_grpc:
             await self._start_grpc()
         if self.settings.allow_http:
@@ -337,8 +339,7 @@ class Server:
             self._poller.cancel()
         timeout = self.settings.exit_timeout_secs
         deadline = time.monotonic() + timeout
-        while self._inflight() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await self._drain(deadline)
         left = self._inflight()
         if left:
             log.warning("exit timeout reached with %d requests in flight", left)
@@ -349,13 +350,37 @@ class Server:
         for listener in self._listeners:
             await listener.drain(1.0)
         loop = asyncio.get_running_loop()
+        log.info("All models are stopped, unloading models")  # Triton's words, as below
+        log.info("Timeout %d: Found %d live models and 0 in-flight non-inference requests",
+                 _seconds_left(deadline), len(self.manager.loaded_versions()))
         await loop.run_in_executor(None, self.manager.stop_all,
                                    max(0.5, deadline - time.monotonic()))
+        log.info("Timeout %d: Found 0 live models and 0 in-flight non-inference requests",
+                 _seconds_left(deadline))
         self.service.tracer.flush()
         self.service.log_settings.close()
 
     def _inflight(self) -> int:
         return sum(v.scheduler.inflight() for v in self.manager.loaded_versions())
+
+    async def _drain(self, deadline: float) -> None:
+        """Wait for in-flight requests until `deadline`, saying so once a second in
+        Triton's words (log readers follow a shutdown by them)."""
+        log.info("Waiting for in-flight requests to complete.")
+        next_report = 0.0
+        while True:
+            busy = sum(1 for v in self.manager.loaded_versions() if v.scheduler.inflight())
+            if time.monotonic() >= next_report or not busy:
+                log.info("Timeout %d: Found %d model versions that have in-flight inferences",
+                         _seconds_left(deadline), busy)
+                next_report = time.monotonic() + 1.0
+            if not busy or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.02)
+
+
+def _seconds_left(deadline: float) -> int:
+    return max(0, round(deadline - time.monotonic()))
 
 
 def run(settings: Settings) -> int:
@@ -381,7 +406,6 @@ async def _serve(settings: Settings) -> int:
         return 1
     settle_garbage_collector()  # the server owns this process
     await server.wait_stopped()
-    log.info("Stopping: draining in-flight requests (up to %ss)", settings.exit_timeout_secs)
     await server.shutdown()
     log.info("Server stopped")
     return 0

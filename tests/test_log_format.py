@@ -86,3 +86,18 @@ def test_load_and_unload_lines_are_tritons(tmp_path):
                      '"successfully unloaded \'a\' version 1"',
                      '"successfully unloaded \'b\' version 1"'):
         assert messages.count(expected) == 1, (expected, server.output)
+
+
+def test_start_up_and_shutdown_lines_are_tritons(tmp_path):
+    """What Triton 2.51 says around its models: CPU metrics at start-up; at exit the
+    in-flight wait, then the unloading, each with the seconds left of --exit-timeout-secs."""
+    server = ServerProcess([f"--model-repository={tmp_path}", "--exit-timeout-secs=7"]).start()
+    server.stop()
+    messages = [line.rstrip("\n").split("] ", 1)[-1] for line in server.lines]
+    assert '"Collecting CPU metrics"' in messages
+    expected = ['"Waiting for in-flight requests to complete."',
+                '"Timeout 7: Found 0 model versions that have in-flight inferences"',
+                '"All models are stopped, unloading models"',
+                '"Timeout 7: Found 0 live models and 0 in-flight non-inference requests"']
+    at = [messages.index(line) for line in expected]
+    assert at == sorted(at), server.output
