@@ -283,3 +283,31 @@ def test_grpc_response_serialized_with_one_copy_is_protobufs_own_bytes():
     response = InferenceResponse("m", "1", "id-1", outputs, {"p": 1, "q": "v"})
     expected = grpc_codec.encode_infer_response(response).SerializeToString()
     assert bytes(grpc_codec.serialize_infer_response(response).SerializeToString()) == expected
+
+
+def test_grpc_response_buffer_is_reused_only_once_sent():
+    """A large response is written into the last one's buffer only when nothing (the
+    transport still sending it) refers to that buffer any more."""
+    from mini_triton.core.request import InferenceResponse
+    from mini_triton.core.tensor import Tensor
+    from mini_triton.frontends import grpc_codec
+
+    def response(value: float):
+        array = np.full((1, 150_528), value, np.float32)
+        return InferenceResponse("m", "1", "", [Tensor.from_array("OUT", array)])
+
+    first = grpc_codec.serialize_infer_response(response(1.0)).SerializeToString()
+    kept = bytes(first)
+    second = grpc_codec.serialize_infer_response(response(2.0)).SerializeToString()
+    assert second is not first and bytes(first) == kept  # still referred to: not reused
+    del first
+    third = grpc_codec.serialize_infer_response(response(3.0)).SerializeToString()
+    del second
+    fourth = grpc_codec.serialize_infer_response(response(4.0)).SerializeToString()
+    assert fourth is not third  # `third` still held
+    address = np.frombuffer(fourth, np.uint8).ctypes.data
+    expected = grpc_codec.encode_infer_response(response(5.0)).SerializeToString()
+    del fourth
+    fifth = grpc_codec.serialize_infer_response(response(5.0)).SerializeToString()
+    assert np.frombuffer(fifth, np.uint8).ctypes.data == address  # reused
+    assert bytes(fifth) == expected

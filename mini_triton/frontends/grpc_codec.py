@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
@@ -189,7 +191,7 @@ def serialize_infer_response(response: InferenceResponse):
         return encode_infer_response(response)  # small: protobuf's own way is cheaper
     head = _response_without_contents(response).SerializeToString()
     framed = [(_varint(len(raw)), raw) for raw in contents]
-    data = bytearray(len(head) + sum(1 + len(size) + len(raw) for size, raw in framed))
+    data = _response_buffer(len(head) + sum(1 + len(size) + len(raw) for size, raw in framed))
     data[:len(head)] = head
     position = len(head)
     for size, raw in framed:
@@ -199,6 +201,22 @@ def serialize_infer_response(response: InferenceResponse):
         data[position:position + len(raw)] = raw
         position += len(raw)
     return SerializedResponse(data)
+
+
+# The last large response's buffer, written again once nothing refers to it (the
+# transport has sent it): a fresh one per response costs its pages being faulted in,
+# more than the copy itself (4 MiB: about 4 ms against 1 ms). Used on the event loop.
+_spare: list = [None]
+
+
+def _response_buffer(size: int) -> bytearray:
+    spare = _spare[0]
+    # References: the list's slot, this name, the call's argument.
+    if spare is not None and size <= len(spare) <= 2 * size and sys.getrefcount(spare) == 3:
+        del spare[size:]  # shrinks in place (never below half)
+        return spare
+    _spare[0] = data = bytearray(size)
+    return data
 
 
 def _varint(value: int) -> bytes:
