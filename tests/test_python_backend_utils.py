@@ -337,3 +337,33 @@ def test_wire_returns_blocks_to_a_sender_that_hears_nothing_else(link_pair):
     receiver.return_freed(8)
     assert sender.recv().meta["op"] == "freed"
     assert sender.arena.in_use() == 0 and sender.arena.created == 1
+
+
+def test_arena_blocks_are_taken_first_fit_and_merged_when_given_back():
+    from mini_triton.backends.python.arena import Arena
+
+    arena = Arena(segment_bytes=1 << 20)
+    blocks = [arena.take(100_000) for _ in range(4)]  # rounded up to 64-byte multiples
+    assert [b.offset for b in blocks] == [0, 100_032, 200_064, 300_096]
+    arena.free([(1, blocks[1].offset), (1, blocks[2].offset)])  # a hole of two blocks
+    again = arena.take(200_000)
+    assert again.offset == blocks[1].offset  # the merged hole, first fit
+    arena.free([(1, b.offset) for b in (blocks[0], again, blocks[3])])
+    assert arena.in_use() == 0 and arena.created == 1
+    whole = arena.take(1 << 20)  # everything merged back into one free range
+    assert (whole.segment.id, whole.offset) == (1, 0)
+    arena.close()
+
+
+def test_arena_grows_by_a_segment_for_a_burst_and_gives_it_back():
+    from mini_triton.backends.python.arena import Arena
+
+    arena = Arena(segment_bytes=1 << 20)
+    first = arena.take(800_000)
+    burst = arena.take(3 << 20)  # does not fit: a segment of its own, rounded to 4 MiB
+    assert burst.segment.id == 2 and burst.segment.size == 4 << 20 and arena.created == 2
+    arena.free([(2, burst.offset)])
+    assert arena.take_dropped() == [2] and set(arena.segments) == {1}  # the first stays
+    arena.free([(1, first.offset)])
+    assert arena.take_dropped() == [] and arena.in_use() == 0
+    arena.close()
