@@ -64,8 +64,18 @@ STATUS = {
 }
 
 
-@pytest.fixture(params=["http", "grpc"])
-def proto(request, default_server):
-    protocol = connect(request.param, default_server)
-    yield protocol
-    protocol.client.close()
+def protocol_fixture(server_fixture: str):
+    """A fixture, parametrised over "http" and "grpc", yielding a `Protocol` connected to the
+    server that the fixture named `server_fixture` gives; the client is closed after the test.
+    A test module binds it to its own server: `proto = protocol_fixture("server")`."""
+
+    @pytest.fixture(params=["http", "grpc"])
+    def protocol(request):
+        connected = connect(request.param, request.getfixturevalue(server_fixture))
+        yield connected
+        connected.client.close()
+
+    return protocol
+
+
+proto = protocol_fixture("default_server")

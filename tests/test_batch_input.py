@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from conftest import connect, server_settings
+from conftest import protocol_fixture, server_settings
 from mini_triton.server import ServerThread
 
 pytest.importorskip("onnxruntime")
@@ -239,11 +239,7 @@ def server(repository):
         yield running
 
 
-@pytest.fixture(params=["http", "grpc"])
-def proto(request, server):
-    protocol = connect(request.param, server)
-    yield protocol
-    protocol.client.close()
+proto = protocol_fixture("server")
 
 
 def ragged(proto, shapes, name="RAGGED_INPUT", value=None):

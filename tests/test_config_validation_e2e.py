@@ -12,7 +12,7 @@ import sys
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, STATUS, connect, server_settings
+from conftest import ROOT, STATUS, protocol_fixture, server_settings
 from mini_triton.server import ServerThread
 
 IDENTITY = '''backend: "identity"
@@ -75,11 +75,7 @@ def server(repository):
         yield running
 
 
-@pytest.fixture(params=["http", "grpc"])
-def proto(request, server):
-    protocol = connect(request.param, server)
-    yield protocol
-    protocol.client.close()
+proto = protocol_fixture("server")
 
 
 def index(proto) -> dict:

@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import connect, server_settings
+from conftest import protocol_fixture, server_settings
 from mini_triton.scheduling.hash_order import iteration_order, string_hash
 from mini_triton.server import ServerThread
 
@@ -64,11 +64,7 @@ def server(tmp_path_factory):
         yield running
 
 
-@pytest.fixture(params=["http", "grpc"])
-def client(request, server):
-    protocol = connect(request.param, server)
-    yield protocol
-    protocol.client.close()
+client = protocol_fixture("server")
 
 
 def infer(client, model, outputs=None):

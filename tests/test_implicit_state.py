@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from conftest import connect, server_settings
+from conftest import connect, protocol_fixture, server_settings
 from mini_triton.server import ServerThread
 
 pytest.importorskip("onnxruntime")
@@ -112,11 +112,7 @@ def server(repository):
         yield running
 
 
-@pytest.fixture(params=["http", "grpc"])
-def proto(request, server):
-    protocol = connect(request.param, server)
-    yield protocol
-    protocol.client.close()
+proto = protocol_fixture("server")
 
 
 def step(proto, model: str, sequence_id: int, value: int, outputs=("OUTPUT",), **flags):

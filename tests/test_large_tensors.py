@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.utils.shared_memory as shm
 
-from conftest import connect, server_settings
+from conftest import connect, protocol_fixture, server_settings
 from mini_triton.server import ServerThread
 
 SIZES = {"588KiB": 150_528, "4MiB": 1024 * 1024}
@@ -85,11 +85,7 @@ def server(tmp_path_factory):
         yield running
 
 
-@pytest.fixture(params=["http", "grpc"])
-def proto(request, server):
-    protocol = connect(request.param, server)
-    yield protocol
-    protocol.client.close()
+proto = protocol_fixture("server")
 
 
 def _data(elements: int, seed: int) -> np.ndarray:

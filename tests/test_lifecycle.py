@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from conftest import connect, server_settings
+from conftest import connect, protocol_fixture, server_settings
 from mini_triton.server import ServerThread
 
 IDENTITY = """
@@ -90,11 +90,7 @@ def explicit_server(tmp_path_factory):
         yield server
 
 
-@pytest.fixture(params=["http", "grpc"])
-def explicit(request, explicit_server):
-    protocol = connect(request.param, explicit_server)
-    yield protocol
-    protocol.client.close()
+explicit = protocol_fixture("explicit_server")
 
 
 def test_explicit_startup_loads_only_named_models(explicit):

@@ -17,7 +17,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
-from conftest import DEFAULT_REPOSITORY, ROOT, STATUS, connect, server_settings
+from conftest import DEFAULT_REPOSITORY, ROOT, STATUS, connect, protocol_fixture, server_settings
 from mini_triton.server import ServerThread
 
 pytest.importorskip("onnxruntime")
@@ -160,11 +160,7 @@ def good_server(good_repository):
         yield server
 
 
-@pytest.fixture(params=["http", "grpc"])
-def onnx_proto(request, good_server):
-    protocol = connect(request.param, good_server)
-    yield protocol
-    protocol.client.close()
+onnx_proto = protocol_fixture("good_server")
 
 
 def infer_input(proto, name, array, datatype):

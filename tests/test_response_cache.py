@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import connect, server_settings
+from conftest import connect, protocol_fixture, server_settings
 from mini_triton.cli import build_parser, settings_from
 from mini_triton.core.request import InferenceRequest
 from mini_triton.core.response_cache import ResponseCache, parse_cache_config
@@ -62,11 +62,7 @@ def server(repository):
         yield running
 
 
-@pytest.fixture(params=["http", "grpc"])
-def proto(request, server):
-    protocol = connect(request.param, server)
-    yield protocol
-    protocol.client.close()
+proto = protocol_fixture("server")
 
 
 def infer(proto, model, values, **kwargs):

@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import DEFAULT_REPOSITORY, STATUS, connect, server_settings
+from conftest import DEFAULT_REPOSITORY, STATUS, protocol_fixture, server_settings
 from mini_triton.server import ServerThread
 
 BUNDLED = ("identity_fp32", "batched_identity_delay", "sequence_accumulate", "ensemble_fan_out")
@@ -79,11 +79,7 @@ def server(tmp_path_factory):
         yield running
 
 
-@pytest.fixture(params=["http", "grpc"])
-def client(request, server):
-    protocol = connect(request.param, server)
-    yield protocol
-    protocol.client.close()
+client = protocol_fixture("server")
 
 
 def int_input(module, value: int):

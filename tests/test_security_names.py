@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conftest import STATUS, connect, server_settings
+from conftest import STATUS, connect, protocol_fixture, server_settings
 from mini_triton.core.names import NAME_MAX_BYTES, check_model_name, model_name_problem
 from mini_triton.core.errors import TritonError
 from mini_triton.repository import overrides
@@ -68,11 +68,7 @@ def explicit_server(tmp_path_factory):
         yield server
 
 
-@pytest.fixture(params=["http", "grpc"])
-def client(request, explicit_server):
-    protocol = connect(request.param, explicit_server)
-    yield protocol
-    protocol.client.close()
+client = protocol_fixture("explicit_server")
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from conftest import DEFAULT_REPOSITORY, STATUS, connect, server_settings
+from conftest import DEFAULT_REPOSITORY, STATUS, connect, protocol_fixture, server_settings
 from mini_triton.server import ServerThread
 
 
@@ -20,11 +20,7 @@ def server():
         yield running
 
 
-@pytest.fixture(params=["http", "grpc"])
-def protocol(request, server):
-    client = connect(request.param, server)
-    yield client
-    client.client.close()
+protocol = protocol_fixture("server")
 
 
 @contextlib.contextmanager

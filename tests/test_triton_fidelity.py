@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from conftest import STATUS, connect, server_settings
+from conftest import STATUS, connect, protocol_fixture, server_settings
 from mini_triton.server import ServerThread
 from test_lifecycle import echo, write_model
 
@@ -26,11 +26,7 @@ def server(tmp_path_factory):
         yield running
 
 
-@pytest.fixture(params=["http", "grpc"])
-def client(request, server):
-    protocol = connect(request.param, server)
-    yield protocol
-    protocol.client.close()
+client = protocol_fixture("server")
 
 
 def test_explicit_start_up_serves_the_models_that_loaded(client):

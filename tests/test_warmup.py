@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from conftest import connect, server_settings
+from conftest import connect, protocol_fixture, server_settings
 from mini_triton.server import ServerThread
 
 # Each execution appends one line per request to <log_dir>/<instance name>: the first
@@ -214,11 +214,7 @@ def server(repository):
         yield running
 
 
-@pytest.fixture(params=["http", "grpc"])
-def proto(request, server):
-    protocol = connect(request.param, server)
-    yield protocol
-    protocol.client.close()
+proto = protocol_fixture("server")
 
 
 def infer(proto, model: str, array: np.ndarray):
