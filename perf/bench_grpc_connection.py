@@ -18,13 +18,11 @@ Prints µs and bytecodes per call, every round and the best of each tree.
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
 import sys
-from pathlib import Path
 
-ROUND = r"""
+from two_trees import ROUND_PRELUDE, compare_trees, tree_arguments
+
+ROUND = ROUND_PRELUDE + r"""
 import asyncio, json, struct, sys, time
 import hpack
 from tritonclient.grpc import service_pb2 as pb
@@ -54,18 +52,6 @@ FIRST_BLOCK = encoder.encode(HEADERS)  # literals, which the server's table take
 BLOCK = encoder.encode(HEADERS)  # as a channel sends them after its first call: indexed
 
 
-class NullTransport:
-    def write(self, data): pass
-    def writelines(self, chunks): pass
-    def is_closing(self): return False
-    def close(self): pass
-    def abort(self): pass
-    def set_write_buffer_limits(self, high=None, low=None): pass
-    def pause_reading(self): pass
-    def resume_reading(self): pass
-    def get_extra_info(self, name, default=None): return default
-
-
 def begin(message, context, reply):
     reply(response)
 
@@ -91,19 +77,7 @@ async def main(count, traced):
     for data in timed:
         connection.data_received(data)
     elapsed = (time.perf_counter() - started) / count * 1e6
-    opcodes = 0
-
-    def tracer(frame, event, arg):
-        nonlocal opcodes
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            opcodes += 1
-        return tracer
-
-    sys.settrace(tracer)
-    for data in counted:
-        connection.data_received(data)
-    sys.settrace(None)
+    opcodes = count_bytecodes(connection.data_received, counted)
     assert connection.last_stream_id == 4001 + 2 * (count + traced) - 2, "calls were refused"
     assert not connection.streams and connection.transport is not None
     await server.stop(0)
@@ -113,37 +87,13 @@ print(json.dumps(asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))))
 """
 
 
-def one_round(tree: Path, count: int, traced: int) -> tuple[float, float]:
-    done = subprocess.run([sys.executable, "-c", ROUND, str(count), str(traced)], cwd=tree,
-                          capture_output=True, text=True, check=True,
-                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
-    return tuple(json.loads(done.stdout))
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("trees", nargs=2, type=Path, help="before and after source trees")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = tree_arguments(__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=20000, help="calls timed per round")
     parser.add_argument("--traced", type=int, default=200, help="calls whose bytecodes "
                         "are counted per round")
     args = parser.parse_args()
-    before, after = (tree.resolve() for tree in args.trees)
-    results: dict[Path, list[tuple[float, float]]] = {before: [], after: []}
-    print("| round | before µs/call | after µs/call | before bytecodes/call | "
-          "after bytecodes/call |\n|---|---|---|---|---|")
-    for number in range(1, args.rounds + 1):
-        order = [before, after] if number % 2 else [after, before]
-        for tree in order:
-            results[tree].append(one_round(tree, args.count, args.traced))
-        (b_us, b_ops), (a_us, a_ops) = results[before][-1], results[after][-1]
-        print(f"| {number} | {b_us:.2f} | {a_us:.2f} | {b_ops:,.0f} | {a_ops:,.0f} |",
-              flush=True)
-    best_before = min(us for us, _ in results[before])
-    best_after = min(us for us, _ in results[after])
-    print(f"\nbest: before {best_before:.2f} µs, after {best_after:.2f} µs "
-          f"({best_after - best_before:+.2f} µs, {best_after / best_before:.3f}x)")
-    return 0
+    return compare_trees(ROUND, [str(args.count), str(args.traced)], "call", args)
 
 
 if __name__ == "__main__":

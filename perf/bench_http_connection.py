@@ -16,13 +16,11 @@ load), every round and the best time of each tree.
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
 import sys
-from pathlib import Path
 
-ROUND = r"""
+from two_trees import ROUND_PRELUDE, compare_trees, tree_arguments
+
+ROUND = ROUND_PRELUDE + r"""
 import asyncio, json, sys, time
 from mini_triton.frontends.http_protocol import HttpProtocol, HttpReply
 
@@ -40,14 +38,6 @@ REPLY = HttpReply(200, [b'{"model_name":"identity_py","model_version":"1","outpu
                   {"Inference-Header-Content-Length": "61"})
 
 
-class NullTransport:
-    def writelines(self, chunks): pass
-    def write(self, data): pass
-    def is_closing(self): return False
-    def get_write_buffer_size(self): return 0
-    def get_extra_info(self, name, default=None): return default
-
-
 def app(request, exchange):
     exchange.answer(REPLY)
 
@@ -61,54 +51,17 @@ async def main(count):
     for _ in range(count):
         protocol.data_received(REQUEST)
     elapsed = (time.perf_counter() - started) / count * 1e6
-    opcodes = 0
-
-    def tracer(frame, event, arg):
-        nonlocal opcodes
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            opcodes += 1
-        return tracer
-
-    sys.settrace(tracer)
-    for _ in range(200):
-        protocol.data_received(REQUEST)
-    sys.settrace(None)
-    return elapsed, opcodes / 200
+    return elapsed, count_bytecodes(protocol.data_received, [REQUEST] * 200) / 200
 
 print(json.dumps(asyncio.run(main(int(sys.argv[1])))))
 """
 
 
-def one_round(tree: Path, count: int) -> tuple[float, float]:
-    done = subprocess.run([sys.executable, "-c", ROUND, str(count)], cwd=tree,
-                          capture_output=True, text=True, check=True,
-                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
-    return tuple(json.loads(done.stdout))
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("trees", nargs=2, type=Path, help="before and after source trees")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = tree_arguments(__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=50000, help="requests per round")
     args = parser.parse_args()
-    before, after = (tree.resolve() for tree in args.trees)
-    results: dict[Path, list[tuple[float, float]]] = {before: [], after: []}
-    print("| round | before µs/request | after µs/request | before bytecodes/request | "
-          "after bytecodes/request |\n|---|---|---|---|---|")
-    for number in range(1, args.rounds + 1):
-        order = [before, after] if number % 2 else [after, before]
-        for tree in order:
-            results[tree].append(one_round(tree, args.count))
-        (b_us, b_ops), (a_us, a_ops) = results[before][-1], results[after][-1]
-        print(f"| {number} | {b_us:.2f} | {a_us:.2f} | {b_ops:,.0f} | {a_ops:,.0f} |",
-              flush=True)
-    best_before = min(us for us, _ in results[before])
-    best_after = min(us for us, _ in results[after])
-    print(f"\nbest: before {best_before:.2f} µs, after {best_after:.2f} µs "
-          f"({best_after - best_before:+.2f} µs, {best_after / best_before:.3f}x)")
-    return 0
+    return compare_trees(ROUND, [str(args.count)], "request", args)
 
 
 if __name__ == "__main__":
