@@ -7,8 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ...core.names import printable
-from .common import INSTALL_HINT, StorageError, missing_client
+from .common import (INSTALL_HINT, StorageError, access_denied, missing_client,
+                     missing_container, unreadable)
 from .mirror import RemoteObject
 
 
@@ -90,36 +90,29 @@ class AzureStore:
     def _errors(self, key: str | None = None) -> Iterator[None]:
         from azure.core import exceptions as az
 
-        where = f"{self.url}" + (f" (object '{printable(key)}')" if key else "")
+        variables = "AZURE_STORAGE_ACCOUNT, AZURE_STORAGE_KEY"
         try:
             yield
         except az.ResourceNotFoundError as error:
             if key is None:
-                raise StorageError(f"unable to read model repository {where}: container "
-                                   f"'{self.container}' does not exist "
-                                   f"({_azure_reason(error)})") from None
-            raise StorageError(f"unable to read model repository {where}: "
-                               f"{_azure_reason(error)}") from None
+                raise unreadable(self.url, key, missing_container(self, _azure_reason(error))) \
+                    from None
+            raise unreadable(self.url, key, _azure_reason(error)) from None
         except az.ClientAuthenticationError as error:
-            hint = ("no credentials were found, and anonymous access was refused"
-                    if self.anonymous else "check the credentials")
-            raise StorageError(f"unable to read model repository {where}: access denied, "
-                               f"{hint} (AZURE_STORAGE_ACCOUNT, AZURE_STORAGE_KEY) "
-                               f"({_azure_reason(error)})") from None
+            raise unreadable(self.url, key, access_denied(
+                self.anonymous, variables, _azure_reason(error))) from None
         except az.HttpResponseError as error:
             if error.status_code in (401, 403):
-                raise StorageError(f"unable to read model repository {where}: access denied, "
-                                   "check the credentials (AZURE_STORAGE_ACCOUNT, "
-                                   f"AZURE_STORAGE_KEY) ({_azure_reason(error)})") from None
-            raise StorageError(f"unable to read model repository {where}: "
-                               f"{_azure_reason(error)}") from None
+                raise unreadable(self.url, key, access_denied(
+                    False, variables, _azure_reason(error))) from None
+            raise unreadable(self.url, key, _azure_reason(error)) from None
         except (az.ServiceRequestError, az.ServiceResponseError) as error:
-            raise StorageError(f"unable to read model repository {where}: endpoint not "
-                               f"reachable: {_azure_reason(error)}") from None
+            raise unreadable(self.url, key, "endpoint not reachable: "
+                             f"{_azure_reason(error)}") from None
         except az.AzureError as error:
-            raise StorageError(f"unable to read model repository {where}: {error}") from None
+            raise unreadable(self.url, key, str(error)) from None
         except ValueError as error:  # a malformed connection string or key
-            raise StorageError(f"unable to read model repository {where}: {error}") from None
+            raise unreadable(self.url, key, str(error)) from None
 
 
 def _azure_reason(error) -> str:

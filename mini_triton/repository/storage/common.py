@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from ...core.names import printable
+
 CLOUD_SCHEMES = ("s3", "gs", "as")
 URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 CHUNK = 1 << 20
@@ -34,6 +36,26 @@ ALL = _AllModels()  # model_dirs(fetch=ALL): every model folder (no model name c
 def is_url(location) -> bool:
     """True when `location` is written as a URL (scheme://...) rather than a path."""
     return isinstance(location, str) and URL.match(location) is not None
+
+
+def unreadable(url: str, key: str | None, detail: str) -> StorageError:
+    """Every store's one error: `unable to read model repository URL: DETAIL`, naming the
+    object (`KEY`, quoted printable) when one object could not be read."""
+    where = url + (f" (object '{printable(key)}')" if key else "")
+    return StorageError(f"unable to read model repository {where}: {detail}")
+
+
+def missing_container(store, reason: str) -> str:
+    """The detail for a bucket (or container) that does not exist."""
+    return f"{store.container_word} '{store.container}' does not exist ({reason})"
+
+
+def access_denied(anonymous: bool, variables: str, reason: str) -> str:
+    """The detail for refused credentials, naming the variables that set them; with no
+    credentials found (the request went anonymous) it says so."""
+    hint = ("no credentials were found, and anonymous access was refused" if anonymous
+            else "check the credentials")
+    return f"access denied, {hint} ({variables}) ({reason})"
 
 
 def missing_client(scheme: str, module: str) -> StorageError:

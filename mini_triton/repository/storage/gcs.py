@@ -7,8 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ...core.names import printable
-from .common import StorageError, missing_client
+from .common import access_denied, missing_client, missing_container, unreadable
 from .mirror import RemoteObject
 
 
@@ -77,31 +76,23 @@ class GcsStore:
         from google.api_core import exceptions as api
         from google.auth import exceptions as auth
 
-        where = f"{self.url}" + (f" (object '{printable(key)}')" if key else "")
         try:
             yield
         except api.NotFound as error:
             if key is None:
-                raise StorageError(f"unable to read model repository {where}: bucket "
-                                   f"'{self.container}' does not exist ({error.message})") \
+                raise unreadable(self.url, key, missing_container(self, error.message)) \
                     from None
-            raise StorageError(f"unable to read model repository {where}: {error.message}") \
-                from None
+            raise unreadable(self.url, key, error.message) from None
         except (api.Forbidden, api.Unauthorized, auth.GoogleAuthError) as error:
-            hint = ("no credentials were found, and anonymous access was refused"
-                    if self.anonymous else "check the credentials")
-            raise StorageError(f"unable to read model repository {where}: access denied, "
-                               f"{hint} (GOOGLE_APPLICATION_CREDENTIALS) ({error})") from None
+            raise unreadable(self.url, key, access_denied(
+                self.anonymous, "GOOGLE_APPLICATION_CREDENTIALS", str(error))) from None
         except api.RetryError as error:  # what the retries end in when nothing answers
-            raise StorageError(f"unable to read model repository {where}: not reachable: "
-                               f"{error}") from None
+            raise unreadable(self.url, key, f"not reachable: {error}") from None
         except api.GoogleAPIError as error:
-            raise StorageError(f"unable to read model repository {where}: {error}") from None
+            raise unreadable(self.url, key, str(error)) from None
         except (ConnectionError, OSError) as error:
-            raise StorageError(f"unable to read model repository {where}: not reachable: "
-                               f"{error}") from None
+            raise unreadable(self.url, key, f"not reachable: {error}") from None
         except Exception as error:  # requests' connection errors and the like
             if type(error).__module__.startswith(("requests", "urllib3", "google")):
-                raise StorageError(f"unable to read model repository {where}: "
-                                   f"{type(error).__name__}: {error}") from None
+                raise unreadable(self.url, key, f"{type(error).__name__}: {error}") from None
             raise

@@ -6,8 +6,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ...core.names import printable
-from .common import CHUNK, StorageError, missing_client
+from .common import CHUNK, access_denied, missing_client, missing_container, unreadable
 from .mirror import RemoteObject
 
 
@@ -76,38 +75,28 @@ class S3Store:
     def _errors(self, key: str | None = None) -> Iterator[None]:
         from botocore import exceptions as boto
 
-        where = f"{self.url}" + (f" (object '{printable(key)}')" if key else "")
         try:
             yield
         except boto.ClientError as error:
             details = error.response.get("Error", {})
             code = str(details.get("Code", "")) or "error"
-            message = details.get("Message") or str(error)
+            reason = f"{code}: {details.get('Message') or str(error)}"
             status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code in ("NoSuchBucket",) or (status == 404 and key is None):
-                raise StorageError(f"unable to read model repository {where}: bucket "
-                                   f"'{self.container}' does not exist ({code}: {message})") \
-                    from None
+                raise unreadable(self.url, key, missing_container(self, reason)) from None
             if code in _S3_CREDENTIAL_CODES or status in (401, 403):
-                hint = ("no credentials were found, and anonymous access was refused"
-                        if self.anonymous else "check the credentials")
-                raise StorageError(f"unable to read model repository {where}: access denied, "
-                                   f"{hint} (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
-                                   f"AWS_SESSION_TOKEN, AWS_PROFILE) ({code}: {message})") \
-                    from None
-            raise StorageError(f"unable to read model repository {where}: {code}: {message}") \
-                from None
+                raise unreadable(self.url, key, access_denied(
+                    self.anonymous, "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                    "AWS_SESSION_TOKEN, AWS_PROFILE", reason)) from None
+            raise unreadable(self.url, key, reason) from None
         except (boto.EndpointConnectionError, boto.ConnectTimeoutError,
                 boto.ReadTimeoutError, boto.ConnectionClosedError) as error:
-            raise StorageError(f"unable to read model repository {where}: endpoint "
-                               f"{self.endpoint or 'of Amazon S3'} not reachable: {error}") \
-                from None
+            raise unreadable(self.url, key, f"endpoint {self.endpoint or 'of Amazon S3'} "
+                             f"not reachable: {error}") from None
         except boto.NoRegionError:
-            raise StorageError(f"unable to read model repository {where}: no region "
-                               "(set AWS_DEFAULT_REGION)") from None
+            raise unreadable(self.url, key, "no region (set AWS_DEFAULT_REGION)") from None
         except boto.BotoCoreError as error:
-            raise StorageError(f"unable to read model repository {where}: {error}") from None
-
+            raise unreadable(self.url, key, str(error)) from None
 
 _S3_CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
                         "ExpiredToken", "InvalidToken", "TokenRefreshRequired",
