@@ -14,7 +14,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from conftest import server_settings
-from test_python_backend import IDENTITY
+from python_models import IDENTITY
 from mini_triton.backends.python.wire import Link, PollBudget
 from mini_triton.server import ServerThread
 

@@ -11,6 +11,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from conftest import connect, server_settings
+from python_models import IDENTITY
 from mini_triton.config import parse_config_text
 from mini_triton.config.autofill import fill_defaults
 from mini_triton.config.coverage import (FIELDS, HONOURED, IRRELEVANT, WARNED, field_paths,
@@ -107,17 +108,6 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
 instance_group [ { kind: KIND_GPU count: 1 } ]
 optimization { cuda { graphs: true busy_wait_events: true } }
 parameters { key: "execution_mode" value { string_value: "thread" } }
-'''
-
-IDENTITY = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
-                    "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-                for r in requests]
 '''
 
 

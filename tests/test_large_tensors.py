@@ -15,20 +15,11 @@ import pytest
 import tritonclient.utils.shared_memory as shm
 
 from conftest import connect, protocol_fixture, server_settings
+from python_models import IDENTITY
 from mini_triton.server import ServerThread
 
 SIZES = {"588KiB": 150_528, "4MiB": 1024 * 1024}
 
-IDENTITY = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
-                    "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-                for r in requests]
-'''
 
 # A model that computes a new array (not a view of its input), as most models do.
 NEGATE = IDENTITY.replace('.as_numpy())])', '.as_numpy() * -1)])')

@@ -18,6 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import STATUS, server_settings
+from python_models import IDENTITY
 from mini_triton.server import ServerThread
 
 MODES = ("process", "thread")
@@ -58,16 +59,6 @@ class TritonPythonModel:
         return responses
 '''
 
-IDENTITY = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
-                    "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-                for r in requests]
-'''
 
 AUTO_COMPLETE = '''
 import numpy as np

@@ -15,6 +15,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from conftest import connect, protocol_fixture, server_settings
+from python_models import identity_model
 from mini_triton.server import ServerThread
 
 # Each execution appends one line per request to <log_dir>/<instance name>: the first
@@ -136,16 +137,7 @@ model_warmup [ {
 } ]
 '''
 
-IDENTITY = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
-                    "OUTPUT", pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy())])
-                for r in requests]
-'''
+IDENTITY = identity_model("INPUT", "OUTPUT")
 
 # (model, replace this, with this, the line:column the error must name, words it must say)
 MISFITS = [
