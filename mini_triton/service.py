@@ -369,17 +369,22 @@ class InferenceService:
         return [_statistics(v) for v in sorted(versions, key=lambda v: (v.name, v.version))]
 
     def _serving_versions(self, name: str, version: str) -> list[LoadedVersion]:
-        """The versions whose statistics a request names; Triton's one INVALID_ARG for
-        a model (or version) that is unknown, failed or unloaded."""
+        """The versions whose statistics a request names; Triton's INVALID_ARG for a
+        model with no version serving, and another for a version that is not serving."""
         check_model_name(name)
         try:
-            versions = ([self.manager.get(name, version)] if version
-                        else list(self.manager.record(name).versions.values()))
+            serving = dict(self.manager.record(name).versions)
         except TritonError:
-            versions = []
-        if not versions:
+            serving = {}
+        if not serving:
             raise invalid_arg(f"requested model '{name}' is not available")
-        return versions
+        if not version:
+            return list(serving.values())
+        try:
+            return [self.manager.get(name, version)]
+        except TritonError:
+            raise invalid_arg(f"requested model version is not available for model '{name}'") \
+                from None
 
 
 def _apply_plan(tensor: Tensor, plan, loaded: LoadedVersion, batched: bool) -> Tensor:

@@ -60,13 +60,17 @@ def test_unloading_a_model_that_is_not_there_succeeds(client):
     echo(client, "good")
 
 
-@pytest.mark.parametrize("name, version", [("broken", ""), ("never_heard_of_it", ""),
-                                           ("good", "9")])
-def test_statistics_of_a_model_not_serving_is_invalid(client, name, version):
+@pytest.mark.parametrize("name, version, message", [
+    ("broken", "", "requested model 'broken' is not available"),
+    ("never_heard_of_it", "", "requested model 'never_heard_of_it' is not available"),
+    ("good", "9", "requested model version is not available for model 'good'"),
+])
+def test_statistics_of_a_model_not_serving_is_invalid(client, name, version, message):
+    """Triton 2.51's two messages: no version of the model serving, or not that one."""
     with pytest.raises(InferenceServerException) as caught:
         client.client.get_inference_statistics(name, version)
     assert client.status_of(caught.value) == STATUS[client.name]["INVALID_ARG"]
-    assert f"requested model '{name}' is not available" in caught.value.message()
+    assert caught.value.message() == message
 
 
 @pytest.mark.parametrize("make, message", [
