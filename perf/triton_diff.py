@@ -43,9 +43,19 @@ ON_PURPOSE = {
     "generate on decoupled": "/generate on a model with other than one response is 500, not 200",
     "http infer pipeline one output": "an ensemble asked for some outputs is served "
                                       "(Triton: 'unexpected deadlock')",
+    "http err log level not a number": "a logging setting of the wrong JSON type is 400",
+    "http err index ready not a boolean": "a repository index 'ready' that is not a boolean "
+                                          "is 400",
+    "generate parameters not an object": "a generate request of the wrong JSON type is 400",
+    "generate id not a string": "a generate request of the wrong JSON type is 400",
 }
 # Differences seen and not resolved yet (say why, and where they belong).
 KNOWN_OPEN = {
+    "tritonclient http shm register bad key": "status 400 on purpose (a key that cannot be "
+                                              "opened); our message adds '(it does not "
+                                              "exist)' to Triton's",
+    "tritonclient grpc shm register bad key": "as over HTTP: INVALID_ARGUMENT on purpose, "
+                                              "the message's addition open",
     "http err empty body": "Triton takes an empty /infer body as a raw binary input of 0 "
                            "bytes (raw binary bodies: core/validate.py and the HTTP codec)",
 }

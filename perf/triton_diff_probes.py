@@ -275,6 +275,17 @@ def _http_mistakes():
         ("http err decoupled over infer", lambda t: post_json(
             t, "/v2/models/gen_stream/infer", {"inputs": [TEXT]})),
         ("http err config unknown model", lambda t: raw(t, "GET", "/v2/models/nope/config")),
+        ("http err ready unknown version", lambda t: raw(t, "GET",
+                                                         "/v2/models/echo/versions/2/ready")),
+        ("http err unload in mode none", lambda t: raw(
+            t, "POST", "/v2/repository/models/nope/unload")),
+        ("http err trace rate not a number", lambda t: post_json(
+            t, "/v2/trace/setting", {"trace_rate": "x"})),
+        ("http err log level not a number", lambda t: post_json(
+            t, "/v2/logging", {"log_verbose_level": "x"})),
+        ("http err index ready not a boolean", lambda t: post_json(
+            t, "/v2/repository/index", {"ready": 1})),
+        ("http stats echo v1", lambda t: scrub(raw(t, "GET", "/v2/models/echo/versions/9/stats"))),
     ]
 
 
@@ -298,6 +309,18 @@ def _generate_calls():
                                                 fields)),
         ("generate_stream not decoupled", _generate("/v2/models/gen/generate_stream",
                                                     {"text_input": "hi"})),
+        ("generate_stream unknown model", _generate("/v2/models/nope/generate_stream",
+                                                    {"text_input": "hi"})),
+        ("generate parameters not an object", _generate("/v2/models/gen/generate",
+                                                        {"text_input": "hi", "parameters": 3})),
+        ("generate input as a list", _generate("/v2/models/gen/generate",
+                                               {"text_input": ["a", "b"]})),
+        ("generate id not a string", _generate("/v2/models/gen/generate",
+                                               {"text_input": "hi", "id": 5})),
+        ("generate with an id", _generate("/v2/models/gen/generate",
+                                          {"text_input": "hi", "id": "abc"})),
+        ("generate nested parameter list", _generate("/v2/models/gen/generate", {
+            "text_input": "hi", "parameters": {"stop": ["x"]}})),
     ]
 
 
@@ -338,8 +361,8 @@ def _client_calls(protocol):
 
 def _settings_and_shm(p, client_of):
     """Trace and log settings, and shared-memory calls that need no region of ours."""
-    def call(name, *args, **kw):
-        return lambda t: caught(lambda: scrub(_plain(getattr(client_of(t), name)(*args, **kw))))
+    def call(method, *args, **kw):
+        return lambda t: caught(lambda: scrub(_plain(getattr(client_of(t), method)(*args, **kw))))
     return [
         (f"{p} trace settings", call("get_trace_settings")),
         (f"{p} trace settings echo", call("get_trace_settings", model_name="echo")),
