@@ -25,7 +25,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from test_grpc_transport import H2, HEADERS, INFER, SLOW, VALUES, infer_request, start
+from test_grpc_transport import (H2, HEADERS, INFER, SLOW, VALUES, infer_request,
+                                 serve_cleanly, start)
 from test_http2_limits import (CUT_OFF, REFUSED_STREAM, goaway_of, graceful_goaway, read_until,
                                reset_of, victim_succeeds)
 
@@ -70,10 +71,7 @@ def hold_connections(server, count: int) -> list:
 
 @pytest.fixture(scope="module")
 def two_connections():
-    running = start("--grpc-max-connections=2")
-    yield running
-    assert running.stop() == 0
-    assert "Traceback" not in running.output, running.output
+    yield from serve_cleanly("--grpc-max-connections=2")
 
 
 def test_a_connection_past_max_connections_is_refused_saying_so(two_connections):
@@ -140,10 +138,7 @@ def test_a_refused_connection_that_makes_no_call_is_closed_soon(two_connections)
 
 @pytest.fixture(scope="module")
 def settings_timeout():
-    running = start("--grpc-http2-settings-timeout-secs=1")
-    yield running
-    assert running.stop() == 0
-    assert "Traceback" not in running.output, running.output
+    yield from serve_cleanly("--grpc-http2-settings-timeout-secs=1")
 
 
 def test_settings_not_acknowledged_is_goaway_settings_timeout(settings_timeout):

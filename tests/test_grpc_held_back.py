@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import DEFAULT_REPOSITORY
 from test_grpc_transport import (DATA, END_HEADERS, END_STREAM, H2, HEADERS, INFER,
-                                 RST_STREAM, SLOW, WINDOW_UPDATE, grpc_message, start)
+                                 RST_STREAM, SLOW, WINDOW_UPDATE, grpc_message, serve_cleanly)
 from test_http2_limits import INITIAL_WINDOW_SIZE, cut_off, victim_succeeds
 from test_security_grpc import peak_memory, reset_peak_memory
 
@@ -127,13 +127,10 @@ def outcomes(client: H2, streams: list[int], timeout: float = 30.0) -> dict:
 
 @pytest.fixture(scope="module")
 def cutoff(repository):
-    running = start("--model-repository", str(repository),
-                    f"--grpc-http2-max-held-back-bytes={2 * MIB}",
-                    f"--grpc-http2-held-back-cutoff-bytes={4 * MIB}",
-                    "--grpc-http2-stall-timeout-secs=2")
-    yield running
-    assert running.stop() == 0
-    assert "Traceback" not in running.output, running.output
+    yield from serve_cleanly("--model-repository", str(repository),
+                             f"--grpc-http2-max-held-back-bytes={2 * MIB}",
+                             f"--grpc-http2-held-back-cutoff-bytes={4 * MIB}",
+                             "--grpc-http2-stall-timeout-secs=2")
 
 
 def test_responses_of_running_calls_past_the_cutoff_are_resource_exhausted(cutoff):
@@ -166,11 +163,9 @@ def test_responses_of_running_calls_past_the_cutoff_are_resource_exhausted(cutof
 
 @pytest.fixture(scope="module", params=["native", "grpcio"])
 def stream_limited(repository, request):
-    running = start("--model-repository", str(repository), f"--grpc-transport={request.param}",
-                    f"--grpc-stream-max-queued-bytes={MIB}")
-    yield running
-    assert running.stop() == 0
-    assert "Traceback" not in running.output, running.output
+    yield from serve_cleanly("--model-repository", str(repository),
+                             f"--grpc-transport={request.param}",
+                             f"--grpc-stream-max-queued-bytes={MIB}")
 
 
 def stream_request() -> bytes:
@@ -241,11 +236,9 @@ def test_answers_held_behind_a_slow_request_count_against_the_bound(stream_limit
 
 @pytest.fixture(scope="module", params=["native", "grpcio"])
 def in_flight_limited(repository, request):
-    running = start("--model-repository", str(repository), f"--grpc-transport={request.param}",
-                    "--grpc-stream-max-requests-in-flight=2")
-    yield running
-    assert running.stop() == 0
-    assert "Traceback" not in running.output, running.output
+    yield from serve_cleanly("--model-repository", str(repository),
+                             f"--grpc-transport={request.param}",
+                             "--grpc-stream-max-requests-in-flight=2")
 
 
 def test_a_stream_has_at_most_its_limit_of_requests_under_way(in_flight_limited):

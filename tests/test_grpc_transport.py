@@ -69,17 +69,23 @@ def start(*args: str) -> ServerProcess:
                           "--metrics-address=127.0.0.1", "--exit-timeout-secs=5", *args]).start()
 
 
+def serve_cleanly(*args: str):
+    """A module fixture's body (`yield from serve_cleanly(...)`): yields the server started
+    with `args`; afterwards it must exit 0 having logged no traceback (no test may crash a
+    connection or a call's task: that is logged, not answered)."""
+    running = start(*args)
+    yield running
+    assert running.stop() == 0
+    assert "Traceback" not in running.output, running.output
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The server on its default (native) gRPC transport, with a slow model too."""
     repository = tmp_path_factory.mktemp("repository")
     (repository / "slow" / "1").mkdir(parents=True)
     (repository / "slow" / "config.pbtxt").write_text(SLOW)
-    running = start("--model-repository", str(repository))
-    yield running
-    assert running.stop() == 0
-    # no test here may crash a connection or a call's task: that is logged, not answered
-    assert "Traceback" not in running.output, running.output
+    yield from serve_cleanly("--model-repository", str(repository))
 
 
 @pytest.fixture(scope="module", params=["native", "grpcio"])

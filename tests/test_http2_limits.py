@@ -34,7 +34,7 @@ from test_grpc_transport import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREA
                                  H2, HEADERS, INFER, LIVE, MAX_FRAME_SIZE, PING, PRIORITY,
                                  PRIORITY_FLAG, RST_STREAM, SETTINGS, SLOW, VALUES,
                                  WINDOW_UPDATE, Response, assert_identity, grpc_message,
-                                 infer_request, start)
+                                 infer_request, serve_cleanly, start)
 from test_security_grpc import peak_memory, reset_peak_memory
 
 pytestmark = pytest.mark.timeout(120)
@@ -66,19 +66,15 @@ def repository_with_slow_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def defaults(tmp_path_factory):
     """The server with every HTTP/2 limit at its default."""
-    running = start("--model-repository", str(repository_with_slow_model(tmp_path_factory)))
-    yield running
-    assert running.stop() == 0
-    assert "Traceback" not in running.output, running.output
+    yield from serve_cleanly("--model-repository",
+                             str(repository_with_slow_model(tmp_path_factory)))
 
 
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory):
-    running = start("--model-repository", str(repository_with_slow_model(tmp_path_factory)),
-                    *LIMITED)
-    yield running
-    assert running.stop() == 0
-    assert "Traceback" not in running.output, running.output
+    yield from serve_cleanly("--model-repository",
+                             str(repository_with_slow_model(tmp_path_factory)),
+                             *LIMITED)
 
 
 # --- helpers ---
@@ -601,12 +597,10 @@ def test_streaming_input_beyond_the_window_is_flow_control_error(defaults):
 
 @pytest.fixture(scope="module")
 def keepalive(tmp_path_factory):
-    running = start("--model-repository", str(repository_with_slow_model(tmp_path_factory)),
-                    "--grpc-keepalive-time=300", "--grpc-keepalive-timeout=600",
-                    "--grpc-keepalive-permit-without-calls=true")
-    yield running
-    assert running.stop() == 0
-    assert "Traceback" not in running.output, running.output
+    yield from serve_cleanly("--model-repository",
+                             str(repository_with_slow_model(tmp_path_factory)),
+                             "--grpc-keepalive-time=300", "--grpc-keepalive-timeout=600",
+                             "--grpc-keepalive-permit-without-calls=true")
 
 
 def test_an_unanswered_keepalive_ping_closes_the_connection(keepalive):
@@ -654,11 +648,10 @@ def test_client_pings_without_calls_are_policed_at_the_interval_when_permitted(k
 
 @pytest.fixture(scope="module")
 def aged(tmp_path_factory):
-    running = start("--model-repository", str(repository_with_slow_model(tmp_path_factory)),
-                    "--grpc-max-connection-age=1000", "--grpc-max-connection-age-grace=3000")
-    yield running
-    assert running.stop() == 0
-    assert "Traceback" not in running.output, running.output
+    yield from serve_cleanly("--model-repository",
+                             str(repository_with_slow_model(tmp_path_factory)),
+                             "--grpc-max-connection-age=1000",
+                             "--grpc-max-connection-age-grace=3000")
 
 
 def read_until(client: H2, kind: int, answered: dict) -> object:

@@ -36,7 +36,7 @@ from test_grpc_transport import (CONTINUATION, DATA, END_HEADERS, END_STREAM, GO
                                  H2, HEADERS, INFER, INITIAL_WINDOW_SIZE, LIVE, MAX_FRAME_SIZE,
                                  PING, PREFACE, RST_STREAM, SETTINGS, SLOW, VALUES, WAIT,
                                  WINDOW_UPDATE, RecordingTransport, Response, assert_identity,
-                                 frames_in, grpc_message, infer_request, start)
+                                 frames_in, grpc_message, infer_request, serve_cleanly, start)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,11 +55,8 @@ def native(tmp_path_factory):
     repository = tmp_path_factory.mktemp("repository")
     (repository / "slow" / "1").mkdir(parents=True)
     (repository / "slow" / "config.pbtxt").write_text(SLOW)
-    running = start("--model-repository", str(repository),
-                    f"--grpc-max-receive-message-size={LIMIT}")
-    yield running
-    assert running.stop() == 0
-    assert "Traceback" not in running.output, running.output
+    yield from serve_cleanly("--model-repository", str(repository),
+                             f"--grpc-max-receive-message-size={LIMIT}")
 
 
 @pytest.fixture(scope="module")
