@@ -32,7 +32,9 @@ class TritonFormatter(logging.Formatter):
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
             message = f"{message}\n{record.exc_text}"
-        if self.escape:
+        # A table the server draws (extra={"verbatim": True}) is printed as it is, as
+        # Triton prints its start-up tables; it holds no client's text.
+        if self.escape and not getattr(record, "verbatim", False):
             message = json.dumps(message, ensure_ascii=False)
         level = record.levelname[:1] if record.levelno != logging.DEBUG else "I"
         where = f"{record.process} {record.filename}:{record.lineno}]"

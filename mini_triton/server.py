@@ -34,7 +34,8 @@ from .repository.manager import ModelRepositoryManager, ServerOptions
 from .core.errors import TritonError
 from .repository.storage import StorageError, is_url
 from .scheduling.rate_limiter import RateLimiter
-from .service import InferenceService
+from .service import EXTENSIONS, InferenceService
+from .startup_tables import log_model_table, log_options_table
 
 log = logging.getLogger("mini_triton")
 
@@ -186,8 +187,10 @@ class Server:
         except StorageError as error:
             raise StartupError(str(error)) from None
         await loop.run_in_executor(None, self._load_models)
+        log_model_table(self.service.repository_index())
         if self.settings.allow_metrics and self.settings.allow_cpu_metrics:
             log.info("Collecting CPU metrics")  # Triton's line
+        log_options_table(self.settings, EXTENSIONS)
         if self.settings.allow_grpc:
             await self._start_grpc()
         if self.settings.allow_http:

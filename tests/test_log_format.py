@@ -101,3 +101,23 @@ def test_start_up_and_shutdown_lines_are_tritons(tmp_path):
                 '"Timeout 7: Found 0 live models and 0 in-flight non-inference requests"']
     at = [messages.index(line) for line in expected]
     assert at == sorted(at), server.output
+
+
+def test_start_up_tables_are_tritons(tmp_path):
+    """Triton 2.51 logs a table of the models and their state, and one of its options,
+    drawn as it draws them (not escaped)."""
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.pbtxt").write_text(
+        'name: "m"\nbackend: "identity"\nmax_batch_size: 1\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    server = ServerProcess([f"--model-repository={tmp_path}"]).start()
+    server.stop()
+    text = server.output
+    assert ("+-------+---------+--------+\n| Model | Version | Status |\n"
+            "+-------+---------+--------+\n| m     | 1       | READY  |\n"
+            "+-------+---------+--------+\n") in text
+    assert "| server_id                        | triton" in text
+    assert "| model_control_mode               | MODE_NONE" in text
+    assert "| pinned_memory_pool_byte_size     | 268435456" in text
+    assert "| strict_readiness                 | 1 " in text
