@@ -31,6 +31,15 @@ def test_type_tables(config_type, code, dtype):
     assert pb_utils.numpy_to_triton_type(dtype) == code
 
 
+def test_type_codes_are_the_model_config_values_for_every_type():
+    # The codes follow the order of core's datatype table: a reordering must fail here.
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    for config_name, code, v2, _ in utils._TYPES:
+        assert mc.DataType.Value(config_name) == code, v2
+    assert len(utils._TYPES) == len(mc.DataType.values()) - 1  # all but TYPE_INVALID
+
+
 def test_bytes_serialization_round_trip():
     array = np.array([b"a", b"", "\u00e9".encode(), b"\x00\x01"], dtype=np.object_)
     encoded = pb_utils.serialize_byte_tensor(array)

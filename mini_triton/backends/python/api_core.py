@@ -8,6 +8,8 @@ import struct
 
 import numpy as np
 
+from ...core.datatypes import DATATYPES as _DATATYPES  # private: pb_utils star-imports this
+
 # --- Triton's constants ---
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -18,23 +20,12 @@ TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 TRITONSERVER_MEMORY_CPU = 0
 TRITONSERVER_MEMORY_GPU = 1
 
-# One table: config type name, TRITONSERVER_DataType value, v2 name, numpy type.
-_TYPES = (
-    ("TYPE_BOOL", 1, "BOOL", np.bool_),
-    ("TYPE_UINT8", 2, "UINT8", np.uint8),
-    ("TYPE_UINT16", 3, "UINT16", np.uint16),
-    ("TYPE_UINT32", 4, "UINT32", np.uint32),
-    ("TYPE_UINT64", 5, "UINT64", np.uint64),
-    ("TYPE_INT8", 6, "INT8", np.int8),
-    ("TYPE_INT16", 7, "INT16", np.int16),
-    ("TYPE_INT32", 8, "INT32", np.int32),
-    ("TYPE_INT64", 9, "INT64", np.int64),
-    ("TYPE_FP16", 10, "FP16", np.float16),
-    ("TYPE_FP32", 11, "FP32", np.float32),
-    ("TYPE_FP64", 12, "FP64", np.float64),
-    ("TYPE_STRING", 13, "BYTES", np.object_),
-    ("TYPE_BF16", 14, "BF16", None),
-)
+# (config type name, TRITONSERVER_DataType value, v2 name, numpy type), from the server's
+# one datatype table. TRITONSERVER_DataType numbers the types in that table's order
+# (BOOL = 1 ... BF16 = 14, as ModelConfig's TYPE_* values do); pb_utils has no numpy
+# type for BF16.
+_TYPES = tuple((dt.config_name, code, dt.name, None if dt.name == "BF16" else dt.numpy.type)
+               for code, dt in enumerate(_DATATYPES, start=1))
 TRITON_STRING_TO_NUMPY = {name: (bool if numpy is np.bool_ else numpy)
                           for name, _, _, numpy in _TYPES if numpy is not None}
 _NUMPY_BY_CODE = {code: numpy for _, code, _, numpy in _TYPES}
