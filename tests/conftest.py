@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,13 @@ def server_settings(*repositories: Path, **overrides) -> Settings:
     return Settings(**values)
 
 
+def free_port() -> int:
+    """A TCP port free on loopback just now (for a process that must be told its port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
 def default_server():
     """The server on the bundled model_repository/."""
@@ -45,6 +53,12 @@ class Protocol:
 
     def status_of(self, error) -> str:
         return str(error.status())
+
+    def model_statistics(self, model: str) -> dict:
+        """The model's entry of the statistics extension, as JSON on both protocols."""
+        if self.name == "grpc":
+            return self.client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+        return self.client.get_inference_statistics(model)["model_stats"][0]
 
 
 def connect(name: str, server: ServerThread):

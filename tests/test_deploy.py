@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,6 +43,8 @@ KSERVE = DEPLOY / "kserve"
 DOCS = ROOT / "docs" / "observability.md"  # where the dashboard panels are explained
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conftest import free_port  # noqa: E402
 
 # Triton's metric families as mini_triton exposes them (summaries only with
 # --metrics-config=summary_latencies=true).
@@ -743,12 +744,6 @@ def test_metrics_endpoint_serves_every_metric_the_dashboard_names(served):
             assert name in exposed, f"panel {title!r} queries {name}, absent from /metrics"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.loads(response.read())
@@ -769,7 +764,7 @@ def prometheus(served, tmp_path_factory):
         }],
     }
     (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log = (folder / "prometheus.log").open("w")
     proc = subprocess.Popen(
         [binary, f"--config.file={folder / 'prometheus.yml'}",

@@ -165,19 +165,13 @@ def request(proto, value: int):
     return [item]
 
 
-def statistics(proto, model: str) -> dict:
-    if proto.name == "grpc":
-        return proto.client.get_inference_statistics(model, as_json=True)["model_stats"][0]
-    return proto.client.get_inference_statistics(model)["model_stats"][0]
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_rescheduled_request_runs_again_until_released_in_batches(server, protocol, mode):
     model = f"counting_{mode}"
     wanted = [1, 3, 5, 2]
     proto = connect(protocol, server)
-    before = statistics(proto, model)
+    before = proto.model_statistics(model)
 
     def one(value):
         client = connect(protocol, server)
@@ -191,7 +185,7 @@ def test_a_rescheduled_request_runs_again_until_released_in_batches(server, prot
     try:
         with ThreadPoolExecutor(len(wanted)) as pool:
             results = list(pool.map(one, wanted))
-        after = statistics(proto, model)
+        after = proto.model_statistics(model)
     finally:
         proto.client.close()
     # One response per request, after all of its iterations.

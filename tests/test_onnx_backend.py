@@ -282,10 +282,7 @@ def test_dynamic_batching_runs_concurrent_requests_as_one_batch(good_server, pro
 
 
 def _counts(proto, model: str) -> tuple[int, int]:
-    if proto.name == "grpc":
-        stats = proto.client.get_inference_statistics(model, as_json=True)["model_stats"][0]
-    else:
-        stats = proto.client.get_inference_statistics(model)["model_stats"][0]
+    stats = proto.model_statistics(model)
     return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
 
 

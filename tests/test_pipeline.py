@@ -156,10 +156,7 @@ COMPUTE = ("compute_input", "compute_infer", "compute_output")
 
 def inference_stats(proto, model: str) -> dict:
     """(count, ns) of each phase, and {batch size: (count, ns of each compute phase)}."""
-    if proto.name == "grpc":
-        stats = proto.client.get_inference_statistics(model, as_json=True)["model_stats"][0]
-    else:
-        stats = proto.client.get_inference_statistics(model)["model_stats"][0]
+    stats = proto.model_statistics(model)
     phases = {name: (int(value.get("count", 0)), int(value.get("ns", 0)))
               for name, value in stats["inference_stats"].items()}
     phases["batches"] = {int(b["batch_size"]): tuple(int(b[phase].get("ns", 0))

@@ -138,12 +138,6 @@ def send(server, protocol: str, model: str, count: int) -> list:
         return list(pool.map(one, range(count)))
 
 
-def statistics(proto, model: str) -> dict:
-    if proto.name == "grpc":
-        return proto.client.get_inference_statistics(model, as_json=True)["model_stats"][0]
-    return proto.client.get_inference_statistics(model)["model_stats"][0]
-
-
 def pending(server, model: str) -> int:
     return server.server.manager.get(model).scheduler.inflight()
 
@@ -193,7 +187,7 @@ def test_priority_1_gets_about_twice_the_executions_of_priority_2(folder, server
     assert count * 0.3 <= seconds <= count * 0.75, order
     proto = connect(protocol, server)
     try:
-        stats = statistics(proto, first_model)["inference_stats"]
+        stats = proto.model_statistics(first_model)["inference_stats"]
         # The batches formed, then waited for R behind the gate: queue time.
         assert int(stats["queue"]["ns"]) >= 0.2e9
         assert int(stats["success"]["count"]) >= count

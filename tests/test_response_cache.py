@@ -73,10 +73,7 @@ def infer(proto, model, values, **kwargs):
 
 
 def counts(proto, model) -> dict:
-    if proto.name == "grpc":
-        stats = proto.client.get_inference_statistics(model, as_json=True)["model_stats"][0]
-    else:
-        stats = proto.client.get_inference_statistics(model)["model_stats"][0]
+    stats = proto.model_statistics(model)
     inference = stats["inference_stats"]
     return {"executions": int(stats.get("execution_count", 0)),
             "success": int(inference["success"].get("count", 0)),

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
@@ -11,16 +10,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from conftest import free_port
 from serverproc import ServerProcess
 from test_lifecycle import write_model
 
 MAX_CONNECTIONS = 200  # new connections tried before giving up on seeing both servers
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def answering_ids(protocol: str, url: str) -> set[str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, connect
+from conftest import ROOT, connect, free_port
 from mini_triton.core.names import printable
 from serverproc import ServerProcess
 from test_lifecycle import IDENTITY, echo, index, wait_until
@@ -43,12 +43,6 @@ def require_s3_tools() -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason}; CI must install them ({INSTALL})", pytrace=False)
     pytest.skip(f"{reason} (install with {INSTALL})")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class MotoServer:

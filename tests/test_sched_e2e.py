@@ -224,18 +224,12 @@ def test_invalid_ensemble_fails_to_load_with_triton_message(server):
 # --- statistics ---
 
 
-def _stats(client, model: str) -> dict:
-    if client.name == "grpc":
-        return client.client.get_inference_statistics(model, as_json=True)["model_stats"][0]
-    return client.client.get_inference_statistics(model)["model_stats"][0]
-
-
 def _count(stats: dict, key: str) -> int:
     return int(stats["inference_stats"][key].get("count", 0))
 
 
 def test_statistics_equal_what_was_sent(client):
-    before = _stats(client, "batched_identity_delay")
+    before = client.model_statistics("batched_identity_delay")
     rows = [1, 3, 2]
     for count in rows:
         data = np.ones((count, 2), dtype=np.float32)
@@ -243,7 +237,7 @@ def test_statistics_equal_what_was_sent(client):
     with pytest.raises(InferenceServerException):
         bad = np.ones((1, 2), dtype=np.float32)
         client.client.infer("batched_identity_delay", [fp32_input(client.module, "WRONG", bad)])
-    after = _stats(client, "batched_identity_delay")
+    after = client.model_statistics("batched_identity_delay")
     assert _count(after, "success") - _count(before, "success") == 3
     # refused before it reached the model: Triton counts it nowhere
     assert _count(after, "fail") - _count(before, "fail") == 0

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import free_port
 from mini_triton.cli import build_parser, settings_from
 from mini_triton.triton_flags import BY_NAME, NOT_APPLICABLE, NOT_HONOURED, TRITON_FLAGS
 from serverproc import ServerProcess
@@ -153,14 +154,6 @@ def test_id_log_format_and_log_file(tmp_path):
     assert "successfully loaded 'm'" in text
     first = next(line for line in text.splitlines() if "successfully loaded" in line)
     assert first[:4].isdigit() and first[4] == "-" and "T" in first[:20]  # ISO 8601
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _ready(client) -> bool:

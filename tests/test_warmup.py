@@ -215,12 +215,6 @@ def infer(proto, model: str, array: np.ndarray):
     return proto.client.infer(model, [item])
 
 
-def statistics(proto, model: str) -> dict:
-    if proto.name == "grpc":
-        return proto.client.get_inference_statistics(model, as_json=True)["model_stats"][0]
-    return proto.client.get_inference_statistics(model)["model_stats"][0]
-
-
 def load_error(proto, model: str) -> str:
     with pytest.raises(InferenceServerException) as raised:
         proto.client.load_model(model)
@@ -243,11 +237,11 @@ def test_every_instance_runs_its_samples_before_the_model_is_ready(repository, s
 def test_warmup_is_not_counted_in_statistics_or_metrics(proto, server, mode):
     model = f"recording_{mode}"
     assert proto.client.is_model_ready(model)
-    before = statistics(proto, model)
+    before = proto.model_statistics(model)
     result = infer(proto, model, np.full((1, 4), 9.0, np.float32))
     # The instance saw its 7 warmup requests before this one (and maybe earlier tests').
     assert int(result.as_numpy("SEEN")[0, 0]) >= 8
-    after = statistics(proto, model)
+    after = proto.model_statistics(model)
     assert int(after.get("inference_count", 0)) - int(before.get("inference_count", 0)) == 1
     assert int(after.get("execution_count", 0)) - int(before.get("execution_count", 0)) == 1
     metrics = urllib.request.urlopen(
@@ -343,7 +337,7 @@ def test_onnx_models_warm_up_with_zero_random_and_string_file_data(onnx_server, 
     proto = connect(protocol, onnx_server)
     try:
         assert proto.client.is_model_ready("adder") and proto.client.is_model_ready("text")
-        assert int(statistics(proto, "adder").get("execution_count", 0)) == 0
+        assert int(proto.model_statistics("adder").get("execution_count", 0)) == 0
         message = load_error(proto, "adder_misfit")
         assert "adder_misfit/config.pbtxt:8:17: " in message and "batch_size 9" in message
         assert proto.client.is_model_ready("adder")
