@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import server_settings
+from conftest import server_settings, wait_for
 from mini_triton.server import ServerThread
 
 SLOW = """
@@ -55,20 +55,13 @@ def executions_and_cancellations(server) -> tuple[int, int]:
     return stats.execution_count, stats.failures_by_reason.get("CANCELED", 0)
 
 
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not condition():
-        time.sleep(0.02)
-    assert condition()
-
-
 def test_closed_http_connection_cancels_the_queued_request(server):
     first = occupy_the_instance(server)
     with socket.create_connection(("127.0.0.1", server.ports["http"])) as sock:
         sock.sendall(b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
         time.sleep(0.2)  # queued behind the first
-    wait_for(lambda: executions_and_cancellations(server)[1] == 1)
+    assert wait_for(lambda: executions_and_cancellations(server)[1] == 1)
     first.join(10)
     time.sleep(0.2)
     assert executions_and_cancellations(server) == (1, 1)
@@ -82,7 +75,7 @@ def test_grpc_deadline_cancels_the_queued_request(server):
     with pytest.raises(InferenceServerException, match="Deadline"):
         client.infer("slow", [tensor], client_timeout=0.2)
     client.close()
-    wait_for(lambda: executions_and_cancellations(server)[1] == 1)
+    assert wait_for(lambda: executions_and_cancellations(server)[1] == 1)
     first.join(10)
     time.sleep(0.2)
     assert executions_and_cancellations(server) == (1, 1)

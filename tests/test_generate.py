@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from conftest import server_settings
+from conftest import server_settings, wait_for
 from llm_models import write_repository
 from mini_triton.frontends.restrictions import parse_restrictions
 from mini_triton.server import ServerThread
@@ -41,15 +41,6 @@ def post(url: str, path: str, body, **headers) -> httpx.Response:
 
 def events(text: str) -> list[dict]:
     return [json.loads(line[len("data: "):]) for line in text.split("\n\n") if line]
-
-
-def wait_for(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 # --- requests and responses ---

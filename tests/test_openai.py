@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import ssl
-import time
 
 import httpx
 import openai
 import pytest
 
-from conftest import server_settings
+from conftest import server_settings, wait_for
 from llm_models import write_repository
 from mini_triton.frontends.restrictions import parse_restrictions
 from mini_triton.server import ServerThread
@@ -37,15 +36,6 @@ def base(server):
 def client(base):
     with openai.OpenAI(base_url=base, api_key="unused", max_retries=0) as client:
         yield client
-
-
-def wait_for(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 # --- models ---
