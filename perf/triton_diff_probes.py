@@ -340,6 +340,12 @@ def _client_calls(protocol):
              (f"{p} model metadata pipeline", call("get_model_metadata", "pipeline", **as_json)),
              (f"{p} model config echo", call("get_model_config", "echo", **as_json)),
              (f"{p} model config pipeline", call("get_model_config", "pipeline", **as_json)),
+             (f"{p} model config gen_stream", call("get_model_config", "gen_stream", **as_json)),
+             (f"{p} model config seq", call("get_model_config", "seq", **as_json)),
+             (f"{p} model metadata seq v1", call("get_model_metadata", "seq", "1", **as_json)),
+             (f"{p} err model metadata v9", call("get_model_metadata", "seq", "9", **as_json)),
+             (f"{p} model ready v9", call("is_model_ready", "seq", "9")),
+             (f"{p} server live", call("is_server_live")),
              (f"{p} repository index", call("get_model_repository_index", **as_json)),
              (f"{p} infer echo", partial(infer, protocol=protocol, model="echo",
                                          inputs_of=echo_inputs)),
@@ -428,7 +434,17 @@ def _answer(value, conv):
 def _late_calls():
     """Statistics and metrics, after every inference above."""
     calls = [("grpc stream gen_stream", lambda t: grpc_stream(
-        t, "gen_stream", lambda m: [_text(m)], parameters={"k": 1}))]
+        t, "gen_stream", lambda m: [_text(m)], parameters={"k": 1})),
+             ("grpc stream gen (not decoupled)", lambda t: grpc_stream(
+                 t, "gen", lambda m: [_text(m)])),
+             ("grpc stream unknown model", lambda t: grpc_stream(
+                 t, "nope", lambda m: [_text(m)])),
+             ("grpc stream seq without id", lambda t: grpc_stream(
+                 t, "seq", lambda m: seq_inputs(m))),
+             ("grpc stream echo wrong input", lambda t: grpc_stream(
+                 t, "echo", lambda m: bad_input(m, name="NOPE"))),
+             ("grpc stream pipeline", lambda t: grpc_stream(
+                 t, "pipeline", pipeline_inputs))]
     for p in ("http", "grpc"):
         client_of = http_client if p == "http" else grpc_client
         conv = (lambda v: v) if p == "http" else as_dict
