@@ -49,14 +49,12 @@ ON_PURPOSE = {
                                           "is 400",
     "generate parameters not an object": "a generate request of the wrong JSON type is 400",
     "generate id not a string": "a generate request of the wrong JSON type is 400",
+    "tritonclient http shm register bad key": "a key that cannot be opened is 400, and the "
+                                              "message says why after Triton's words",
+    "tritonclient grpc shm register bad key": "as over HTTP, INVALID_ARGUMENT",
 }
 # Differences seen and not resolved yet (say why, and where they belong).
 KNOWN_OPEN = {
-    "tritonclient http shm register bad key": "status 400 on purpose (a key that cannot be "
-                                              "opened); our message adds '(it does not "
-                                              "exist)' to Triton's",
-    "tritonclient grpc shm register bad key": "as over HTTP: INVALID_ARGUMENT on purpose, "
-                                              "the message's addition open",
     "http err empty body": "Triton takes an empty /infer body as a raw binary input of 0 "
                            "bytes (raw binary bodies: core/validate.py and the HTTP codec)",
 }
