@@ -54,10 +54,7 @@ ON_PURPOSE = {
     "tritonclient grpc shm register bad key": "as over HTTP, INVALID_ARGUMENT",
 }
 # Differences seen and not resolved yet (say why, and where they belong).
-KNOWN_OPEN = {
-    "http err empty body": "Triton takes an empty /infer body as a raw binary input of 0 "
-                           "bytes (raw binary bodies: core/validate.py and the HTTP codec)",
-}
+KNOWN_OPEN: dict[str, str] = {}
 # Error and empty replies: Triton says text/plain for a JSON body; we say application/json
 # (on purpose): compared as equal.
 _CONTENT_TYPES_ALIKE = {"text/plain", "application/json"}

@@ -102,3 +102,18 @@ def test_the_batch_dimension_is_one(server):
 
 def test_an_unknown_model_is_not_found(server):
     assert raw_infer(server, "no_such_model", b"\0" * 4)[0] == 404
+
+
+def test_an_empty_body_is_a_raw_input_of_no_bytes(server):
+    """Without Inference-Header-Content-Length Triton takes the header's length from the
+    body's: an empty body is a raw request whose one input has no bytes (perf/triton_diff.py
+    compared it with Triton 2.51)."""
+    status, reply, headers = post(server, "/v2/models/fp32_var/infer", b"")
+    assert status == 200, reply
+    length = int(headers["Inference-Header-Content-Length"])
+    output = json.loads(reply[:length])["outputs"][0]
+    assert output["shape"] == [1, 0] and reply[length:] == b""
+    status, reply, _ = post(server, "/v2/models/fp32_fixed/infer", b"")
+    assert (status, json.loads(reply)["error"]) == (
+        400, PREFIX + "input byte size mismatch for input 'INPUT0' for model 'fp32_fixed'. "
+                      "Expected 16, got 0")

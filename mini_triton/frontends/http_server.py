@@ -301,6 +301,10 @@ class HttpFrontend:
         except TritonError as error:
             exchange.answer(self._undecodable(model, version, error, V2_REPLIES))
             return
+        if header_length is None and not request.body:
+            # Triton's header length defaults to the body's: an empty body is a raw
+            # binary request whose one input has no bytes.
+            header_length = 0
         self.start_infer(request, exchange, model, version, header_length)
 
     def start_infer(self, request: HttpRequest, exchange: Exchange, model: str, version: str,
