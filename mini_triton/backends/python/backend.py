@@ -18,7 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ...config.json_format import config_from_json, config_to_json
 from ...core.errors import invalid_arg, unavailable
 from ..base import Backend, ModelContext, ModelInstance
-from . import exec_env, process_mode
+from . import exec_env, process_mode, worker_process
 from .bridge import ServerBridge
 from .exec_env import EXECUTION_ENV_PATH
 from .runner import ModelError, ModelRunner, install_module_alias, mentions_auto_complete
@@ -118,7 +118,7 @@ class PythonBackend(Backend):
                 raise unavailable(str(error)) from None
         elif mentions_auto_complete(model_file):
             environment = exec_env.from_config(config, context.model_dir)
-            completed = process_mode.auto_complete(model_file, config_json, label, environment)
+            completed = worker_process.auto_complete(model_file, config_json, label, environment)
         else:
             return
         config.CopyFrom(config_from_json(completed))

@@ -20,26 +20,20 @@ import itertools
 import logging
 import os
 import select
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 from ...core.errors import TritonError, internal, unavailable
 from ...core.stats import ExecutionTiming
 from ..base import ModelInstance
 from . import convert
-from .exec_env import ExecutionEnvironment
 from .outstanding import Outstanding, reschedule, stacked_outputs
-from .wire import Link, Outgoing, PollBudget, get_reply, get_tensors, put_reply, put_tensors
+from .wire import Outgoing, PollBudget, get_reply, get_tensors, put_reply
+from .worker_process import exit_description, spawn, stop_process
 
 log = logging.getLogger("mini_triton.backends.python")
 
-WORKER_MODULE = "mini_triton.backends.python.worker"
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 FINALIZE_TIMEOUT_S = 10.0
 BUSY_FINALIZE_TIMEOUT_S = 1.0  # for a worker still executing when its model unloads
 # The loop polls for a reply at most this long: it serves nothing else meanwhile, and
@@ -49,71 +43,6 @@ FREED_BATCH = 8  # the worker's blocks this end is done with, returned in a mess
 READY_TIMEOUT_S = 5.0  # a model's own is_ready() gets this long, as in Triton
 _CONTROL_METHODS = frozenset(("load_model", "unload_model", "is_model_ready"))
 _METRIC_METHODS = frozenset(("metric_family", "metric_create", "metric_value"))
-
-
-def spawn(label: str, environment: ExecutionEnvironment | None = None
-          ) -> tuple[subprocess.Popen, Link]:
-    """Start a worker process connected to us by a socket pair, with the server's
-    interpreter or in the model's own execution environment."""
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    arguments = ["-m", WORKER_MODULE, str(child.fileno()), label]
-    if environment is None:
-        command, env = [sys.executable, *arguments], dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH"))
-                                            if p)
-    else:
-        command, env = environment.command(arguments), environment.variables(dict(os.environ))
-    try:
-        process = subprocess.Popen(command, pass_fds=(child.fileno(),),
-                                   stdin=subprocess.DEVNULL, env=env)
-    except BaseException:
-        parent.close()
-        raise
-    finally:
-        child.close()
-    return process, Link(parent)
-
-
-def stop_process(process: subprocess.Popen, link: Link, grace_s: float = 2.0) -> None:
-    """Close the link (the worker exits on it) and reap the process, killing it if it lingers."""
-    link.close()
-    try:
-        process.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def auto_complete(model_file: Path, config_json: str, label: str,
-                  environment: ExecutionEnvironment | None = None) -> str:
-    """Run the model's `auto_complete_config` in a short-lived worker; the completed JSON."""
-    process, link = spawn(label, environment)
-    try:
-        link.send({"op": "auto_complete", "model_file": str(model_file), "label": label,
-                   "config": config_json})
-        reply = link.recv().meta
-    except (EOFError, OSError):
-        raise internal(f"the worker process for '{label}' {_exit_description(process)} while "
-                       "running auto_complete_config") from None
-    finally:
-        stop_process(process, link)
-    if reply.get("error"):
-        raise internal(reply["error"])
-    return reply["config"]
-
-
-def _exit_description(process: subprocess.Popen) -> str:
-    try:
-        code = process.wait(5)
-    except subprocess.TimeoutExpired:
-        return "stopped answering"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = str(-code)
-        return f"was killed by signal {name}"
-    return f"exited with status {code}"
 
 
 def _describe_input(tensor, outgoing: Outgoing) -> tuple:
@@ -415,7 +344,7 @@ class ProcessInstance(ModelInstance):
     def _gone(self) -> None:
         if not self.stopping:
             self._die(f"model '{self.model}' instance '{self.name}': its worker process (pid "
-                      f"{self.process.pid}) {_exit_description(self.process)}; the model is "
+                      f"{self.process.pid}) {exit_description(self.process)}; the model is "
                       "unavailable until it is loaded again")
         else:
             self._die(f"model '{self.model}' instance '{self.name}' was unloaded")
