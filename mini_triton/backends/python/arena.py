@@ -123,10 +123,10 @@ class Arena:
             for segment in self.segments.values():
                 offset = segment.take(size)
                 if offset is not None:
-                    self.blocks[(segment.id, offset)] = size
-                    return Block(segment, offset, size)
-            segment = self._grow(size)  # its descriptor goes with the first message using it
-            offset = segment.take(size)
+                    break
+            else:
+                segment = self._grow(size)  # its descriptor goes with the first message using it
+                offset = segment.take(size)
             self.blocks[(segment.id, offset)] = size
             return Block(segment, offset, size)
 
