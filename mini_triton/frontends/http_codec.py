@@ -12,8 +12,8 @@ from ..core.errors import TritonError, invalid_arg
 from ..core.request import InferenceRequest, InferenceResponse
 from ..core.tensor import RequestedOutput, Tensor
 from ..core.validate import format_shape, raw_input
-from .http_parameters import (check_input_parameters, check_output_parameters, member,
-                              shape_of)
+from .http_parameters import (check_input_parameters, check_output_parameters, is_uint,
+                              member, shape_of)
 from .http_parameters import check_request_parameters as _check_request_parameters
 
 try:  # orjson is optional; it is faster for large JSON tensors
@@ -205,10 +205,6 @@ def _is_int64(v) -> bool:
     return type(v) is int and -2**63 <= v < 2**63
 
 
-def _is_uint64(v) -> bool:
-    return type(v) is int and 0 <= v < 2**64
-
-
 # The JSON kind each datatype's elements must be, with TritonJson's words otherwise.
 _ELEMENT_KINDS = {
     "BOOL": (lambda v: type(v) is bool, "Unable to parse 'data': attempt to access JSON "
@@ -217,7 +213,7 @@ _ELEMENT_KINDS = {
                                             "access JSON non-string as string"),
     **{t: (_is_int64, "Unable to parse 'data': attempt to access JSON non-signed-integer as "
                       "signed-integer") for t in ("INT8", "INT16", "INT32", "INT64")},
-    **{t: (_is_uint64, "Unable to parse 'data': attempt to access JSON non-unsigned-integer "
+    **{t: (is_uint, "Unable to parse 'data': attempt to access JSON non-unsigned-integer "
                        "as unsigned-integer") for t in ("UINT8", "UINT16", "UINT32", "UINT64")},
     **{t: (_is_number, "Unable to parse 'data': attempt to access JSON non-number as double")
        for t in ("FP16", "BF16", "FP32", "FP64")},

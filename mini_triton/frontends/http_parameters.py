@@ -17,7 +17,8 @@ from ..logsettings import FORMATS
 _UINT64_END = 2 ** 64
 
 
-def _is_uint(value) -> bool:
+def is_uint(value) -> bool:
+    """A JSON unsigned 64-bit integer (not a bool, which is an int in Python)."""
     return type(value) is int and 0 <= value < _UINT64_END
 
 
@@ -31,7 +32,7 @@ def _is_string(value) -> bool:
 
 # kind → (test, TritonJson's reason when the value is not of that kind)
 _KINDS = {
-    "uint": (_is_uint, "attempt to access JSON non-unsigned-integer as unsigned-integer"),
+    "uint": (is_uint, "attempt to access JSON non-unsigned-integer as unsigned-integer"),
     "bool": (_is_bool, "attempt to access JSON non-boolean as boolean"),
     "string": (_is_string, "attempt to access JSON non-string as string"),
 }
@@ -60,7 +61,7 @@ def member(document: dict, key: str, kind: str):
 def shape_of(item: dict) -> tuple[int, ...]:
     """An input's `shape`: an array of unsigned integers."""
     shape = member(item, "shape", "array")
-    if not all(_is_uint(d) for d in shape):
+    if not all(is_uint(d) for d in shape):
         raise invalid_arg(f"Unable to parse 'shape': {_KINDS['uint'][1]}")
     return tuple(shape)
 
@@ -90,7 +91,7 @@ def check_request_parameters(parameters: dict) -> None:
     JSON scalars for the rest, no key of its own (`triton_...`)."""
     for key, value in parameters.items():
         if key == "sequence_id":
-            if not (_is_uint(value) or _is_string(value)):
+            if not (is_uint(value) or _is_string(value)):
                 raise invalid_arg(
                     "Unable to parse 'sequence_id': attempt to access JSON non-string as "
                     "string")
