@@ -85,6 +85,10 @@ class ResponseStream:
                 return
             self._queued += size
         self._items.append(response)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Let the reader waiting in `next` see what was appended."""
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -100,9 +104,7 @@ class ResponseStream:
         self._items.append(InferenceResponse(first.model_name, first.model_version, first.id,
                                              error=TritonError(Code.UNAVAILABLE,
                                                                message)))
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake()
         if self.on_overflow is not None:
             self.on_overflow()
 
