@@ -75,7 +75,10 @@ def normalize(request: InferenceRequest, model: ModelSignature) -> None:
     Raises TritonError(INVALID_ARG) with Triton's wording on the first problem.
     """
     if request.raw_input:
-        _named(request, _deduce_raw_input, model)
+        try:
+            _deduce_raw_input(request, model)
+        except TritonError as error:
+            raise _naming_request(error, request)
     _apply_control_parameters(request)
     inputs_by_name = _index_inputs(request, model.name)
     _check_known_inputs(inputs_by_name, model.inputs, model.name)
@@ -95,13 +98,6 @@ def _naming_request(error: TritonError, request: InferenceRequest) -> TritonErro
     error.message = f"[request id: {request.id or '<id_unknown>'}] {error.message}"
     error.args = (error.message,)
     return error
-
-
-def _named(request: InferenceRequest, check, model: ModelSignature) -> None:
-    try:
-        check(request, model)
-    except TritonError as error:
-        raise _naming_request(error, request)
 
 
 # --- a raw binary body (HTTP `Inference-Header-Content-Length: 0`) ---
@@ -129,12 +125,13 @@ def _deduce_raw_input(request: InferenceRequest, model: ModelSignature) -> None:
         raise invalid_arg(
             f"The shape of the raw input '{name}' can not be deduced because there are more "
             "than one variable-sized dimension")
-    raw = bytes(tensor.raw) if spec.datatype == "BYTES" else tensor.raw
+    raw = tensor.raw
     if spec.datatype == "BYTES":
         if -1 in dims or datatypes.element_count(dims) != 1:
             raise invalid_arg(f"For BYTE datatype raw input '{name}', the model must have "
                               "input shape [1]")
-        raw = len(raw).to_bytes(4, "little") + raw  # Triton's framing of one string
+        data = bytes(raw)
+        raw = len(data).to_bytes(4, "little") + data  # Triton's framing of one string
     elif -1 in dims:
         known = datatypes.element_count([d for d in dims if d != -1])
         element_size = datatypes.from_name(spec.datatype).byte_size
