@@ -218,8 +218,7 @@ class ModelRepositoryManager:
     def _load_key(self, key: str, folder: Path, override: mc.ModelConfig | None,
                   private_dir: Path | None = None) -> ModelRecord:
         """Load one model (its ensemble's steps first); TritonError unless READY."""
-        known = set(self.records) | set(self.model_folders())
-        for step in self._peek_steps(key, folder, override, known):
+        for step in self._peek_steps(key, folder, override):
             if not self._key_ready(step):
                 self.load(name_of(step), check_mode=False)
         record = self._load_folder(key, folder, override, private_dir)
