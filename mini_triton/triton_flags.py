@@ -99,8 +99,9 @@ NOT_HONOURED: dict[str, tuple[str, str]] = {
     "http-thread-count": (NOT_APPLICABLE, "HTTP is served by the event loop, not a thread pool"),
     "grpc-infer-allocation-pool-size": (NOT_APPLICABLE, "a C++ allocation pool of Triton's"),
     "allow-gpu-metrics": (NOT_APPLICABLE, "no GPU metrics on a CPU server"),
-    "pinned-memory-pool-byte-size": (NOT_APPLICABLE, "CUDA pinned memory (its value is reported "
-                                     "as `nv_pinned_memory_pool_total_bytes`, as Triton does)"),
+    "pinned-memory-pool-byte-size": (NOT_APPLICABLE, "CUDA pinned memory; only its size is "
+                                     "reported, as nv_pinned_memory_pool_total_bytes, as Triton "
+                                     "does"),
     "cuda-memory-pool-byte-size": (NOT_APPLICABLE, "CUDA memory"),
     "cuda-virtual-address-size": (NOT_APPLICABLE, "CUDA memory"),
     "min-supported-compute-capability": (NOT_APPLICABLE, "GPU compute capability"),
