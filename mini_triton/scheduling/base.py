@@ -147,7 +147,7 @@ def execute_batch(instance, requests: list, stats: ModelStats, nulls: frozenset 
     ids of null requests (a sequence batcher's empty slots): they count in
     the executed batch size but are not requests of anyone.
     """
-    taps, start = begin_batch(requests, stats, nulls, _per_response(instance))
+    taps, start = begin_batch(instance, requests, stats, nulls)
     try:
         timing = instance.execute(requests)
     except TritonError as error:
@@ -159,14 +159,12 @@ def execute_batch(instance, requests: list, stats: ModelStats, nulls: frozenset 
     end_batch(instance, requests, taps, start, timing, stats, nulls, queue_start)
 
 
-def _per_response(instance) -> bool:
-    return getattr(instance, "reports_response_statistics", True)
-
-
-def begin_batch(requests: list, stats: ModelStats, nulls: frozenset = frozenset(),
-                per_response: bool = True) -> tuple[list, int]:
-    """The first half of `execute_batch`, before the instance runs: (taps, start ns);
-    `per_response`: keep the decoupled requests' per-response statistics."""
+def begin_batch(instance, requests: list, stats: ModelStats,
+                nulls: frozenset = frozenset()) -> tuple[list, int]:
+    """The first half of `execute_batch`, before the instance runs: (taps, start ns).
+    Decoupled requests keep per-response statistics unless the instance's backend
+    reports none (`reports_response_statistics`)."""
+    per_response = getattr(instance, "reports_response_statistics", True)
     taps = [tap(request) for request in requests]
     for request_tap in taps:
         request_tap.hold_final()

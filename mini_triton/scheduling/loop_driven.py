@@ -154,9 +154,7 @@ class LoopScheduler(QueuedScheduler):
         model's only work, with nothing queued behind it."""
         if self.batch_inputs is not None:
             self.batch_inputs.add(batch)
-        taps, start = begin_batch(batch, self.stats,
-                                  per_response=getattr(instance, "reports_response_statistics",
-                                                       True))
+        taps, start = begin_batch(instance, batch, self.stats)
 
         def on_end(timing: ExecutionTiming) -> None:
             self._ended(instance, batch, taps, start, timing)
