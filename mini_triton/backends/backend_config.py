@@ -70,10 +70,6 @@ def _non_negative(setting: str, value: str) -> None:
         raise ValueError(f"{setting} must be >= 0, got {value}")
 
 
-def _any(setting: str, value: str) -> None:
-    return None
-
-
 HONOURED = "honoured"
 NOT_APPLICABLE = "not applicable"
 
