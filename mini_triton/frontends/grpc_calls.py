@@ -160,7 +160,7 @@ class GrpcCalls:
     # --- starting a call ---
 
     def _start_call(self, stream: Stream) -> None:
-        path, metadata, timeout = None, [], None
+        path, metadata, timeout, accepted = None, [], None, None
         for name, value in stream.headers:
             if name == b":path":
                 path = value
@@ -168,6 +168,8 @@ class GrpcCalls:
                 timeout = value
             elif name == b"grpc-encoding":
                 stream.encoding = value
+            elif name == b"grpc-accept-encoding" and accepted is None:  # the first counts
+                accepted = value
             elif name[:1] != b":" and name not in RESERVED_HEADERS:
                 metadata.append((name.decode("latin-1"),
                                  binary_header_value(value) if name.endswith(b"-bin")
@@ -187,8 +189,7 @@ class GrpcCalls:
         stream.method = method
         stream.context = CallContext(tuple(metadata))
         if method.compress_responses:  # set only when the server's level is not none
-            stream.compress = response_encoding(self.server.response_compression,
-                                                _header(stream.headers, b"grpc-accept-encoding"))
+            stream.compress = response_encoding(self.server.response_compression, accepted)
         if method.client_streaming:
             stream.inbox = asyncio.Queue()
             stream.started = True
@@ -443,13 +444,6 @@ class GrpcCalls:
             self.streams.pop(stream.id, None)
         else:
             self._reset(stream, INTERNAL_ERROR)
-
-
-def _header(headers: list, name: bytes) -> bytes | None:
-    for key, value in headers:
-        if key == name:
-            return value
-    return None
 
 
 # A unary request message this large is handed to its handler as a view of the stream's
