@@ -260,15 +260,22 @@ def _infer(protocol: str, server, model: str):
     return client.infer(model, [tensor])
 
 
-def _stream(server, model: str) -> list:
-    """Every (result, error) a gRPC stream brings for one request, until the stream's
-    final response or error."""
+def _send_on_stream(server, model: str, **options):
+    """A gRPC stream with one request (IN = 3) sent: the client and the queue of the
+    (result, error) pairs it brings."""
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports['grpc']}")
     arrived: queue.Queue = queue.Queue()
     client.start_stream(lambda result, error: arrived.put((result, error)))
     tensor = grpcclient.InferInput("IN", [1], "FP32")
     tensor.set_data_from_numpy(np.array([3], np.float32))
-    client.async_stream_infer(model, [tensor])
+    client.async_stream_infer(model, [tensor], **options)
+    return client, arrived
+
+
+def _stream(server, model: str) -> list:
+    """Every (result, error) a gRPC stream brings for one request, until the stream's
+    final response or error."""
+    client, arrived = _send_on_stream(server, model)
     got = [arrived.get(timeout=30)]
     try:
         got.append(arrived.get(timeout=0.5))  # nothing more may come
@@ -402,12 +409,7 @@ def test_ensemble_optional_inputs_may_be_left_out(served, protocol, with_b):
 
 def _stream_all(server, model: str) -> list[float]:
     """Every OUT value a gRPC stream brings for one request, until its final flag."""
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports['grpc']}")
-    arrived: queue.Queue = queue.Queue()
-    client.start_stream(lambda result, error: arrived.put((result, error)))
-    tensor = grpcclient.InferInput("IN", [1], "FP32")
-    tensor.set_data_from_numpy(np.array([3], np.float32))
-    client.async_stream_infer(model, [tensor], enable_empty_final_response=True)
+    client, arrived = _send_on_stream(server, model, enable_empty_final_response=True)
     values = []
     try:
         while True:
