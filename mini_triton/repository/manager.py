@@ -266,7 +266,7 @@ class ModelRepositoryManager:
     def get(self, name: str, version: str = "", namespace: str = "") -> LoadedVersion:
         """The version that serves `name`/`version` ('' = latest ready), with Triton's
         errors; `namespace` is where the caller stands (an ensemble's repository)."""
-        record = self._find(name, namespace)
+        record = self.record(name, namespace)
         if version:
             loaded = record.versions.get(_version_number(version, name))
             if loaded is None:
@@ -284,10 +284,8 @@ class ModelRepositoryManager:
         return versions[max(versions)]
 
     def record(self, name: str, namespace: str = "") -> ModelRecord:
-        return self._find(name, namespace)
-
-    def _find(self, name: str, namespace: str = "") -> ModelRecord:
-        """The record `name` means; without --model-namespacing a plain lookup."""
+        """The record `name` means (Triton's error when none); without
+        --model-namespacing a plain lookup."""
         record = self.records.get(name)
         if self.options.model_namespacing and (record is None or namespace):
             check_model_name(name)
