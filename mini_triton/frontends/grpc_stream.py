@@ -81,12 +81,9 @@ class StreamOutbox:
             return
         size = 0 if message is None or isinstance(message, AbortError) \
             else message.ByteSize() + RESPONSE_OVERHEAD
-        if self.limit and self.size and self.size + size > self.limit:
-            self._overflowed(size)
-            return
-        self.size += size
-        self.items.append((message, size))
-        self._wake()
+        if self._admit(size):
+            self.items.append((message, size))
+            self._wake()
 
     def charge(self, message) -> int:
         """Count a response that waits elsewhere for its turn (ResponseOrder) as queued:
@@ -95,11 +92,16 @@ class StreamOutbox:
         if self.overflow is not None:
             return 0
         size = message.ByteSize() + RESPONSE_OVERHEAD
+        return size if self._admit(size) else 0
+
+    def _admit(self, size: int) -> bool:
+        """Count `size` more bytes as queued, or overflow when they would pass the limit
+        (a first response is always admitted, whatever its size)."""
         if self.limit and self.size and self.size + size > self.limit:
             self._overflowed(size)
-            return 0
+            return False
         self.size += size
-        return size
+        return True
 
     def release(self, size: int) -> None:
         if self.overflow is None:
