@@ -83,8 +83,9 @@ class Known:
     note: str
 
 
-_SHARED_MEMORY = ("Python models' tensors travel in a shared-memory file sized to each "
-                  "message, with no region to size, grow or name")
+_SHARED_MEMORY = ("Python models' tensors travel in anonymous shared-memory segments each "
+                  "end creates once and reuses, allocated as used, with no region to size, "
+                  "grow or name")
 # (backend, setting) → what it is. GLOBAL settings reach every backend.
 KNOWN: dict[tuple[str, str], Known] = {
     (GLOBAL, "default-max-batch-size"): Known(
