@@ -100,8 +100,7 @@ class Http2Output:
             else:
                 message, prefix = _compressed(message, stream.compress)
             size = len(message) + len(prefix)
-            if stream.pending or size > min(stream.send_window, self.send_window,
-                                            self.peer_frame_size):
+            if self._must_hold(stream, size):
                 stream.pending += (memoryview(prefix), memoryview(message))
                 stream.pending_size += size
                 self.held_back += size
@@ -128,9 +127,13 @@ class Http2Output:
         """Whether `message` would be held back, taking the connection's held-back
         output past its cutoff (only asked while some is held back)."""
         size = len(message) + MESSAGE_PREFIX.size
-        held = stream.pending or size > min(stream.send_window, self.send_window,
-                                            self.peer_frame_size)
-        return bool(held) and self.held_back + size > self.held_back_cutoff
+        return self._must_hold(stream, size) and self.held_back + size > self.held_back_cutoff
+
+    def _must_hold(self, stream, size: int) -> bool:
+        """Whether a message of `size` bytes (prefix included) waits in the stream: DATA
+        is already waiting there, or it does not fit the windows or one frame."""
+        return bool(stream.pending) or size > min(stream.send_window, self.send_window,
+                                                  self.peer_frame_size)
 
     def _cut_off(self, stream, size: int) -> bytes:
         """A response of `size` bytes that the connection cannot hold back: the call's
