@@ -22,6 +22,37 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mini_triton.server import started_service  # noqa: E402
 
+PORT_WAIT_SECONDS = 30.0
+
+
+class PortTable(dict):
+    """Service name -> port, filled by the output reader. Looking up a service
+    whose "Started ..." line has not been read yet waits for it: the metrics
+    service starts after HTTP reports ready, so a test may ask before the line
+    arrives."""
+
+    def __init__(self):
+        super().__init__()
+        self._changed = threading.Condition()
+        self.closed = False  # the server's output ended: no more lines will come
+
+    def record(self, service: str, port: int) -> None:
+        with self._changed:
+            self[service] = port
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        with self._changed:
+            self.closed = True
+            self._changed.notify_all()
+
+    def __missing__(self, service: str) -> int:
+        with self._changed:
+            self._changed.wait_for(lambda: dict.__contains__(self, service) or self.closed,
+                                   PORT_WAIT_SECONDS)
+            if dict.__contains__(self, service):
+                return dict.__getitem__(self, service)
+        raise KeyError(service)
 
 
 @dataclass
@@ -37,7 +68,7 @@ class ServerProcess:
     services: tuple[str, ...] = ("http", "grpc")
     ready_path: str = "/v2/health/ready"
     proc: subprocess.Popen | None = None
-    ports: dict[str, int] = field(default_factory=dict)
+    ports: PortTable = field(default_factory=PortTable)
     lines: list[str] = field(default_factory=list)
     _seen_ports: threading.Event = field(default_factory=threading.Event)
 
@@ -72,9 +103,10 @@ class ServerProcess:
             self.lines.append(line)
             started = started_service(line)
             if started:
-                self.ports[started[0]] = started[1]
+                self.ports.record(*started)
             if all(service in self.ports for service in self.services):
                 self._seen_ports.set()
+        self.ports.close()
         self._seen_ports.set()
 
     def _wait_for_ports(self) -> None:
