@@ -154,6 +154,11 @@ def output(**parameters) -> list:
      f"Unable to set 'classification': {UINT}"),
     ({"inputs": [tensor(SIXTEEN)], "outputs": output(shared_memory_region=[])},
      f"Unable to parse 'shared_memory_region': {STRING}"),
+    # Two of the wrong type: the one Triton reads first is named, whatever the order sent.
+    ({"inputs": [tensor(parameters={"shared_memory_offset": "0", "shared_memory_region": 5})]},
+     f"Unable to parse 'shared_memory_region': {STRING}"),
+    ({"inputs": [tensor(SIXTEEN)], "outputs": output(binary_data="yes", classification="2")},
+     f"Unable to set 'classification': {UINT}"),
     ({"inputs": [tensor(SIXTEEN)],
       "outputs": output(shared_memory_region="r", shared_memory_byte_size=64, classification=2)},
      "Output can't set both 'shared_memory_region' and 'classification'"),

@@ -69,22 +69,31 @@ def decode_infer_request(model: str, version: str, body: bytes,
     document = _parse_json(view[:header_length])
     if not isinstance(document, dict):
         raise invalid_arg("the request JSON must be an object")
-    # Triton's order: the id, the parameters, the inputs, the outputs.
+    # Triton's order: the id, the parameters, the inputs, the outputs. The parsed
+    # document is this request's own: its dicts become the request's, uncopied.
     request_id = member(document, "id", "string") if "id" in document else ""
     parameters = document.get("parameters", {})
     if not isinstance(parameters, dict):  # Triton's words
         raise invalid_arg("failed to get request params.: attempt to get members for non-object")
-    parameters = dict(parameters)
-    _check_request_parameters(parameters)
-    binary_output = parameters.pop("binary_data_output", False)
+    binary_output = False
+    if parameters:
+        _check_request_parameters(parameters)
+        binary_output = parameters.pop("binary_data_output", False)
     request = InferenceRequest(model, version, id=request_id, parameters=parameters)
-    binary = _BinaryCursor(view[header_length:])
-    inputs = member(document, "inputs", "array")
+    binary = _BinaryCursor(view, header_length)
+    inputs = document.get("inputs")
+    if type(inputs) is not list:
+        inputs = member(document, "inputs", "array")  # raises Triton's words
     request.inputs = [_decode_input(item, binary, model) for item in inputs]
     binary.check_consumed(model)
-    outputs = member(document, "outputs", "array") if "outputs" in document else ()
+    outputs = document.get("outputs", _NONE_LISTED)
+    if outputs is not _NONE_LISTED and type(outputs) is not list:
+        outputs = member(document, "outputs", "array")  # raises Triton's words
     request.outputs = [_decode_output(item) for item in outputs]
     return request, binary_output
+
+
+_NONE_LISTED = ()  # a request without "outputs"
 
 
 def decode_raw_request(model: str, version: str, body: bytes) -> InferenceRequest:
@@ -105,18 +114,20 @@ def _parse_json(data):
 class _BinaryCursor:
     """Hands out consecutive slices of the binary part of the body (no copies)."""
 
-    def __init__(self, view: memoryview):
-        self.view = view
-        self.offset = 0
+    __slots__ = ("view", "offset")
+
+    def __init__(self, body: memoryview, start: int):
+        self.view = body
+        self.offset = start
 
     def take(self, size: int, name: str, model: str) -> memoryview:
-        missing = self.offset + size - len(self.view)
-        if missing > 0:  # Triton's words
-            raise invalid_arg(f"unexpected size for input '{name}', expecting {missing} "
-                              f"additional bytes for model '{model}'")
-        piece = self.view[self.offset:self.offset + size]
-        self.offset += size
-        return piece
+        start = self.offset
+        end = start + size
+        if end > len(self.view):  # Triton's words
+            raise invalid_arg(f"unexpected size for input '{name}', expecting "
+                              f"{end - len(self.view)} additional bytes for model '{model}'")
+        self.offset = end
+        return self.view[start:end]
 
     def check_consumed(self, model: str) -> None:
         if self.offset != len(self.view):
@@ -128,15 +139,19 @@ class _BinaryCursor:
 def _decode_input(item, binary: _BinaryCursor, model: str) -> Tensor:
     if not isinstance(item, dict):
         raise invalid_arg("each input must be a JSON object")
-    check_input_parameters(item)
-    name = member(item, "name", "string")
-    datatype = member(item, "datatype", "string")
+    parameters = check_input_parameters(item)
+    # member(), inline for the common case; it raises Triton's words otherwise.
+    name = item.get("name")
+    if type(name) is not str:
+        name = member(item, "name", "string")
+    datatype = item.get("datatype")
+    if type(datatype) is not str:
+        datatype = member(item, "datatype", "string")
     shape = shape_of(item)
     if datatype not in datatypes.BY_NAME:
         if "data" in item:  # Triton's words; binary data meets the model's check instead
             raise invalid_arg(f"invalid datatype for input {name}")
         datatype = datatypes.INVALID
-    parameters = dict(item.get("parameters") or {})
     tensor = Tensor(name, datatype, shape, parameters=parameters)
     size = parameters.pop("binary_data_size", None)
     if size is not None:
@@ -256,12 +271,13 @@ def _flatten(data: list) -> list:
 def _decode_output(item) -> RequestedOutput:
     if not isinstance(item, dict):
         raise invalid_arg("each requested output must be an object with a 'name'")
-    check_output_parameters(item)
-    member(item, "name", "string")
-    parameters = dict(item.get("parameters") or {})
+    parameters = check_output_parameters(item)
+    name = item.get("name")
+    if type(name) is not str:
+        name = member(item, "name", "string")  # raises Triton's words
     if parameters.get("classification") == 0:
         del parameters["classification"]  # Triton: a class count of 0 is no classification
-    return RequestedOutput(item["name"], parameters)
+    return RequestedOutput(name, parameters)
 
 
 # --- responses ---

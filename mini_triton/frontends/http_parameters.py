@@ -60,9 +60,12 @@ def member(document: dict, key: str, kind: str):
 
 def shape_of(item: dict) -> tuple[int, ...]:
     """An input's `shape`: an array of unsigned integers."""
-    shape = member(item, "shape", "array")
-    if not all(is_uint(d) for d in shape):
-        raise invalid_arg(f"Unable to parse 'shape': {_KINDS['uint'][1]}")
+    shape = item.get("shape")
+    if type(shape) is not list:
+        shape = member(item, "shape", "array")  # raises Triton's words
+    for dim in shape:  # is_uint, inline: this runs for every dimension of every input
+        if type(dim) is not int or not 0 <= dim < _UINT64_END:
+            raise invalid_arg(f"Unable to parse 'shape': {_KINDS['uint'][1]}")
     return tuple(shape)
 
 
@@ -79,11 +82,27 @@ _OUTPUT = (("classification", "uint", "Unable to set"),) + _SHARED_MEMORY + \
 _CONTENT_FIELDS = ("'data'", "'binary_data_size'", "'shared_memory_region'")
 
 
+# key → the test of its kind, for the tables above.
+_INPUT_TESTS = {key: _KINDS[kind][0] for key, kind, _ in _INPUT}
+_OUTPUT_TESTS = {key: _KINDS[kind][0] for key, kind, _ in _OUTPUT}
+
+
 def _check_kind(parameters: dict, key: str, kind: str, verb: str) -> None:
     if key in parameters:
         test, reason = _KINDS[kind]
         if not test(parameters[key]):
             raise invalid_arg(f"{verb} '{key}': {reason}")
+
+
+def _check_kinds(parameters: dict, tests: dict, table: tuple) -> None:
+    """Each parameter of `table` present has its kind. The parameters present (one or
+    two) are tested, not every row; when one fails, the table is walked in its order so
+    the error named is the one Triton names first."""
+    for key, value in parameters.items():
+        test = tests.get(key)
+        if test is not None and not test(value):
+            for row in table:
+                _check_kind(parameters, *row)
 
 
 def check_request_parameters(parameters: dict) -> None:
@@ -112,24 +131,30 @@ def _tensor_parameters(item: dict) -> dict:
     return parameters
 
 
-def check_input_parameters(item: dict) -> None:
-    """One input: exactly one source of data, and each parameter of its type."""
+def check_input_parameters(item: dict) -> dict:
+    """One input: exactly one source of data, and each parameter of its type; returns
+    its parameters (the item's own dict, or a new empty one)."""
     parameters = _tensor_parameters(item)
+    if ("data" in item) + ("binary_data_size" in parameters) \
+            + ("shared_memory_region" in parameters) != 1:
+        _refuse_sources(item, parameters)
+    _check_kinds(parameters, _INPUT_TESTS, _INPUT)
+    return parameters
+
+
+def _refuse_sources(item: dict, parameters: dict) -> None:
     present = ("data" in item, "binary_data_size" in parameters,
                "shared_memory_region" in parameters)
-    if sum(present) != 1:
-        found = " ".join(f for f, p in zip(_CONTENT_FIELDS, present) if p)
-        raise invalid_arg(
-            "Input must set only one of the following fields: 'data', 'binary_data_size' in "
-            "'parameters', 'shared_memory_region' in 'parameters'. But "
-            + (f"set {found}" if found else "no field is set"))
-    for key, kind, verb in _INPUT:
-        _check_kind(parameters, key, kind, verb)
+    found = " ".join(f for f, p in zip(_CONTENT_FIELDS, present) if p)
+    raise invalid_arg(
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+        "'parameters', 'shared_memory_region' in 'parameters'. But "
+        + (f"set {found}" if found else "no field is set"))
 
 
-def check_output_parameters(item: dict) -> None:
+def check_output_parameters(item: dict) -> dict:
     """One requested output: shared memory excludes classification and binary data;
-    each parameter of its type."""
+    each parameter of its type. Returns its parameters (as check_input_parameters)."""
     parameters = _tensor_parameters(item)
     if "shared_memory_region" in parameters:
         if "classification" in parameters:
@@ -140,8 +165,8 @@ def check_output_parameters(item: dict) -> None:
             if parameters["binary_data"]:
                 raise invalid_arg(
                     "Output can't set both 'shared_memory_region' and 'binary_data'")
-    for key, kind, verb in _OUTPUT:
-        _check_kind(parameters, key, kind, verb)
+    _check_kinds(parameters, _OUTPUT_TESTS, _OUTPUT)
+    return parameters
 
 
 def check_load_parameters(parameters: dict) -> None:
