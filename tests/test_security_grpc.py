@@ -398,7 +398,7 @@ def memo_size(decoder: HeaderDecoder) -> int:
     """The memo's bytes as HPACK counts them: each block, and per header its name,
     value and 32."""
     return sum(len(block) + sum(len(name) + len(value) + 32 for name, value in headers)
-               for block, (headers, _) in decoder.blocks.items())
+               for block, (headers, *_) in decoder.blocks.items())
 
 
 def test_header_memo_is_bounded_in_bytes():

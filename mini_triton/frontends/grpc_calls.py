@@ -19,10 +19,9 @@ from typing import Any, Callable
 import grpc
 from google.protobuf.message import DecodeError
 
-from .grpc_hpack import MALFORMED, trailers_problem
-from .grpc_wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, RESERVED_HEADERS,
-                        UNPARSEABLE_CODE, UNPARSEABLE_MESSAGE,
-                        WINDOW_BITS, MessageTooLarge, binary_header_value, inflate,
+from .grpc_hpack import MALFORMED, RequestHead, trailers_problem
+from .grpc_wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, UNPARSEABLE_CODE,
+                        UNPARSEABLE_MESSAGE, WINDOW_BITS, MessageTooLarge, inflate,
                         parse_timeout, refusal_block, response_encoding, status_block,
                         too_large)
 from .http2_frames import INTERNAL_ERROR, PROTOCOL_ERROR
@@ -114,15 +113,17 @@ class GrpcCalls:
 
     # --- from the connection: a stream's headers and body ---
 
-    def _on_stream_headers(self, stream: Stream, headers: list, problem) -> None:
-        """A header block of the stream; `problem`, why it is no gRPC request."""
+    def _on_stream_headers(self, stream: Stream, headers: list, problem,
+                           head: RequestHead | None) -> None:
+        """A header block of the stream; `problem`, why it is no gRPC request, else
+        `head`, what the call reads from it."""
         try:
             if stream.headers is None:
                 if problem is not None:
                     self._refuse_request(stream, *problem)
                     return
                 stream.headers = headers
-                self._start_call(stream)
+                self._start_call(stream, head)
             elif trailers_problem(headers):
                 self._reset(stream, PROTOCOL_ERROR)
                 return
@@ -159,24 +160,11 @@ class GrpcCalls:
 
     # --- starting a call ---
 
-    def _start_call(self, stream: Stream) -> None:
-        path, metadata, timeout, accepted = None, [], None, None
-        for name, value in stream.headers:
-            if name == b":path":
-                path = value
-            elif name == b"grpc-timeout":
-                timeout = value
-            elif name == b"grpc-encoding":
-                stream.encoding = value
-            elif name == b"grpc-accept-encoding" and accepted is None:  # the first counts
-                accepted = value
-            elif name[:1] != b":" and name not in RESERVED_HEADERS:
-                metadata.append((name.decode("latin-1"),
-                                 binary_header_value(value) if name.endswith(b"-bin")
-                                 else value.decode("latin-1")))
-        if timeout is not None and not self._start_deadline(stream, timeout):
+    def _start_call(self, stream: Stream, head: RequestHead) -> None:
+        stream.encoding = head.encoding
+        if head.timeout is not None and not self._start_deadline(stream, head.timeout):
             return
-        method = self.server.methods.get(path)
+        method = self.server.methods.get(head.path)
         if method is None:
             self._finish(stream, status_block(grpc.StatusCode.UNIMPLEMENTED,
                                               "Method not found!"))
@@ -187,9 +175,10 @@ class GrpcCalls:
                 f"Compression algorithm '{stream.encoding.decode('latin-1')}' is not supported"))
             return
         stream.method = method
-        stream.context = CallContext(tuple(metadata))
+        stream.context = CallContext(head.metadata)
         if method.compress_responses:  # set only when the server's level is not none
-            stream.compress = response_encoding(self.server.response_compression, accepted)
+            stream.compress = response_encoding(self.server.response_compression,
+                                                head.accepted)
         if method.client_streaming:
             stream.inbox = asyncio.Queue()
             stream.started = True

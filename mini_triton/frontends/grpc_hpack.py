@@ -1,12 +1,15 @@
 """Header blocks in, for the native gRPC transport: hpack's pure-Python decoder with a
-memo of header blocks, bounded in bytes and owned by its connection alone, and the
-checks a request's header list must pass (RFC 9113 §8.2-8.3, gRPC's :method and
-content-type), made once per distinct block."""
+memo of header blocks, bounded in bytes and owned by its connection alone, the checks
+a request's header list must pass (RFC 9113 §8.2-8.3, gRPC's :method and
+content-type), and what a call reads from it (RequestHead), both made once per
+distinct block."""
 
 from __future__ import annotations
 
 import hpack
 from hpack.table import HeaderTable
+
+from .grpc_wire import RESERVED_HEADERS, binary_header_value
 
 # Why a request's headers are refused: MALFORMED is a stream error (RST_STREAM
 # PROTOCOL_ERROR, RFC 9113 §8.1.1); a number is the HTTP status of a gRPC refusal
@@ -52,6 +55,36 @@ def request_problem(headers: list) -> tuple[int, str] | None:
     return None
 
 
+class RequestHead:
+    """What a call reads from its request's headers: the method's `:path`, the
+    `grpc-timeout` and `grpc-encoding` values as sent, the first
+    `grpc-accept-encoding`, and the caller's metadata as grpc.aio hands it to a
+    handler ((name, value) pairs, `-bin` values decoded). Read once per distinct header
+    block (HeaderDecoder's memo): a client repeats its headers on every call."""
+
+    __slots__ = ("path", "timeout", "encoding", "accepted", "metadata")
+
+    def __init__(self, headers: list):
+        path = timeout = encoding = accepted = None
+        metadata = []
+        for name, value in headers:
+            if name == b":path":
+                path = value
+            elif name == b"grpc-timeout":
+                timeout = value
+            elif name == b"grpc-encoding":
+                encoding = value
+            elif name == b"grpc-accept-encoding":
+                if accepted is None:  # the first counts
+                    accepted = value
+            elif name[:1] != b":" and name not in RESERVED_HEADERS:
+                metadata.append((name.decode("latin-1"),
+                                 binary_header_value(value) if name.endswith(b"-bin")
+                                 else value.decode("latin-1")))
+        self.path, self.timeout, self.encoding, self.accepted = path, timeout, encoding, accepted
+        self.metadata = tuple(metadata)
+
+
 def trailers_problem(headers: list) -> str | None:
     """Why a request's trailers are malformed (a pseudo-header in them), or None."""
     for name, _ in headers:
@@ -76,8 +109,9 @@ class CountingHeaderTable(HeaderTable):
 
 def _memo_cost(block: bytes, headers: list) -> int:
     """What remembering a block holds, counted as HPACK counts a table entry (name,
-    value and 32 per header), plus the block itself."""
-    return len(block) + sum(len(name) + len(value) + 32 for name, value in headers)
+    value and 32 per header), twice (the RequestHead read from them holds at most
+    as much again), plus the block itself."""
+    return len(block) + 2 * sum(len(name) + len(value) + 32 for name, value in headers)
 
 
 class HeaderDecoder:
@@ -92,7 +126,8 @@ class HeaderDecoder:
     Only small blocks are remembered (a repeated call's block is a few bytes of
     indices), up to a budget in bytes per connection: distinct large blocks must not
     stay in memory for as long as the connection lives. A block is remembered with
-    its `request_problem`, so a repeated call's headers are checked once.
+    its `request_problem` and `RequestHead`, so a repeated call's headers are checked
+    and read once.
 
     A list larger than `max_header_list_size` (counted as HPACK counts, while it is
     decoded) is hpack's OversizedHeaderListError.
@@ -105,21 +140,23 @@ class HeaderDecoder:
         self.decoder = hpack.Decoder()
         self.decoder.max_header_list_size = max_header_list_size
         self.table = self.decoder.header_table = CountingHeaderTable()
-        self.blocks: dict[bytes, tuple[list, tuple | None]] = {}
+        self.blocks: dict[bytes, tuple[list, tuple | None, RequestHead | None]] = {}
         self.memo_bytes = 0
 
     def decode(self, block: bytes) -> list:
         return self.decode_request(block)[0]
 
-    def decode_request(self, block: bytes) -> tuple[list, tuple | None]:
-        """The block's headers and why they are no gRPC request (or None)."""
+    def decode_request(self, block: bytes) -> tuple[list, tuple | None, RequestHead | None]:
+        """The block's headers, why they are no gRPC request (or None), and when they
+        are one, what its call reads from them (else None)."""
         known = self.blocks.get(block)
         if known is not None:
             return known
         table = self.table
         before = (table.changes, table.maxsize)
         headers = self.decoder.decode(block, raw=True)
-        decoded = headers, request_problem(headers)
+        problem = request_problem(headers)
+        decoded = headers, problem, RequestHead(headers) if problem is None else None
         if (table.changes, table.maxsize) != before:
             self.blocks.clear()
             self.memo_bytes = 0

@@ -354,7 +354,8 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
             self._quiet_frame()
 
     def _on_header_block(self, stream: Stream, block: bytes) -> None:
-        headers, problem = self.decoder.decode_request(block)  # its errors: the connection's
+        # its errors are the connection's
+        headers, problem, head = self.decoder.decode_request(block)
         if stream.refused:
             if stream.refused == OVER_LIMIT:
                 self._refuse_over_limit(stream)
@@ -363,7 +364,7 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
             else:
                 self._send_reset(stream.id, stream.refused)
             return
-        self._on_stream_headers(stream, headers, problem)
+        self._on_stream_headers(stream, headers, problem, head)
 
     def _on_data(self, flags: int, stream_id: int, buffer: bytearray, start: int,
                  end: int) -> None:
