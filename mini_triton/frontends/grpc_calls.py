@@ -237,11 +237,11 @@ class GrpcCalls:
         """The complete length-prefixed messages in the stream's body, removed from it
         (and their sizes on the wire, prefix included, in `sizes`)."""
         body, messages, offset = stream.body, [], 0
-        if sizes is None and stream.ended and len(body) >= LARGE_MESSAGE_VIEW:
+        if sizes is None and stream.ended:  # a unary call's body: mostly one message
             whole = _whole_message(body, self.max_message)
-            if whole is not None:  # a unary call's one large message: lent, not copied
+            if whole is not None:  # a large one is lent, not copied
                 stream.body = bytearray()
-                return [whole]
+                return [whole if len(whole) >= LARGE_MESSAGE_VIEW else bytes(whole)]
         while len(body) - offset >= 5:
             compressed, length = MESSAGE_PREFIX.unpack_from(body, offset)
             if length > self.max_message:  # refused at its prefix, before it is buffered
@@ -443,6 +443,8 @@ LARGE_MESSAGE_VIEW = 64 * 1024
 def _whole_message(body: bytearray, max_message: int) -> memoryview | None:
     """The body's message when the body is exactly one uncompressed message within
     the limit; None otherwise (the general path then takes and checks it)."""
+    if len(body) < MESSAGE_PREFIX.size:
+        return None
     compressed, length = MESSAGE_PREFIX.unpack_from(body)
     if compressed or length > max_message or len(body) != 5 + length:
         return None
