@@ -9,6 +9,7 @@ server looks datatypes up here.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from typing import Iterable
@@ -86,10 +87,7 @@ def v2_to_config(name: str) -> str:
 
 
 def element_count(shape: Iterable[int]) -> int:
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    return count
+    return math.prod(map(int, shape))  # 1 for a scalar's ()
 
 
 # --- BYTES: each element is a 4-byte little-endian length, then its bytes ---

@@ -143,6 +143,9 @@ def _deduce_raw_input(request: InferenceRequest, model: ModelSignature) -> None:
 
 def _apply_control_parameters(request: InferenceRequest) -> None:
     params = request.parameters
+    if not params:  # most requests: no flags, the default priority, no timeout
+        request.flags = request.priority = request.timeout_us = 0
+        return
     for key in params:
         if key.startswith("triton_") and key not in _ALLOWED_TRITON_PARAMETERS:
             raise invalid_arg(
@@ -204,6 +207,8 @@ def _check_known_inputs(inputs: dict[str, Tensor], configs: dict, model: str) ->
 
 
 def _check_required_inputs(inputs: dict[str, Tensor], configs: dict, model: str) -> None:
+    if len(inputs) == len(configs):
+        return  # as many as the model has, each known (checked before): none missing
     missing = [n for n, ic in configs.items() if n not in inputs and not ic.optional]
     if not missing:
         return
@@ -259,7 +264,7 @@ def _check_input(tensor: Tensor, spec: InputSpec, model: ModelSignature,
 
 def _check_shape(tensor: Tensor, spec: InputSpec, model: ModelSignature) -> None:
     shape = tensor.shape
-    if any(d < 0 for d in shape):
+    if shape and min(shape) < 0:
         raise invalid_arg(
             f"unexpected shape for input '{tensor.name}' for model '{model.name}'. "
             f"Got negative dimension in {format_shape(tensor.shape)}"
@@ -268,8 +273,12 @@ def _check_shape(tensor: Tensor, spec: InputSpec, model: ModelSignature) -> None
     batched = model.max_batch_size > 0
     if batched:
         shape = shape[1:]
-    if len(shape) == len(dims) and all(d == -1 or d == s for d, s in zip(dims, shape)):
-        return
+    if len(shape) == len(dims):
+        for dim, size in zip(dims, shape):
+            if dim != size and dim != -1:
+                break
+        else:
+            return
     expected = format_shape(((-1,) if batched else ()) + dims)
     message = (
         f"unexpected shape for input '{tensor.name}' for model '{model.name}'. "
@@ -293,7 +302,7 @@ def _materialize(tensor: Tensor, model: str) -> None:
         _check_array(tensor, count, model)
         return
     raw = tensor.raw if tensor.raw is not None else b""
-    dtype = datatypes.from_name(tensor.datatype)
+    dtype = datatypes.BY_NAME.get(tensor.datatype) or datatypes.from_name(tensor.datatype)
     if dtype.byte_size == 0:
         array = datatypes.deserialize_bytes(raw)
         if len(array) != count:
