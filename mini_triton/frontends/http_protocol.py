@@ -256,7 +256,7 @@ class HttpProtocol(asyncio.Protocol):
         headers = self._headers
         if "transfer-encoding" in headers:
             self._check_framing(headers)
-        if headers.get("expect", "").lower() == "100-continue":
+        if "expect" in headers and headers["expect"].lower() == "100-continue":
             # A body that will be refused is not asked for.
             if _declared_length(headers) > self.max_body:
                 raise _Refusal(413, self._body_too_large())
@@ -521,32 +521,38 @@ class HttpProtocol(asyncio.Protocol):
         """Write the replies that are ready, in order, up to the first that is not;
         then start what was held for want of room."""
         exchanges = self._exchanges
-        while exchanges and exchanges[0].reply is not None:
+        while exchanges:
             exchange = exchanges[0]
-            if type(exchange.reply.body) is BodyStream:
-                if not self._write_stream(exchange, exchange.reply.body):
+            reply = exchange.reply
+            if reply is None:
+                break
+            if type(reply.body) is BodyStream:
+                if not self._write_stream(exchange, reply.body):
                     break  # the replies after it wait until its body ends
                 continue
             exchanges.popleft()
-            self._write(exchange.reply, exchange.keep_alive, exchange.accept_encoding)
+            self._write(reply, exchange.keep_alive, exchange.accept_encoding)
         if self._held:
             self._start_held()
         if self._closing and not exchanges and self.transport is not None:
             self.transport.close()
 
     def _write(self, reply: HttpReply, keep_alive: bool, accept_encoding: str) -> None:
-        if self.transport is None or self.transport.is_closing():
+        transport = self.transport
+        if transport is None or transport.is_closing():
             return
         self._moved = time.monotonic()
-        chunks = reply.body if isinstance(reply.body, list) else [reply.body]
+        body = reply.body
+        chunks = body if type(body) is list else [body]
+        length = sum(map(len, chunks))
         extra = reply.headers
-        if reply.compressible and accept_encoding and sum(len(c) for c in chunks):
+        if reply.compressible and accept_encoding and length:
             chunks, applied = compress(chunks, accept_encoding)
             if applied:
                 extra = {**extra, "Content-Encoding": applied}
-        length = sum(len(c) for c in chunks)
+                length = sum(map(len, chunks))
         head = _head(reply, f"Content-Length: {length}\r\n", extra, keep_alive)
-        self.transport.writelines([head, *chunks])
+        transport.writelines([head, *chunks])
         if not keep_alive:
             self._end_connection()
 
@@ -579,13 +585,16 @@ class HttpProtocol(asyncio.Protocol):
 def _head(reply: HttpReply, framing: str, headers: dict[str, str], keep_alive: bool) -> bytes:
     """A reply's status line and headers; `framing` says how its body is delimited."""
     status = reply.status
-    head = [f"{_STATUS_LINES.get(status) or _status_lines(status)}"
-            f"Content-Type: {reply.content_type}\r\n{framing}"]
-    head += [f"{name}: {value}\r\n" for name, value in headers.items()]
-    if not keep_alive:
-        head.append("Connection: close\r\n")
-    head.append("\r\n")
-    return "".join(head).encode("latin-1")
+    # Each header line formatted by map in C: this runs for every reply.
+    fields = "".join(map(_HEADER_LINE.__mod__, headers.items())) if headers else ""
+    return (f"{_STATUS_LINES.get(status) or _status_lines(status)}"
+            f"Content-Type: {reply.content_type}\r\n{framing}{fields}"
+            f"{_KEEP_ALIVE_END if keep_alive else _CLOSE_END}").encode("latin-1")
+
+
+_HEADER_LINE = "%s: %s\r\n"  # % (name, value)
+_KEEP_ALIVE_END = "\r\n"
+_CLOSE_END = "Connection: close\r\n\r\n"
 
 
 class _LastRequest(Exception):
