@@ -16,41 +16,30 @@ from .http_parameters import (check_input_parameters, check_output_parameters, i
                               member, shape_of)
 from .http_parameters import check_request_parameters as _check_request_parameters
 
+# loads(data) → the JSON value (ValueError when it is not JSON); dumps(obj) → compact
+# JSON bytes; dumps_sorted: keys in sorted order at every level (Triton's generate
+# replies). Defined once per installation, not as wrappers: they run for every request.
 try:  # orjson is optional; it is faster for large JSON tensors
     import orjson
 
-    def _loads(data):
-        return orjson.loads(data)
+    loads = orjson.loads  # bytes, bytearray or memoryview: no copy
 
-    def _dumps(obj) -> bytes:
+    def dumps(obj) -> bytes:
         return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
 
-    def _dumps_sorted(obj) -> bytes:
+    def dumps_sorted(obj) -> bytes:
         return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_SORT_KEYS)
 except ImportError:  # pragma: no cover - depends on the installation
-    def _loads(data):
-        return json.loads(data)
+    def loads(data):
+        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
 
-    def _dumps(obj) -> bytes:
+    def dumps(obj) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
-    def _dumps_sorted(obj) -> bytes:
+    def dumps_sorted(obj) -> bytes:
         return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-
-
-def loads(data):
-    return _loads(data)
-
-
-def dumps(obj) -> bytes:
-    return _dumps(obj)
-
-
-def dumps_sorted(obj) -> bytes:
-    """JSON with its keys in sorted order at every level (Triton's generate replies)."""
-    return _dumps_sorted(obj)
 
 
 # --- requests ---
@@ -106,7 +95,7 @@ def decode_raw_request(model: str, version: str, body: bytes) -> InferenceReques
 
 def _parse_json(data):
     try:
-        return loads(bytes(data))
+        return loads(data)
     except (ValueError, TypeError) as error:
         raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
 

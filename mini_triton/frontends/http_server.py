@@ -294,7 +294,8 @@ class HttpFrontend:
     def infer(self, request: HttpRequest, exchange: Exchange) -> None:
         """POST /v2/models/NAME[/versions/V]/infer: the JSON header's length comes from
         the Inference-Header-Content-Length header."""
-        model, version = _model_and_version(request)
+        params = request.params
+        model, version = params["model"], params.get("version", "")
         try:
             header_length = _header_length(
                 request.headers.get("inference-header-content-length"))
@@ -351,7 +352,8 @@ class HttpFrontend:
         else:
             decoded = http_codec.decode_infer_request(model, version, request.body,
                                                       header_length)
-        forward_headers(self.header_pattern, request.headers.items(), decoded[0].parameters)
+        if self.header_pattern is not None:
+            forward_headers(self.header_pattern, request.headers.items(), decoded[0].parameters)
         return decoded
 
 
