@@ -77,6 +77,13 @@ def test_http_headers_that_match_become_request_parameters(server):
     assert seen["from_body"] == "yes"
 
 
+def test_a_forwarded_header_reaches_only_the_request_that_sent_it(server):
+    # The same JSON header twice (decoded the second time from memory): the first
+    # request's forwarded header must not stay with what the second one decodes to.
+    assert parameters_seen("http", server, {"X-Tenant-Id": "acme"})["x-tenant-id"] == "acme"
+    assert "x-tenant-id" not in parameters_seen("http", server, {})
+
+
 def test_grpc_metadata_that_matches_becomes_request_parameters(server):
     # The gRPC pattern starts with (?-i): case matters, and gRPC metadata names are
     # lower case on the wire, so "x-trace-id" does not match "^x-Trace".

@@ -55,7 +55,20 @@ def decode_infer_request(model: str, version: str, body: bytes,
     if header_length < 0 or header_length > len(view):  # Triton's words
         raise invalid_arg(f"inference header size should be in range (0, {len(view)}), got: "
                           f"{header_length}")
-    document = _parse_json(view[:header_length])
+    header = view[:header_length]
+    key = bytes(header) if header_length <= DecodedHeaders.HEADER_BYTES else None
+    known = _DECODED.get(key)
+    if known is not None and known.binary_size == len(view) - header_length:
+        return known.request(model, version, view, header_length), known.binary_output
+    request, binary_output = _decode_document(_parse_json(header), model, version, view,
+                                              header_length)
+    if key is not None:
+        _DECODED.remember(key, request, binary_output)
+    return request, binary_output
+
+
+def _decode_document(document, model: str, version: str, view: memoryview,
+                     header_length: int) -> tuple[InferenceRequest, bool]:
     if not isinstance(document, dict):
         raise invalid_arg("the request JSON must be an object")
     # Triton's order: the id, the parameters, the inputs, the outputs. The parsed
@@ -83,6 +96,67 @@ def decode_infer_request(model: str, version: str, body: bytes,
 
 
 _NONE_LISTED = ()  # a request without "outputs"
+
+
+class _DecodedHeader:
+    """What a JSON header whose inputs are all binary (or in shared memory) decoded to,
+    every check passed: a request with the same header bytes and as many binary bytes
+    gets the same request, made afresh over its own body without parsing or checking
+    the header again."""
+
+    __slots__ = ("request_id", "parameters", "binary_output", "inputs", "outputs",
+                 "binary_size")
+
+    def __init__(self, request: InferenceRequest, binary_output: bool):
+        self.request_id = request.id
+        self.parameters = dict(request.parameters)
+        self.binary_output = binary_output
+        # (name, datatype, shape, binary size or None, parameters) of each input
+        self.inputs = tuple((t.name, t.datatype, t.shape, None if t.raw is None else len(t.raw),
+                             dict(t.parameters)) for t in request.inputs)
+        self.outputs = tuple((o.name, dict(o.parameters)) for o in request.outputs)
+        self.binary_size = sum(i[3] for i in self.inputs if i[3] is not None)
+
+    def request(self, model: str, version: str, view: memoryview, offset: int
+                ) -> InferenceRequest:
+        """A new request over `view`, whose binary data begins at `offset` and is
+        `binary_size` bytes long; every dict is its own (the server adds to them)."""
+        request = InferenceRequest(model, version, id=self.request_id,
+                                   parameters=dict(self.parameters))
+        inputs = []
+        for name, datatype, shape, size, parameters in self.inputs:
+            tensor = Tensor(name, datatype, shape, parameters=dict(parameters))
+            if size is not None:
+                end = offset + size
+                tensor.raw = view[offset:end]
+                offset = end
+            inputs.append(tensor)
+        request.inputs = inputs
+        request.outputs = [RequestedOutput(name, dict(parameters))
+                           for name, parameters in self.outputs]
+        return request
+
+
+class DecodedHeaders(dict):
+    """JSON headers already decoded, by their bytes: clients such as perf_analyzer
+    send the same header with every request, and parsing and checking it again cost
+    more than the rest of the decoding. A header is remembered only when it is small
+    and carries no tensor data; the memo holds at most ENTRIES of them and starts
+    afresh when full (a client sending ever-new headers costs itself a little time,
+    never the server more memory)."""
+
+    HEADER_BYTES = 1024  # a larger header is parsed every time
+    ENTRIES = 256  # so at most 256 KiB of header bytes, and what they decoded to
+
+    def remember(self, key: bytes, request: InferenceRequest, binary_output: bool) -> None:
+        if any(tensor.data is not None for tensor in request.inputs):
+            return  # JSON data: a header of its own, seldom sent twice
+        if len(self) >= self.ENTRIES:
+            self.clear()
+        self[key] = _DecodedHeader(request, binary_output)
+
+
+_DECODED = DecodedHeaders()
 
 
 def decode_raw_request(model: str, version: str, body: bytes) -> InferenceRequest:
