@@ -51,10 +51,11 @@ def wait_ready(port: int, timeout: float = 120) -> None:
     raise SystemExit(f"server on port {port} did not become ready")
 
 
-def successes(port: int) -> int:
+def successes(port: int) -> tuple[int, int]:
+    """The model's requests that succeeded and its executions (batches) so far."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{MODEL}/stats") as reply:
-        stats = json.load(reply)
-    return stats["model_stats"][0]["inference_stats"]["success"]["count"]
+        stats = json.load(reply)["model_stats"][0]
+    return stats["inference_stats"]["success"]["count"], stats["execution_count"]
 
 
 def tree_cpu(pid: int) -> float:
@@ -86,7 +87,7 @@ def load_command(port: int, route: str, concurrency: int, elements: int, count: 
 def measure(server: subprocess.Popen, port: int, point: str, count: int,
             trace: bool) -> dict:
     route, concurrency, elements = point.split(":")
-    before_n, before_cpu = successes(port), tree_cpu(server.pid)
+    (before_n, before_batches), before_cpu = successes(port), tree_cpu(server.pid)
     tracer = None
     if trace:
         pids = [server.pid] + [c.pid for c in psutil.Process(server.pid).children(True)]
@@ -99,12 +100,14 @@ def measure(server: subprocess.Popen, port: int, point: str, count: int,
     if tracer is not None:
         tracer.terminate()
         tracer.wait()
-    n = successes(port) - before_n
+    n, batches = successes(port)
+    n, batches = n - before_n, batches - before_batches
     cpu = tree_cpu(server.pid) - before_cpu
     match = re.search(r"^Concurrency: \d+, throughput: ([0-9.]+)", output, re.M)
     # perf_analyzer prints no figure when its windows disagreed (often, on a busy machine).
     result = {"infer_s": float(match.group(1)) if match else float("nan"), "requests": n,
-              "cpu_us": cpu * 1e6 / n if n else 0.0}
+              "cpu_us": cpu * 1e6 / n if n else 0.0,
+              "batch": n / batches if batches else 0.0}
     if tracer is not None:
         result["syscalls"] = syscall_counts(Path(f"/tmp/strace-{port}.txt"), n)
     return result
@@ -129,6 +132,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--count", type=int, default=300, help="requests per window")
     parser.add_argument("--strace", action="store_true", help="system calls per request")
+    parser.add_argument("--port", type=int, default=18400,
+                        help="the first server's HTTP port (it uses 3; the next tree's is 10 on)")
     parser.add_argument("--server-args", default="")
     parser.add_argument("--second-args", default="",
                         help="flags for the second server only (one tree twice: a flag A/B)")
@@ -136,7 +141,7 @@ def main() -> None:
                         help="NAME=VALUE,... in the second server's environment only")
     args = parser.parse_args()
     trees = [tree.resolve() for tree in args.trees]
-    ports = [18400 + 10 * i for i in range(len(trees))]
+    ports = [args.port + 10 * i for i in range(len(trees))]
     extra = [args.server_args.split(), args.server_args.split() + args.second_args.split()]
     second_env = dict(item.split("=", 1) for item in args.second_env.split(",") if item)
     envs = [{}, second_env]
@@ -145,8 +150,9 @@ def main() -> None:
     try:
         for port in ports:
             wait_ready(port)
-        print("| rep | point | tree | infer/s | CPU us/request | syscalls/request |")
-        print("|---|---|---|---|---|---|")
+        print("| rep | point | tree | infer/s | CPU us/request | requests/batch "
+              "| syscalls/request |")
+        print("|---|---|---|---|---|---|---|")
         for rep in range(1, args.reps + 1):
             for point in args.points.split(","):
                 order = list(range(len(trees)))
@@ -157,7 +163,8 @@ def main() -> None:
                     name = (trees[i].name or str(trees[i])) + (f" {args.second_args} {args.second_env}"
                                                                if i else "")
                     print(f"| {rep} | {point} | {name} | {r['infer_s']:,.0f} "
-                          f"| {r['cpu_us']:,.0f} | {r.get('syscalls', '')} |", flush=True)
+                          f"| {r['cpu_us']:,.0f} | {r['batch']:.1f} "
+                          f"| {r.get('syscalls', '')} |", flush=True)
     finally:
         for server in servers:
             for child in psutil.Process(server.pid).children(recursive=True):

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""The server's own cost per request on the path every protocol shares, in-process:
+`InferenceService.start_unary` → validation → the loop-driven dynamic batcher → the
+Python backend's process link → the worker's identity model (perf/repos/python_identity)
+→ the reply back to the caller's `on_final`. No front end, no sockets to a client.
+
+Requests go in waves, each started at once from one loop callback, as a front end
+starts them: a wave of 1 is concurrency 1; a wave of 17 forms the batches of a busy
+model at concurrency 16 (one request alone, then two full batches of 8). Busy polling
+is off, so that the same requests run the same code every time.
+
+Two source trees are measured alternately, each in its own process:
+
+    git worktree add /tmp/mt-before main
+    .venv/bin/python perf/bench_shared_path.py /tmp/mt-before . [--rounds 3] [--wave 17]
+
+Prints, per request: the µs of the server process's CPU and Python bytecodes run in it
+(the count does not move with the machine's load; the worker is another process and is
+not counted), every round and the best time of each tree.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from two_trees import ROUND_PRELUDE, compare_trees, tree_arguments
+
+ROUND = ROUND_PRELUDE + r"""
+import asyncio, json, logging, os, sys, time
+from pathlib import Path
+
+os.environ["MINI_TRITON_PYTHON_BUSY_POLL_US"] = "0"
+logging.disable(logging.WARNING)
+from mini_triton.core.request import InferenceRequest
+from mini_triton.core.tensor import RequestedOutput, Tensor
+from mini_triton.server import Server, Settings
+
+PAYLOAD = bytes(64)  # 16 FP32
+
+
+def request():
+    # What the HTTP codec makes of perf_analyzer's request (binary input and output).
+    return InferenceRequest("identity_py", "", inputs=[
+        Tensor("INPUT0", "FP32", (1, 16), raw=memoryview(PAYLOAD),
+               parameters={"binary_data_size": 64})],
+        outputs=[RequestedOutput("OUTPUT0", {"binary_data": True})])
+
+
+async def main(waves, size):
+    repository = Path.cwd() / "perf" / "repos" / "python_identity"
+    server = Server(Settings(model_repositories=[repository], allow_http=False,
+                             allow_grpc=False, allow_metrics=False))
+    await server.start()
+    service = server.service
+    loop = asyncio.get_running_loop()
+
+    async def wave():
+        done = loop.create_future()
+        left = size
+
+        def answered(response):
+            nonlocal left
+            assert response.error is None, response.error
+            left -= 1
+            if not left:
+                done.set_result(None)
+
+        def start():
+            for _ in range(size):
+                service.start_unary(request(), "HTTP end point", answered)
+
+        loop.call_soon(start)
+        await done
+
+    for _ in range(200):
+        await wave()
+    cpu, started = time.process_time(), time.perf_counter()
+    for _ in range(waves):
+        await wave()
+    cpu_us = (time.process_time() - cpu) / (waves * size) * 1e6
+    opcodes = 0
+
+    def tracer(frame, event, arg):
+        nonlocal opcodes
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            opcodes += 1
+        return tracer
+
+    traced = 50
+    sys.settrace(tracer)
+    for _ in range(traced):
+        await wave()
+    sys.settrace(None)
+    await server.shutdown()
+    return cpu_us, opcodes / (traced * size)
+
+import uvloop
+print(json.dumps(uvloop.run(main(int(sys.argv[1]), int(sys.argv[2])))))
+"""
+
+
+def main() -> int:
+    parser = tree_arguments(__doc__.splitlines()[0])
+    parser.add_argument("--waves", type=int, default=1000, help="timed waves per round")
+    parser.add_argument("--wave", type=int, default=17, help="requests per wave")
+    args = parser.parse_args()
+    return compare_trees(ROUND, [str(args.waves), str(args.wave)], "request", args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
