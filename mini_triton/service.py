@@ -157,7 +157,7 @@ class InferenceService:
                       request.model_name, requested_version, request.id, len(request.inputs))
         loaded = self.manager.get(request.model_name, requested_version,
                                   request.model_namespace)
-        if endpoint and loaded.config.model_transaction_policy.decoupled:
+        if endpoint and loaded.decoupled:
             raise unsupported(
                 f"{endpoint} doesn't support models with decoupled transaction policy")
         self._read_shared_memory_inputs(request)
@@ -165,11 +165,12 @@ class InferenceService:
         self._submit(request, loaded, requested_version)
 
     def _prepare(self, request: InferenceRequest, loaded: LoadedVersion) -> None:
-        request.model_version = str(loaded.version)
-        request.decoupled = loaded.config.model_transaction_policy.decoupled
+        request.model_version = loaded.version_text
+        request.decoupled = loaded.decoupled
         # A request refused here never reached the model: Triton counts it nowhere.
         normalize(request, loaded.signature)
-        request.transform = self._output_transform(request, loaded)
+        request.transform = self._output_transform(request, loaded) if request.outputs \
+            else None
 
     # --- shared memory and classification outputs ---
 
@@ -212,8 +213,9 @@ class InferenceService:
         """A per-response step writing shared-memory outputs and classifying, or None."""
         plans = {}
         for output in request.outputs:
-            params = dict(output.parameters)  # kept intact in case the request is re-routed
+            params = output.parameters
             if SHM_REGION in params or "classification" in params:
+                params = dict(params)  # kept intact in case the request is re-routed
                 shm = (self._shm_reference(params, f"output '{output.name}'", request)
                        if SHM_REGION in params else None)
                 plans[output.name] = (params.get("classification"), shm)
@@ -235,11 +237,12 @@ class InferenceService:
 
     def _submit(self, request: InferenceRequest, loaded: LoadedVersion,
                 requested_version: str) -> None:
-        lookup = self._cache_lookup(request, loaded)
+        lookup = self._cache_lookup(request, loaded) if self.response_cache is not None \
+            else None
         parent = request.parent_trace
-        request.trace = (parent.child() if parent is not None
-                         else self.tracer.sample(request.model_name))
-        request.on_complete = _completion_recorder(loaded, request.trace, lookup)
+        trace = parent.child() if parent is not None else self.tracer.sample(request.model_name)
+        request.trace = trace
+        request.on_complete = _completion_recorder(loaded, trace, lookup)
         if lookup is not None and lookup.outputs is not None:  # answered from the cache
             request.respond(InferenceResponse(request.model_name, request.model_version,
                                               request.id, list(lookup.outputs)))
@@ -271,9 +274,7 @@ class InferenceService:
         cache does not apply: no server cache, not enabled for the model, a sequence
         model, or outputs that go to shared memory or are classified."""
         cache = self.response_cache
-        config = loaded.config
-        if cache is None or not config.response_cache.enable or request.transform is not None \
-                or config.HasField("sequence_batching"):
+        if cache is None or not loaded.cacheable or request.transform is not None:
             return None
         start = time.monotonic_ns()
         key = cache.key(request)
@@ -454,8 +455,18 @@ class CacheLookup:
 
 def _completion_recorder(loaded: LoadedVersion, trace=None, lookup: CacheLookup | None = None):
     """What happens when a request's final response is sent: statistics, the response
-    cache, and its trace when the request was sampled."""
-    stats = loaded.stats
+    cache, and its trace when the request was sampled. A request neither traced nor
+    looked up in the cache (most) gets its model version's one shared recorder."""
+    if trace is None and lookup is None:
+        plain = loaded.__dict__.get("_record_completion")
+        if plain is None:
+            plain = loaded.__dict__["_record_completion"] = _recorder(loaded.stats)
+        return plain
+    return _recorder(loaded.stats, trace, lookup)
+
+
+def _recorder(stats, trace=None, lookup: CacheLookup | None = None):
+    """`_completion_recorder`'s function, made anew."""
 
     def record(request: InferenceRequest, response: InferenceResponse) -> None:
         elapsed = time.monotonic_ns() - request.arrival_ns

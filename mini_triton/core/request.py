@@ -181,12 +181,15 @@ class FinalAnswer:
         if not response.final:
             return
         if threading.get_ident() == self.thread:
-            self._set(response)
+            self.answer(response)
         elif not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self._set, response)
+            self.loop.call_soon_threadsafe(self.answer, response)
 
-    def _set(self, response: InferenceResponse) -> None:
-        self.settle()
+    def answer(self, response: InferenceResponse) -> None:
+        """Give the final response (on the loop's thread): settle, then `on_final`."""
+        on_settled, self.on_settled = self.on_settled, None
+        if on_settled is not None:
+            on_settled()
         on_final, self.on_final = self.on_final, None
         if on_final is not None:
             on_final(response)
@@ -235,6 +238,10 @@ class InferenceRequest:
     # Outputs the client wants in its shared memory, unclassified: name → (region,
     # offset, byte size); a backend may write them there itself. None: none.
     output_regions: dict | None = None
+    # An iterative sequence's request the model released with RESCHEDULE (it runs again),
+    # and how many times that happened (scheduling/sequence.py, the Python backend).
+    rescheduled: bool = False
+    iterations: int = 0
 
     def release_regions(self) -> None:
         """Let go of the held regions (once; safe to call again)."""
@@ -265,11 +272,11 @@ class InferenceRequest:
             # answered request to the garbage collector instead of reference counting.
             self.__dict__.pop("respond", None)
             stream = self.stream
-            if isinstance(stream, FinalAnswer) and stream.delivers_now():
+            if stream.__class__ is FinalAnswer and stream.thread == threading.get_ident():
                 # Answered within this call, on the loop: account right after (the
                 # client cannot ask for statistics before the loop is free again),
                 # so that the accounting is not in the way of the reply.
-                stream.put(response)
+                stream.answer(response)
                 if self.on_complete is not None:
                     self.on_complete(self, response)
                 return

@@ -131,16 +131,50 @@ class ModelStats:
         self.summaries = {name: LatencyWindow() for name in SUMMARY_NAMES} if summaries \
             else None
         self._compute = tuple(self.durations[name] for name in COMPUTE_NAMES)
+        self._success = self.durations["success"]
 
     def record_batch(self, timing: ExecutionTiming, batch_size: int) -> None:
         """One backend execution of `batch_size` rows (null requests included)."""
         with self.lock:
-            self.execution_count += 1
-            self.last_inference_ms = max(self.last_inference_ms, time.time_ns() // 1_000_000)
-            batch = self.batch_stats.setdefault(batch_size, BatchStat())
-            batch.compute_input.add(timing.input_ns)
-            batch.compute_infer.add(timing.infer_ns)
-            batch.compute_output.add(timing.output_ns)
+            self._add_batch(timing, batch_size)
+
+    def _add_batch(self, timing: ExecutionTiming, batch_size: int) -> None:
+        """`record_batch`'s work, with the lock held."""
+        self.execution_count += 1
+        self.last_inference_ms = max(self.last_inference_ms, time.time_ns() // 1_000_000)
+        batch = self.batch_stats.get(batch_size)
+        if batch is None:
+            batch = self.batch_stats[batch_size] = BatchStat()
+        batch.compute_input.add(timing.input_ns)
+        batch.compute_infer.add(timing.infer_ns)
+        batch.compute_output.add(timing.output_ns)
+
+    def record_executed(self, timing: ExecutionTiming, batch_size: int,
+                        succeeded: list) -> None:
+        """One execution of `batch_size` rows (`record_batch`) and, as `record_compute`
+        each, its requests that succeeded: `succeeded` holds (queue start ns, rows) of
+        each. One lock round for the whole batch."""
+        start = timing.start
+        compute = (timing.input_ns, timing.infer_ns, timing.output_ns)
+        queue, compute_input, compute_infer, compute_output = self._compute
+        with self.lock:
+            self._add_batch(timing, batch_size)
+            count = len(succeeded)
+            if not count:
+                return
+            queued = [max(0, start - queue_start) for queue_start, _ in succeeded]
+            self.inference_count += sum(rows for _, rows in succeeded)
+            queue.count += count
+            queue.ns += sum(queued)
+            for duration, ns in zip((compute_input, compute_infer, compute_output), compute):
+                duration.count += count
+                duration.ns += ns * count
+            if self.summaries is not None:
+                now = time.monotonic_ns()
+                for queue_ns in queued:
+                    self.summaries["queue"].observe(queue_ns // 1000, now)
+                    for name, ns in zip(COMPUTE_NAMES[1:], compute):
+                        self.summaries[name].observe(ns // 1000, now)
 
     def record_compute(self, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int,
                        rows: int) -> None:
@@ -158,17 +192,18 @@ class ModelStats:
 
     def record_execution(self, timing: ExecutionTiming, requests: list, batch_size: int) -> None:
         """One execution whose requests all succeeded (batch and per-request numbers)."""
-        self.record_batch(timing, batch_size)
-        for request in requests:
-            self.record_compute(timing.start - request.queue_start_ns, timing.input_ns,
-                                timing.infer_ns, timing.output_ns, max(1, request.batch_size))
+        self.record_executed(timing, batch_size, [(request.queue_start_ns,
+                                                   max(1, request.batch_size))
+                                                  for request in requests])
 
     def record_request(self, request_ns: int, ok: bool, reason: str = "OTHER") -> None:
         """A request's final response: success, or failure with Triton's reason
         (REJECTED, CANCELED, BACKEND, OTHER)."""
         with self.lock:
             if ok:
-                self.durations["success"].add(request_ns)
+                success = self._success
+                success.count += 1
+                success.ns += request_ns
                 if self.summaries is not None:
                     self.summaries["request"].observe(max(0, request_ns) // 1000)
             else:

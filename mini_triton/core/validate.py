@@ -42,6 +42,20 @@ class InputSpec:
     dims: tuple[int, ...]
     reshape: tuple[int, ...] | None
     optional: bool
+    # Read on every request, so worked out once: whether `dims` has no -1 (a request's
+    # shape then matches by tuple equality) and the little-endian numpy dtype wire bytes
+    # are read as (None for BYTES).
+    fixed: bool = False
+    wire_dtype: np.dtype | None = None
+
+    @classmethod
+    def of(cls, ic) -> "InputSpec":
+        datatype = config_datatype(ic.data_type)
+        dims = tuple(ic.dims)
+        dtype = datatypes.from_name(datatype)
+        return cls(datatype, dims, tuple(ic.reshape.shape) if ic.HasField("reshape") else None,
+                   ic.optional, -1 not in dims,
+                   dtype.numpy.newbyteorder("<") if dtype.byte_size else None)
 
 
 @dataclass(frozen=True)
@@ -57,16 +71,14 @@ class ModelSignature:
     max_batch_size: int
     inputs: dict[str, InputSpec]
     outputs: frozenset[str]
+    required: frozenset[str] = frozenset()  # the inputs that are not optional
 
     @classmethod
     def of(cls, config: mc.ModelConfig) -> "ModelSignature":
-        inputs = {
-            ic.name: InputSpec(config_datatype(ic.data_type), tuple(ic.dims),
-                               tuple(ic.reshape.shape) if ic.HasField("reshape") else None,
-                               ic.optional)
-            for ic in config.input}
+        inputs = {ic.name: InputSpec.of(ic) for ic in config.input}
         return cls(config.name, config.max_batch_size, inputs,
-                   frozenset(oc.name for oc in config.output))
+                   frozenset(oc.name for oc in config.output),
+                   frozenset(name for name, spec in inputs.items() if not spec.optional))
 
 
 def normalize(request: InferenceRequest, model: ModelSignature) -> None:
@@ -80,16 +92,21 @@ def normalize(request: InferenceRequest, model: ModelSignature) -> None:
         except TritonError as error:
             raise _naming_request(error, request)
     _apply_control_parameters(request)
-    inputs_by_name = _index_inputs(request, model.name)
-    _check_known_inputs(inputs_by_name, model.inputs, model.name)
+    specs = model.inputs
+    inputs_by_name = {tensor.name: tensor for tensor in request.inputs}
+    if len(inputs_by_name) != len(request.inputs) or not specs.keys() >= inputs_by_name.keys():
+        inputs_by_name = _index_inputs(request, model.name)  # raises Triton's error
+        _check_known_inputs(inputs_by_name, specs, model.name)
     try:
-        _check_required_inputs(inputs_by_name, model.inputs, model.name)
+        if not model.required <= inputs_by_name.keys():
+            _check_required_inputs(inputs_by_name, specs, model.name)
         batch_size = _check_batch(request, model)
         for tensor in request.inputs:
-            _check_input(tensor, model.inputs[tensor.name], model, batch_size)
+            _check_input(tensor, specs[tensor.name], model, batch_size)
     except TritonError as error:
         raise _naming_request(error, request)
-    _check_outputs(request, model)
+    if request.outputs:
+        _check_outputs(request, model)
     request.batch_size = batch_size
 
 
@@ -255,8 +272,10 @@ def _check_input(tensor: Tensor, spec: InputSpec, model: ModelSignature,
             f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
             f"'{model.name}' expects '{spec.datatype}'"
         )
-    _check_shape(tensor, spec, model)
-    _materialize(tensor, model.name)
+    if not spec.fixed or (tensor.shape[1:] if model.max_batch_size > 0
+                          else tensor.shape) != spec.dims:
+        _check_shape(tensor, spec, model)  # one that matches exactly passes at once
+    _materialize(tensor, spec, model.name)
     if spec.reshape is not None:
         prefix = (batch_size,) if model.max_batch_size > 0 else ()
         tensor.data = tensor.data.reshape(prefix + spec.reshape)
@@ -295,15 +314,15 @@ def _check_shape(tensor: Tensor, spec: InputSpec, model: ModelSignature) -> None
     raise invalid_arg(message)
 
 
-def _materialize(tensor: Tensor, model: str) -> None:
+def _materialize(tensor: Tensor, spec: InputSpec, model: str) -> None:
     """Turn wire bytes into a numpy view, checking the byte size first."""
     count = datatypes.element_count(tensor.shape)
     if tensor.data is not None:
         _check_array(tensor, count, model)
         return
     raw = tensor.raw if tensor.raw is not None else b""
-    dtype = datatypes.BY_NAME.get(tensor.datatype) or datatypes.from_name(tensor.datatype)
-    if dtype.byte_size == 0:
+    dtype = spec.wire_dtype
+    if dtype is None:
         array = datatypes.deserialize_bytes(raw)
         if len(array) != count:
             raise invalid_arg(
@@ -311,13 +330,13 @@ def _materialize(tensor: Tensor, model: str) -> None:
                 f"for model '{model}', got {len(array)}"
             )
     else:
-        expected = count * dtype.byte_size
+        expected = count * dtype.itemsize
         if len(raw) != expected:
             raise invalid_arg(
                 f"input byte size mismatch for input '{tensor.name}' for model '{model}'. "
                 f"Expected {expected}, got {len(raw)}"
             )
-        array = np.frombuffer(raw, dtype=dtype.numpy.newbyteorder("<"), count=count)
+        array = np.frombuffer(raw, dtype=dtype, count=count)
     tensor.data = array.reshape(tensor.shape)
     tensor.raw = None
 

@@ -32,9 +32,20 @@ class LoadedVersion:
     scheduler: object
     stats: ModelStats
     signature: ModelSignature = field(init=False)  # what request checks read, made once
+    # What the service reads of the config for every request, read once (a protobuf
+    # field access builds an object each time):
+    version_text: str = field(init=False)  # `version` as responses name it
+    decoupled: bool = field(init=False)  # the model may send 0..N responses per request
+    # The response cache may answer its requests: enabled for it, and not a sequence model.
+    cacheable: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        self.signature = ModelSignature.of(self.config)
+        config = self.config
+        self.signature = ModelSignature.of(config)
+        self.version_text = str(self.version)
+        self.decoupled = config.model_transaction_policy.decoupled
+        self.cacheable = config.response_cache.enable and not config.HasField(
+            "sequence_batching")
 
     def stop(self, timeout: float) -> None:
         self.scheduler.stop(timeout)

@@ -70,8 +70,10 @@ class Tap:
                 return
         self._pass(response)
 
-    def hold_final(self) -> None:
-        self.hold = threading.Lock()
+    def hold_final(self, lock: threading.Lock | None = None) -> None:
+        """Hold the final response back until `release`; `lock` (one per batch will do)
+        guards the hand-over between the thread that answers and the one releasing."""
+        self.hold = lock if lock is not None else threading.Lock()
 
     def release(self) -> None:
         """Stop holding; deliver the final response if one was held."""
@@ -165,14 +167,21 @@ def begin_batch(instance, requests: list, stats: ModelStats,
     Decoupled requests keep per-response statistics unless the instance's backend
     reports none (`reports_response_statistics`)."""
     per_response = getattr(instance, "reports_response_statistics", True)
-    taps = [tap(request) for request in requests]
-    for request_tap in taps:
-        request_tap.hold_final()
+    hold = threading.Lock()
+    taps = []
+    for request in requests:
+        request_tap = request.__dict__.get("respond")
+        if request_tap.__class__ is not Tap:
+            request_tap = tap(request)
+        request_tap.hold = hold  # hold_final, for the whole batch at once
+        taps.append(request_tap)
     start = time.monotonic_ns()
-    for request, request_tap in zip(requests, taps):
-        if per_response and request.decoupled and id(request) not in nulls and not (
-                request_tap.stages and isinstance(request_tap.stages[0], ResponseStatsStage)):
-            request_tap.stages.insert(0, ResponseStatsStage(stats, start))  # once, if rerun
+    if per_response:
+        for request, request_tap in zip(requests, taps):
+            if request.decoupled and id(request) not in nulls and not (
+                    request_tap.stages
+                    and isinstance(request_tap.stages[0], ResponseStatsStage)):
+                request_tap.stages.insert(0, ResponseStatsStage(stats, start))  # once, if rerun
     return taps, start
 
 
@@ -195,19 +204,21 @@ def end_batch(instance, requests: list, taps: list, start: int, timing: Executio
                 continue
             fail(request,
                  internal(f"model '{request.model_name}' sent no response for the request"))
-    for request in requests:
+    batch_rows = 0
+    succeeded = []  # (queue start, rows) of each request that counts as a success
+    for request, request_tap in zip(requests, taps):
         request.timing = timing  # before the answers: a request's trace reads it
+        request_rows = request.batch_size or 1
+        batch_rows += request_rows
+        if (request_tap.final_seen and request_tap.failed) or id(request) in nulls:
+            continue
+        if request.rescheduled:
+            continue  # an iterative request counts once, in the execution that releases it
+        succeeded.append((queue_start(request) if queue_start else request.queue_start_ns,
+                          request_rows))
     if answer_first:
         _release(taps)
-    stats.record_batch(timing, sum(rows(r) for r in requests))
-    for request, request_tap in zip(requests, taps):
-        if id(request) in nulls or (request_tap.final_seen and request_tap.failed):
-            continue
-        if getattr(request, "rescheduled", False):
-            continue  # an iterative request counts once, in the execution that releases it
-        queued = queue_start(request) if queue_start else request.queue_start_ns
-        stats.record_compute(timing.start - queued, timing.input_ns, timing.infer_ns,
-                             timing.output_ns, rows(request))
+    stats.record_executed(timing, batch_rows, succeeded)
     if not answer_first:
         _release(taps)
 

@@ -18,7 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..core.errors import unavailable
 from ..core.request import InferenceRequest
 from ..core.stats import ModelStats
-from .base import TIMEOUT_MESSAGE, cancelled_error, execute_batch, fail, rows, tap
+from .base import TIMEOUT_MESSAGE, cancelled_error, execute_batch, fail, tap
 from .batch import BatchShapeRule
 from .batch_inputs import BatchInputs
 from .ordering import ResponseOrderer
@@ -119,34 +119,36 @@ class BatchFormer:
             chosen, wait_ns = self._form(entries, now_ns)
             if chosen is None:
                 return Take([], dropped, wait_ns)
-        self.queues.remove(chosen)
+        self.queues.remove_first(len(chosen))  # a batch is always the queue's head
         return Take([entry.request for entry in chosen], dropped)
 
     def _form(self, entries: list[Entry], now_ns: int) -> tuple[list | None, int]:
         rules = self.rules
+        max_preferred, preferred = rules.max_preferred, rules.preferred
+        shape = rules.shape if rules.shape.checks else None
         pending: list[Entry] = []
         size = 0
         best = 0  # requests in the batch at the best cut found so far
         send_now = False
         for entry in entries:
-            count = rows(entry.request)
+            count = entry.request.batch_size or 1  # rows()
             if pending:
-                if size + count > rules.max_preferred and not best:
+                if size + count > max_preferred and not best:
                     best = len(pending)
                 if size + count > rules.max_batch_size or (
-                        rules.shape.checks
-                        and not rules.shape.compatible(pending[0].request, entry.request)):
+                        shape is not None
+                        and not shape.compatible(pending[0].request, entry.request)):
                     send_now = True
                     break
             pending.append(entry)
             size += count
-            if size in rules.preferred:
+            if size in preferred:
                 best = len(pending)
         age = now_ns - min(entry.enqueued_ns for entry in pending)
         expired = bool(rules.max_delay_ns) and age >= rules.max_delay_ns
         if best and not expired:
             return pending[:best], 0
-        if send_now or size >= rules.max_preferred or expired or not rules.max_delay_ns:
+        if send_now or size >= max_preferred or expired or not rules.max_delay_ns:
             return pending, 0
         wait = rules.max_delay_ns - age
         deadline = self.queues.next_deadline()
@@ -158,7 +160,7 @@ class BatchFormer:
 class QueuedScheduler:
     """What the threaded and the loop-driven dynamic batcher share: the queue, its
     accounting, admission and cancellation. A subclass says how queued work is
-    picked up (`_queued`)."""
+    picked up."""
 
     def __init__(self, config: mc.ModelConfig, stats: ModelStats, backend_batches: bool):
         self.config = config
@@ -168,7 +170,9 @@ class QueuedScheduler:
                                   PriorityQueues(dyn))
         self.orderer = ResponseOrderer() if dyn is not None and dyn.preserve_ordering else None
         self.batch_inputs = BatchInputs.of(config)  # None unless the config has batch_input
-        self.condition = threading.Condition()
+        # Busy paths take the lock itself: a Condition's `with` costs two Python calls.
+        self.lock = threading.Lock()
+        self.condition = threading.Condition(self.lock)
         self.executing = 0  # requests handed to an instance and not yet returned
         self.stopping = False
 
@@ -177,16 +181,13 @@ class QueuedScheduler:
         if not request.queue_start_ns:
             request.queue_start_ns = now
         tap(request)
-        with self.condition:
+        with self.lock:
             if self.stopping:
                 raise unavailable(STOPPING_MESSAGE)
             self.former.add(request, now)
             self.stats.adjust_pending(1)
-            self.condition.notify()
-        self._queued()
-
-    def _queued(self) -> None:
-        """A request was queued (called without the lock)."""
+            if self.idle:  # an instance may be waiting for work
+                self.condition.notify()
 
     def inflight(self) -> int:
         with self.condition:

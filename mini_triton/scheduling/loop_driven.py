@@ -56,8 +56,9 @@ class LoopScheduler(QueuedScheduler):
     def submit(self, request) -> None:
         """Skip the queue when the batcher could only send the request alone, now
         (it saves the queue's bookkeeping on every request of a lightly loaded model)."""
-        if self.immediate and self._on_loop():
-            with self.condition:
+        on_loop = self._on_loop()
+        if self.immediate and on_loop:
+            with self.lock:
                 instance = self._idle_instance_for_one()
                 if instance is not None:
                     self.executing += 1
@@ -69,6 +70,11 @@ class LoopScheduler(QueuedScheduler):
                 self._begin(instance, [request], light=self.executing == 1)
                 return
         super().submit(request)
+        if not on_loop:
+            if not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(self._dispatch)
+        elif self.idle:  # else an instance that ends dispatches what is queued
+            self._dispatch()
 
     def _idle_instance_for_one(self):
         """An idle instance taken for a request that needs no queue, or None (called
@@ -76,9 +82,6 @@ class LoopScheduler(QueuedScheduler):
         if self.stopping or self.dispatching or len(self.former) or not self.idle:
             return None
         return self.idle.pop()
-
-    def _queued(self) -> None:
-        self._wake()
 
     def stop(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -107,12 +110,6 @@ class LoopScheduler(QueuedScheduler):
         except RuntimeError:
             return False
 
-    def _wake(self) -> None:
-        if self._on_loop():
-            self._dispatch()
-        elif not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self._dispatch)
-
     def _dispatch(self) -> None:
         """Hand batches to idle instances while there are both."""
         if self.dispatching:
@@ -125,7 +122,7 @@ class LoopScheduler(QueuedScheduler):
             self.dispatching = False
 
     def _dispatch_one(self) -> bool:
-        with self.condition:
+        with self.lock:
             if not self.idle or not len(self.former):
                 return False
             taken = self.former.take(time.monotonic_ns())
@@ -178,7 +175,7 @@ class LoopScheduler(QueuedScheduler):
             self.loop.call_soon_threadsafe(self._ended, instance, batch, taps, start, timing)
             return
         end_batch(instance, batch, taps, start, timing, self.stats, answer_first=True)
-        with self.condition:
+        with self.lock:
             self.executing -= len(batch)
             self.idle.append(instance)
             self.condition.notify_all()

@@ -65,7 +65,8 @@ class LevelQueue:
     def add(self, request, now_ns: int) -> Entry:
         if self.policy.max_queue_size and len(self) >= self.policy.max_queue_size:
             raise unavailable("Exceeds maximum queue size")
-        timeout = self.policy.timeout_us(request.timeout_us)
+        timeout = self.policy.timeout_us(request.timeout_us) \
+            if self.policy.default_timeout_us else 0  # no default: no queue timeout
         entry = Entry(request, now_ns, now_ns + timeout * 1000 if timeout else 0)
         self.waiting.append(entry)
         return entry
@@ -126,7 +127,10 @@ class PriorityQueues:
         ]
 
     def __len__(self) -> int:
-        return sum(len(level) for level in self.levels)
+        total = 0
+        for level in self.levels:  # asked on every request: no call per level
+            total += len(level.waiting) + len(level.delayed)
+        return total
 
     def level_of(self, priority: int) -> int:
         """0-based level index; priority 0 or beyond the last level means the default."""
@@ -146,7 +150,21 @@ class PriorityQueues:
 
     def entries(self) -> list[Entry]:
         """Every queued entry in the order batches take them."""
-        return [entry for level in self.levels for entry in level.entries()]
+        entries: list[Entry] = []
+        for level in self.levels:
+            entries += level.waiting
+            entries += level.delayed
+        return entries
+
+    def remove_first(self, count: int) -> None:
+        """Take the first `count` of `entries()` out of the queue (a batch is a prefix)."""
+        for level in self.levels:
+            for queue in (level.waiting, level.delayed):
+                while count and queue:
+                    queue.popleft()
+                    count -= 1
+            if not count:
+                return
 
     def remove(self, entries) -> None:
         chosen = {id(e) for e in entries}
