@@ -54,6 +54,8 @@ def tensor_array(tensor: CoreTensor) -> np.ndarray:
 
 def request_parameters_json(request: CoreRequest) -> str:
     """The parameters a model sees in `request.parameters()`."""
+    if not request.parameters and not request.model_parameters:
+        return "{}"  # most requests: write_object({})
     visible = {k: v for k, v in request.parameters.items()
                if k not in _SERVER_PARAMETERS and not k.startswith("triton_")}
     visible.update(request.model_parameters or {})
@@ -75,10 +77,22 @@ class RequestInfo(NamedTuple):
 
 def request_info(request: CoreRequest, all_outputs: list[str]) -> RequestInfo:
     """`all_outputs` stand in when the client named no outputs (Triton does the same)."""
-    wanted = [o.name for o in request.outputs] if request.outputs else list(all_outputs)
-    return RequestInfo(request.id, request.correlation_id, request.flags, request.timeout_us,
-                       request_parameters_json(request), request.model_name,
-                       int(request.model_version or -1), wanted)
+    return RequestInfo(*request_fields(request, all_outputs))
+
+
+def request_fields(request: CoreRequest, all_outputs: list[str]) -> tuple:
+    """`request_info` as a plain tuple of RequestInfo's fields, in order (what travels
+    to a worker process: no class to pickle, no namedtuple to build)."""
+    outputs = request.outputs
+    if not outputs:
+        wanted = list(all_outputs)
+    elif len(outputs) == 1:
+        wanted = [outputs[0].name]
+    else:
+        wanted = [o.name for o in outputs]
+    return (request.id, request.correlation_id, request.flags, request.timeout_us,
+            request_parameters_json(request), request.model_name,
+            int(request.model_version or -1), wanted)
 
 
 def request_tensors(request: CoreRequest) -> list:

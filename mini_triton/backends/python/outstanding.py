@@ -34,6 +34,10 @@ class Outstanding:
 
     def deliver(self, requests: list, reply: Reply | None, final: bool) -> None:
         """Send a model response (None: only the final flag) to the request(s) it answers."""
+        if len(requests) == 1:  # no auto-stacking: one model request per server request
+            request = requests[0]
+            self._respond(request, core_response(request, reply, final))
+            return
         try:
             replies = [reply] * len(requests) if reply is None or len(requests) == 1 \
                 else split_reply(requests, reply)

@@ -48,7 +48,7 @@ _METRIC_METHODS = frozenset(("metric_family", "metric_create", "metric_value"))
 def _describe_input(tensor, outgoing: Outgoing) -> tuple:
     """An input's descriptor: where it lies in a client's system shared-memory region,
     the worker reads it there; else it travels."""
-    array = convert.tensor_array(tensor)
+    array = tensor.data if tensor.data is not None else convert.tensor_array(tensor)
     if tensor.region is not None and tensor.datatype != "BYTES":
         region, offset = tensor.region
         if getattr(region, "fd", -1) >= 0 and region.holds(offset, array):
@@ -253,11 +253,15 @@ class ProcessInstance(ModelInstance):
 
     def _encode(self, group: list, outgoing: Outgoing) -> tuple:
         """A group's request for the worker: (info, input descriptors, output targets)."""
-        info = convert.request_info(group[0], self.output_names)
         if len(group) == 1:
             request = group[0]
-            return (tuple(info), [_describe_input(t, outgoing) for t in request.inputs],
-                    self._targets(request, outgoing))
+            inputs = request.inputs
+            return (convert.request_fields(request, self.output_names),
+                    [_describe_input(inputs[0], outgoing)] if len(inputs) == 1
+                    else [_describe_input(t, outgoing) for t in inputs],
+                    None if request.output_regions is None
+                    else self._targets(request, outgoing))
+        info = convert.request_info(group[0], self.output_names)
         info = info._replace(outputs=stacked_outputs(group) or list(self.output_names))
         rows = sum(r.batch_size for r in group)
         descriptors = [
@@ -359,7 +363,7 @@ class ProcessInstance(ModelInstance):
                 self.outstanding.deliver(group, get_reply(message, meta["reply"]), meta["final"])
                 if meta["final"]:
                     self.targets.pop(key, None)
-                    if getattr(group[0], "iterations", 0):
+                    if group[0].iterations:
                         self._drop_targets(group)
         elif op == "done":
             self._done(message)
@@ -398,8 +402,15 @@ class ProcessInstance(ModelInstance):
 
     def _answer_batch(self, message, batch: _Batch) -> None:
         meta = message.meta
-        error, replies, still_open = meta["error"], meta["replies"], set(meta["open"])
-        again = set(meta.get("reschedule", ()))
+        error, replies = meta["error"], meta["replies"]
+        again = meta.get("reschedule")
+        if error is None and not again and replies is not None and None not in replies:
+            # Most batches: every request answered by execute's return.
+            for index, group in enumerate(batch.groups):
+                self.outstanding.deliver(group, get_reply(message, replies[index]), True)
+                self.targets.pop((batch.id, index), None)
+            return
+        still_open, again = set(meta["open"]), set(again or ())
         for index, group in enumerate(batch.groups):
             key = (batch.id, index)
             if error is not None:
