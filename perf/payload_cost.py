@@ -4,7 +4,8 @@ large tensors, two source trees (or one) measured alternately in one run.
 
 Each point is `route:concurrency:elements` with route `http`, `grpc`, `http-shm` or
 `grpc-shm` (system shared memory for inputs and outputs). perf_analyzer sends a fixed
-number of FP32 requests; CPU is read from /proc for the server and all its children,
+number of FP32 requests; CPU is read from /proc for the server and all its children (and
+for the server process alone, where the front ends run),
 requests from the model's statistics. CPU time per request is a steadier figure than
 throughput on a shared machine (it does not count time spent waiting for the CPU).
 
@@ -58,6 +59,12 @@ def successes(port: int) -> tuple[int, int]:
     return stats["inference_stats"]["success"]["count"], stats["execution_count"]
 
 
+def own_cpu(pid: int) -> float:
+    """User plus system CPU seconds of the server process alone (its front ends)."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
 def tree_cpu(pid: int) -> float:
     """User plus system CPU seconds of a process and all its descendants."""
     root = psutil.Process(pid)
@@ -88,6 +95,7 @@ def measure(server: subprocess.Popen, port: int, point: str, count: int,
             trace: bool) -> dict:
     route, concurrency, elements = point.split(":")
     (before_n, before_batches), before_cpu = successes(port), tree_cpu(server.pid)
+    before_own = own_cpu(server.pid)
     tracer = None
     if trace:
         pids = [server.pid] + [c.pid for c in psutil.Process(server.pid).children(True)]
@@ -103,10 +111,12 @@ def measure(server: subprocess.Popen, port: int, point: str, count: int,
     n, batches = successes(port)
     n, batches = n - before_n, batches - before_batches
     cpu = tree_cpu(server.pid) - before_cpu
+    own = own_cpu(server.pid) - before_own
     match = re.search(r"^Concurrency: \d+, throughput: ([0-9.]+)", output, re.M)
     # perf_analyzer prints no figure when its windows disagreed (often, on a busy machine).
     result = {"infer_s": float(match.group(1)) if match else float("nan"), "requests": n,
               "cpu_us": cpu * 1e6 / n if n else 0.0,
+              "own_us": own * 1e6 / n if n else 0.0,
               "batch": n / batches if batches else 0.0}
     if tracer is not None:
         result["syscalls"] = syscall_counts(Path(f"/tmp/strace-{port}.txt"), n)
@@ -150,9 +160,9 @@ def main() -> None:
     try:
         for port in ports:
             wait_ready(port)
-        print("| rep | point | tree | infer/s | CPU us/request | requests/batch "
-              "| syscalls/request |")
-        print("|---|---|---|---|---|---|---|")
+        print("| rep | point | tree | infer/s | CPU us/request | of it, server process "
+              "| requests/batch | syscalls/request |")
+        print("|---|---|---|---|---|---|---|---|")
         for rep in range(1, args.reps + 1):
             for point in args.points.split(","):
                 order = list(range(len(trees)))
@@ -163,7 +173,7 @@ def main() -> None:
                     name = (trees[i].name or str(trees[i])) + (f" {args.second_args} {args.second_env}"
                                                                if i else "")
                     print(f"| {rep} | {point} | {name} | {r['infer_s']:,.0f} "
-                          f"| {r['cpu_us']:,.0f} | {r['batch']:.1f} "
+                          f"| {r['cpu_us']:,.0f} | {r['own_us']:,.0f} | {r['batch']:.1f} "
                           f"| {r.get('syscalls', '')} |", flush=True)
     finally:
         for server in servers:
