@@ -360,7 +360,7 @@ class GrpcCalls:
             self._finish(stream, status_block(grpc.StatusCode.UNKNOWN,
                                               f"Unexpected {type(error).__name__}: {error}"))
             return
-        self._send(stream, payload, OK_TRAILERS)
+        self._send_ok(stream, payload)
 
     async def _run_streaming(self, stream: Stream) -> None:
         method = stream.method

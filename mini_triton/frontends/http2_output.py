@@ -17,13 +17,14 @@ at all makes us wait instead of queueing without end:
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 
 import grpc
 
-from .grpc_wire import (COMPRESSED_RESPONSE_HEADERS, MESSAGE_PREFIX, RESPONSE_HEADERS,
-                        compress, status_block)
+from .grpc_wire import (COMPRESSED_RESPONSE_HEADERS, MESSAGE_PREFIX, OK_TRAILERS,
+                        RESPONSE_HEADERS, compress, status_block)
 from .http2_frames import (CONTINUATION, DATA, END_HEADERS, END_STREAM, FRAME_HEADER, GOAWAY,
                            HEADERS, NO_ERROR, RST_STREAM, frame)
 
@@ -34,6 +35,13 @@ LARGE_MESSAGE = 64 * 1024
 # RFC 7541 §6.3: a dynamic table size update to 0. Our encoder never indexes, so once
 # the peer lowers SETTINGS_HEADER_TABLE_SIZE, 0 is the size it keeps.
 TABLE_SIZE_UPDATE_TO_0 = b"\x20"
+# A unary call's OK response as `_send` writes it when nothing varies but the stream id
+# and the message: HEADERS (our response headers) and the DATA frame's header with the
+# message prefix, then after the message the trailers (grpc-status 0) with END_STREAM.
+_pack_ok_head = functools.partial(struct.Struct(f">IBI{len(RESPONSE_HEADERS)}sIBI?I").pack,
+                                  len(RESPONSE_HEADERS) << 8 | HEADERS, END_HEADERS)
+_pack_ok_tail = functools.partial(struct.Struct(f">IBI{len(OK_TRAILERS)}s").pack,
+                                  len(OK_TRAILERS) << 8 | HEADERS, END_HEADERS | END_STREAM)
 
 
 class Http2Output:
@@ -73,6 +81,33 @@ class Http2Output:
             self.table_update = TABLE_SIZE_UPDATE_TO_0
 
     # --- a call's response ---
+
+    def _send_ok(self, stream, message: bytes) -> None:
+        """A unary call's response message and OK trailers: what `_send(stream,
+        message, OK_TRAILERS)` writes, built in two struct packs when it is the usual
+        case (headers not sent, uncompressed, no table size update to announce,
+        nothing held back, the message fits the windows and one frame, the client's
+        half closed); anything else goes through `_send`."""
+        length = len(message)
+        size = length + 5
+        if stream.headers_sent or stream.compress is not None or self.table_update \
+                or self.held_back or not stream.ended \
+                or size > min(stream.send_window, self.send_window, self.peer_frame_size,
+                              LARGE_MESSAGE):
+            self._send(stream, message, OK_TRAILERS)
+            return
+        if stream.closed or self.transport is None or self.transport.is_closing():
+            return
+        stream_id = stream.id
+        self.sent += 1
+        stream.headers_sent = True
+        stream.send_window -= size
+        self.send_window -= size
+        self._close_stream(stream, None)  # ended: no RST_STREAM follows
+        self.transport.write(b"".join((
+            _pack_ok_head(stream_id, RESPONSE_HEADERS, size << 8 | DATA, 0, stream_id, False,
+                          length),
+            message, _pack_ok_tail(stream_id, OK_TRAILERS))))
 
     def _send(self, stream, message: bytes | None, trailers: bytes | None = None) -> None:
         """The response headers when not sent yet, one message and the trailers, each
@@ -203,9 +238,10 @@ class Http2Output:
 
     # --- ending streams and the connection ---
 
-    def _close_stream(self, stream, out: list) -> None:
+    def _close_stream(self, stream, out: list | None) -> None:
         """Our half is done; when the client's is not, reset the rest of it (as gRPC
-        servers do for a call answered before its request ended)."""
+        servers do for a call answered before its request ended: its RST_STREAM goes
+        into `out`, which may be None only when the client's half has ended)."""
         stream.closed = True
         if stream.deadline is not None:
             stream.deadline.cancel()
