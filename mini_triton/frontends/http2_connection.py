@@ -155,6 +155,8 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
                 kind, start, offset = length_kind & 0xFF, offset + 9, end
                 if kind == DATA:  # its bytes go straight into the stream: one copy
                     self._on_data(flags, stream_id & MAX_WINDOW, buffer, start, end)
+                elif kind == HEADERS and self.headers_in_progress is None:  # once per call
+                    self._on_headers(flags, stream_id & MAX_WINDOW, bytes(buffer[start:end]))
                 else:
                     self._on_frame(kind, flags, stream_id & MAX_WINDOW, bytes(buffer[start:end]))
             if offset:
@@ -185,7 +187,8 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
             raise ProtocolError(PROTOCOL_ERROR, "expected CONTINUATION")
         if FIXED_SIZES.get(kind, len(payload)) != len(payload):
             raise ProtocolError(FRAME_SIZE_ERROR, f"frame type {kind} of {len(payload)} bytes")
-        # DATA never comes here: _parse hands it to _on_data in place
+        # DATA never comes here (data_received hands it to _on_data in place), nor do
+        # HEADERS outside a header block
         if kind == HEADERS:
             self._on_headers(flags, stream_id, payload)
         elif kind == CONTINUATION:
@@ -298,7 +301,8 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
             self._stream_error(stream_id, PROTOCOL_ERROR, "a stream depending on itself")
 
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
-        payload = strip_padding(flags, payload)
+        if flags & PADDED:
+            payload = strip_padding(flags, payload)
         depends_on_itself = False
         if flags & PRIORITY_FLAG:
             if len(payload) < 5:
