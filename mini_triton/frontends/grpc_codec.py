@@ -21,6 +21,8 @@ FINAL_RESPONSE = "triton_final_response"
 def read_parameters(parameters) -> dict:
     """A map<string, InferParameter> (or ModelRepositoryParameter) as plain Python values."""
     values = {}
+    if not parameters:  # most requests, inputs and outputs have none
+        return values
     for key, parameter in parameters.items():
         which = parameter.WhichOneof("parameter_choice")
         values[key] = getattr(parameter, which) if which else None
@@ -141,12 +143,15 @@ def _typed_contents(item, datatype: str, model: str) -> np.ndarray:
         raise invalid_arg(f"input '{item.name}': {error}") from None
 
 
-def encode_infer_response(response: InferenceResponse) -> pb.ModelInferResponse:
+def encode_infer_response(response: InferenceResponse,
+                          contents: list | None = None) -> pb.ModelInferResponse:
+    """`contents`: each output's `raw_bytes()`, when the caller has them already."""
     message = _response_without_contents(response)
-    for tensor in response.outputs:
-        # One raw entry per output keeps positions aligned; shared-memory outputs
-        # carry theirs in the client's region.
-        message.raw_output_contents.append(bytes(tensor.raw_bytes()))
+    if contents is None:
+        contents = [tensor.raw_bytes() for tensor in response.outputs]
+    # One raw entry per output keeps positions aligned; shared-memory outputs carry
+    # theirs in the client's region.
+    message.raw_output_contents.extend(map(bytes, contents))
     return message
 
 
@@ -187,8 +192,8 @@ def serialize_infer_response(response: InferenceResponse):
     message without them, then each as field 6, which protobuf writes last (the highest
     field number) and in order. Small outputs: the message itself."""
     contents = [tensor.raw_bytes() for tensor in response.outputs]
-    if sum(map(len, contents)) < SERIALIZE_FROM:
-        return encode_infer_response(response)  # small: protobuf's own way is cheaper
+    if sum(map(len, contents)) < SERIALIZE_FROM:  # small: protobuf's own way is cheaper
+        return encode_infer_response(response, contents)
     head = _response_without_contents(response).SerializeToString()
     framed = [(_varint(len(raw)), raw) for raw in contents]
     data = _response_buffer(len(head) + sum(1 + len(size) + len(raw) for size, raw in framed))

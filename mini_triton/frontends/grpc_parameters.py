@@ -57,6 +57,8 @@ def check_shared_memory_parameters(tensor) -> bool:
     """An input's or requested output's shared-memory parameters; whether it uses
     shared memory."""
     parameters = tensor.parameters
+    if not parameters:  # most tensors have none
+        return False
     has_region = "shared_memory_region" in parameters
     if has_region and _kind(parameters["shared_memory_region"]) != "string_param":
         raise invalid_arg("invalid value type for 'shared_memory_region' parameter for "
