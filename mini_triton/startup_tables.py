@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from . import TRITON_VERSION
+from .repository.listing import DUPLICATE_REASON
 
 log = logging.getLogger("mini_triton")
 
@@ -27,10 +28,12 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def model_rows(index: list[dict]) -> list[list[str]]:
-    """Model, version and status (with the reason of one that is not ready)."""
+    """Model, version and status (with the reason of one that is not ready). Triton's
+    table holds the models that have a state; a name in two or more repositories has
+    none (only the index lists it)."""
     rows = []
     for entry in index:
-        if "state" not in entry:
+        if "state" not in entry or entry.get("reason") == DUPLICATE_REASON:
             continue
         status = entry["state"] + (f": {entry['reason']}" if entry.get("reason") else "")
         rows.append([entry["name"], entry.get("version", ""), status])

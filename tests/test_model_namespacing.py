@@ -150,7 +150,13 @@ def sub_states(client) -> list[str]:
     return [e.get("state") for e in client.get_model_repository_index() if e["name"] == "sub"]
 
 
-def test_without_namespacing_the_first_repository_wins_the_name(repositories):
-    with serve(repositories) as server:
-        assert tag("http", server, "sub") == "first"
-        assert tag("grpc", server, "ens_second") == "first"
+def test_without_namespacing_the_name_serves_from_neither_repository(repositories):
+    """Triton refuses to choose (test_repository_duplicates.py has the rest): `sub` and
+    the ensembles that use it do not load; the models unique to one repository serve."""
+    with serve(repositories, "--exit-on-error=false", "--strict-readiness=false") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert not client.is_model_ready("sub")
+        assert not client.is_model_ready("ens_second")
+        client.close()
+        assert tag("grpc", server, "only_first") == "only first"
+        assert tag("http", server, "ens_elsewhere") == "only first"

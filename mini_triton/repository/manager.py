@@ -16,10 +16,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..config import ConfigError, parse_config_file
 from ..config.json_format import config_from_json
-from ..core.errors import TritonError, invalid_arg, not_found, unavailable
+from ..core.errors import TritonError, internal, invalid_arg, not_found, unavailable
 from ..core.names import check_model_name
 from . import scan
 from .namespaces import keys_named, lookup, model_key, name_of, namespace_of, resolve
+from .listing import DUPLICATE_REASON, Listing, log_not_unique, merge
 from .loading import load_record
 from .overrides import remove_private_model, remove_private_root, write_private_model
 from .records import (LoadedVersion, ModelRecord, ServerOptions, State,  # noqa: F401
@@ -38,7 +39,10 @@ class ModelRepositoryManager:
 
     def __init__(self, repositories: list[Path], options: ServerOptions | None = None,
                  server=None, mode: str = "none"):
-        self.repositories = [r if is_url(r) else Path(r) for r in repositories]
+        # A folder named twice is one repository (Triton keeps a set of paths), not
+        # two copies of each of its models.
+        self.repositories = list(dict.fromkeys(r if is_url(r) else Path(r)
+                                               for r in repositories))
         self._storages = None  # opened on first use (check_storage at start-up)
         self.options = options or ServerOptions()
         self.server = server
@@ -63,17 +67,18 @@ class ModelRepositoryManager:
             repository.check()
 
     def model_folders(self, fetch=None, strict: bool = True) -> dict[str, Path]:
-        """Model key → folder over all repositories: the first repository wins a name,
-        unless --model-namespacing keys each model by its repository too (namespaces.py).
-        `fetch` (ALL or names) has cloud repositories list again and mirror those
-        models first; without it they answer from their last listing."""
-        folders: dict[str, Path] = {}
-        for repository in self.storages:
-            namespace = self._namespace(repository)
-            for name, path in repository.model_dirs(fetch, strict).items():
-                folders.setdefault(model_key(namespace, name), path)
-        folders.update(self.registered.model_dirs())  # a mapped name wins, as in Triton
-        return folders
+        """Model key → folder over all repositories, leaving out a name found in two or
+        more (listing.py); --model-namespacing keys each model by its repository too
+        (namespaces.py). `fetch` (ALL or names) has cloud repositories list again and
+        mirror those models first; without it they answer from their last listing."""
+        return self.listing(fetch, strict).folders
+
+    def listing(self, fetch=None, strict: bool = True) -> Listing:
+        """As model_folders, with the keys left out for being in two or more repositories."""
+        listings = [{model_key(self._namespace(repository), name): path
+                     for name, path in repository.model_dirs(fetch, strict).items()}
+                    for repository in self.storages]
+        return merge(listings + self.registered.listings(), self.registered.mapped_dirs())
 
     def _namespace(self, repository) -> str:
         return str(repository.location) if self.options.model_namespacing else ""
@@ -93,7 +98,8 @@ class ModelRepositoryManager:
         """Load what the mode loads at start-up (explicit: only `names`, '*' = all);
         returns the records that failed."""
         explicit_all = self.mode != "explicit" or "*" in (names or [])
-        folders = self.model_folders(fetch=ALL if explicit_all else set(names or []))
+        listing = self.listing(fetch=ALL if explicit_all else set(names or []))
+        folders = listing.folders
         never_loaded = []  # named models with no record: not found, or refused by name
         if self.mode == "explicit" and "*" not in (names or []):
             keys = [key for name in names or [] for key in keys_named(name, folders)]
@@ -108,6 +114,9 @@ class ModelRepositoryManager:
                         log.error("%s", error.message)
                         never_loaded.append(ModelRecord(name, None, reason=error.message))
         else:
+            log_not_unique(listing.duplicates)
+            never_loaded = [ModelRecord(name_of(key), None, reason=DUPLICATE_REASON)
+                            for key in sorted(listing.duplicates)]
             self._load_many(folders)
         return [r for r in self.records.values()
                 if r.state != State.READY and not r.unloaded] + never_loaded
@@ -166,14 +175,17 @@ class ModelRepositoryManager:
         """Bring the served models in line with the repository folders."""
         with self.lock:
             try:
-                folders = self.model_folders(fetch=ALL, strict=False)
+                listing = self.listing(fetch=ALL, strict=False)
             except StorageError as error:  # an outage is not a deletion: change nothing
                 log.warning("repository poll failed: %s; the models keep serving", error)
                 return
+            log_not_unique(listing.duplicates)  # on every poll, as Triton
+            folders = listing.folders
             for name in list(self.records):
                 record = self.records[name]
                 if name not in folders and not record.unloaded and record.private_dir is None:
-                    self._unload(name, "model folder removed")
+                    self._unload(name, DUPLICATE_REASON if name in listing.duplicates
+                                 else "model folder removed")
             changed = [name for name, folder in folders.items()
                        if name not in self.records
                        or self.records[name].fingerprint != scan.fingerprint(folder)]
@@ -203,10 +215,15 @@ class ModelRepositoryManager:
                 folder = write_private_model(name, files)
                 return self._load_key(name, folder, override, folder)
             try:
-                folders = self.model_folders(fetch={name})
+                listing = self.listing(fetch={name})
             except StorageError as error:
                 raise unavailable(f"failed to load '{name}', failed to poll from model "
                                   f"repository: {error}") from None
+            folders = listing.folders
+            if keys_named(name, listing.duplicates):  # a loaded one keeps serving
+                log_not_unique(keys_named(name, listing.duplicates))
+                raise internal(f"failed to load '{name}', failed to poll from model "
+                               "repository")
             keys = keys_named(name, folders)
             if not keys:
                 raise invalid_arg(f"failed to load '{name}', failed to poll from model "
@@ -308,16 +325,22 @@ class ModelRepositoryManager:
         return [v for r in list(self.records.values()) for v in list(r.versions.values())]
 
     def index(self, ready_only: bool = False) -> list[dict]:
+        """The repository index: every model folder's name, with its versions' states
+        once it has a record; a name in two or more repositories is UNAVAILABLE whatever
+        it serves (as Triton), and left out of a ready-only index (Triton lists it)."""
         entries = []
         records = dict(self.records)
-        for key in sorted(set(records) | set(self.model_folders()),
+        listing = self.listing()
+        for key in sorted(set(records) | set(listing.folders) | listing.duplicates,
                           key=lambda k: (name_of(k), k)):
             record = records.get(key)
-            if record is None:
-                if not ready_only:
-                    entries.append({"name": name_of(key)})
-                continue
-            entries.extend(_index_entries(record))
+            if key in listing.duplicates:
+                entries.append(_index_entry(name_of(key), None, State.UNAVAILABLE,
+                                            DUPLICATE_REASON))
+            elif record is not None:
+                entries.extend(_index_entries(record))
+            elif not ready_only:
+                entries.append({"name": name_of(key)})
         if ready_only:
             entries = [e for e in entries if e.get("state") == State.READY.value]
         return entries

@@ -1,7 +1,8 @@
 """Repositories registered while the server runs (Triton's RegisterModelRepository):
 extra folders whose models serve beside the command line's repositories, some of them
 under another name (a mapping of model name → subfolder). SageMaker's multi-model
-endpoint loads each model this way."""
+endpoint loads each model this way. A registered folder counts as one more repository
+when a name is found in two (listing.py); a mapped name is not such a clash."""
 
 from __future__ import annotations
 
@@ -46,15 +47,18 @@ class RegisteredRepositories:
         if self.mappings.pop(repository, None) is None:
             raise invalid_arg(f"failed to unregister '{repository}', repository not found")
 
-    def model_dirs(self) -> dict[str, Path]:
-        """Model name → folder: each registered folder's models under their own names,
-        except mapped subfolders, which serve under their mapped name only."""
-        folders: dict[str, Path] = {}
+    def listings(self) -> list[dict[str, Path]]:
+        """Model name → folder, one listing per registered folder, each model under its
+        own name; a mapped subfolder serves under its mapped name only (mapped_dirs)."""
+        listings = []
         for repository, mapping in self.mappings.items():
             mapped = set(mapping.values())
-            for name, folder in scan.model_dirs(Path(repository)).items():
-                if name not in mapped:
-                    folders.setdefault(name, folder)
-            for name, subfolder in mapping.items():
-                folders[name] = Path(repository) / subfolder
-        return folders
+            listings.append({name: folder for name, folder
+                             in scan.model_dirs(Path(repository)).items() if name not in mapped})
+        return listings
+
+    def mapped_dirs(self) -> dict[str, Path]:
+        """Mapped model name → its subfolder, over every registered folder."""
+        return {name: Path(repository) / subfolder
+                for repository, mapping in self.mappings.items()
+                for name, subfolder in mapping.items()}
