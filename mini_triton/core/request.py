@@ -11,7 +11,7 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 from .errors import Code, TritonError
 from .tensor import RequestedOutput, Tensor
@@ -215,33 +215,38 @@ class InferenceRequest:
     timeout_us: int = 0
     correlation_id: int | str = 0
     flags: int = 0
-    # Filled by the service before scheduling:
-    stream: ResponseStream | FinalAnswer | None = None
-    on_complete: Callable[["InferenceRequest", InferenceResponse], None] | None = None
-    trace: object | None = None  # tracing.Trace when this request is traced
     parent_trace: object | None = None  # an ensemble step's: the ensemble request's trace
     # An ensemble step's: the ensemble's repository, where its step names resolve first
     # (--model-namespacing); "" for a request by name alone.
     model_namespace: str = ""
     arrival_ns: int = field(default_factory=time.monotonic_ns)
-    queue_start_ns: int = 0
-    cancelled: bool = False
     decoupled: bool = False  # the model may send 0..N responses
+
+    # What a request gains on its way (set by the service, schedulers and backends, never
+    # given to the constructor): class-level defaults until then, so that making a
+    # request, once per inference, does not store each of them.
+    # Filled by the service before scheduling:
+    stream: ClassVar[ResponseStream | FinalAnswer | None] = None
+    on_complete: ClassVar[Callable[["InferenceRequest", InferenceResponse], None] | None] = None
+    trace: ClassVar[object | None] = None  # tracing.Trace when this request is traced
     # Applied to each successful response before it is sent (shared-memory and
     # classification outputs); None on the plain path.
-    transform: Callable[[InferenceResponse], InferenceResponse] | None = None
-    timing: object = None  # the ExecutionTiming of the execution that ran it (for traces)
-    completed: bool = False  # the final response was sent
+    transform: ClassVar[Callable[[InferenceResponse], InferenceResponse] | None] = None
     # Shared-memory regions the request reads or writes, held in use until it is
     # answered: (registry, region) by region name; None on the plain path.
-    held_regions: dict | None = None
+    held_regions: ClassVar[dict | None] = None
     # Outputs the client wants in its shared memory, unclassified: name → (region,
     # offset, byte size); a backend may write them there itself. None: none.
-    output_regions: dict | None = None
+    output_regions: ClassVar[dict | None] = None
+    # Set by schedulers and backends:
+    queue_start_ns: ClassVar[int] = 0
+    cancelled: ClassVar[bool] = False
+    timing: ClassVar[object] = None  # the ExecutionTiming of the execution that ran it
+    completed: ClassVar[bool] = False  # the final response was sent
     # An iterative sequence's request the model released with RESCHEDULE (it runs again),
     # and how many times that happened (scheduling/sequence.py, the Python backend).
-    rescheduled: bool = False
-    iterations: int = 0
+    rescheduled: ClassVar[bool] = False
+    iterations: ClassVar[int] = 0
 
     def release_regions(self) -> None:
         """Let go of the held regions (once; safe to call again)."""
