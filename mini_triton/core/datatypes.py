@@ -81,11 +81,6 @@ def config_to_v2(config_name: str) -> str:
     return BY_CONFIG_NAME[config_name].name
 
 
-def v2_to_config(name: str) -> str:
-    """'FP32' → 'TYPE_FP32'."""
-    return BY_NAME[name].config_name
-
-
 def element_count(shape: Iterable[int]) -> int:
     return math.prod(map(int, shape))  # 1 for a scalar's ()
 

@@ -190,12 +190,6 @@ class ModelStats:
                 for name, ns in zip(COMPUTE_NAMES, times):
                     self.summaries[name].observe(ns // 1000, now)
 
-    def record_execution(self, timing: ExecutionTiming, requests: list, batch_size: int) -> None:
-        """One execution whose requests all succeeded (batch and per-request numbers)."""
-        self.record_executed(timing, batch_size, [(request.queue_start_ns,
-                                                   max(1, request.batch_size))
-                                                  for request in requests])
-
     def record_request(self, request_ns: int, ok: bool, reason: str = "OTHER") -> None:
         """A request's final response: success, or failure with Triton's reason
         (REJECTED, CANCELED, BACKEND, OTHER)."""
