@@ -66,8 +66,12 @@ class Tap:
         if response.final:
             self.final_seen = True
             self.failed = response.error is not None
-            if self.hold is not None and self._keep(response):
-                return
+            hold = self.hold
+            if hold is not None:
+                with hold:
+                    if self.hold is not None:  # else released meanwhile: deliver now
+                        self.held = response
+                        return
         self._pass(response)
 
     def hold_final(self, lock: threading.Lock | None = None) -> None:
@@ -85,16 +89,6 @@ class Tap:
             response, self.held = self.held, None
         if response is not None:
             self._pass(response)
-
-    def _keep(self, response: InferenceResponse) -> bool:
-        hold = self.hold
-        if hold is None:
-            return False
-        with hold:
-            if self.hold is None:  # released meanwhile: deliver now
-                return False
-            self.held = response
-            return True
 
     def _pass(self, response: InferenceResponse) -> None:
         for stage in self.stages:

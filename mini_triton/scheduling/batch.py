@@ -37,7 +37,8 @@ class BatchShapeRule:
             mine, theirs = first.input(name), other.input(name)
             if mine is None or theirs is None:
                 continue
-            if tuple(mine.shape[1:]) != tuple(theirs.shape[1:]):
+            mine, theirs = mine.shape[1:], theirs.shape[1:]
+            if mine != theirs and tuple(mine) != tuple(theirs):  # a list, or a tuple
                 return False
         return True
 
