@@ -102,3 +102,23 @@ def test_a_bad_value_is_a_one_line_error_naming_the_flag(value, message):
 ])
 def test_parse_setting_as_tritonserver(text, parsed):
     assert parse_setting(text) == parsed
+
+
+def test_honoured_status_has_one_definition():
+    """The word for "does here what it does in Triton" is one fact: config/coverage.py
+    owns it and backend_config imports it, so the two tables cannot drift apart."""
+    import ast
+    from pathlib import Path
+
+    import mini_triton
+    from mini_triton.backends import backend_config
+    from mini_triton.config import coverage
+
+    package = Path(mini_triton.__file__).parent
+    defining = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
+                      if any(isinstance(node, ast.Assign) and
+                             any(getattr(target, "id", None) == "HONOURED"
+                                 for target in node.targets)
+                             for node in ast.parse(path.read_text()).body))
+    assert defining == ["config/coverage.py"]
+    assert backend_config.HONOURED is coverage.HONOURED

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..config.coverage import HONOURED
+
 GLOBAL = ""  # the backend name of a setting for every backend
 FLAG = "--backend-config"
 MIB = 1024 * 1024
@@ -70,7 +72,6 @@ def _non_negative(setting: str, value: str) -> None:
         raise ValueError(f"{setting} must be >= 0, got {value}")
 
 
-HONOURED = "honoured"
 NOT_APPLICABLE = "not applicable"
 
 
