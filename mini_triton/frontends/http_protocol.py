@@ -305,12 +305,13 @@ class HttpProtocol(asyncio.Protocol):
     # --- starting requests ---
 
     def _start(self, request: HttpRequest, exchange: Exchange) -> None:
-        encoding = request.headers.get("content-encoding", "").lower()
-        if encoding and encoding != "identity":
-            body = self._decoded(request.body, encoding, exchange)
-            if body is None:
-                return
-            request.body = body
+        if "content-encoding" in request.headers:
+            encoding = request.headers["content-encoding"].lower()
+            if encoding and encoding != "identity":
+                body = self._decoded(request.body, encoding, exchange)
+                if body is None:
+                    return
+                request.body = body
         try:
             self.app(request, exchange)
         except Exception as error:
