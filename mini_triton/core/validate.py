@@ -8,7 +8,8 @@ outputs and reserved parameters. Raw wire bytes become numpy views here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -72,6 +73,11 @@ class ModelSignature:
     inputs: dict[str, InputSpec]
     outputs: frozenset[str]
     required: frozenset[str] = frozenset()  # the inputs that are not optional
+    # What requests that passed every check asked for (their _asked key) → their batch
+    # size: a client sends the same inputs and outputs again and again, and they are
+    # checked once. Keys are the model's own names and shapes of its inputs' rank, at
+    # most CHECKED_ENTRIES of them (started afresh when full).
+    checked: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, config: mc.ModelConfig) -> "ModelSignature":
@@ -92,6 +98,45 @@ def normalize(request: InferenceRequest, model: ModelSignature) -> None:
         except TritonError as error:
             raise _naming_request(error, request)
     _apply_control_parameters(request)
+    asked = _asked(request)
+    batch_size = model.checked.get(asked) if asked is not None else None
+    if batch_size is None:
+        batch_size = _check(request, model)
+        if asked is not None:
+            _remember(model.checked, asked, batch_size)
+    else:  # the same as a request that passed: only its data is left to read
+        try:
+            for tensor in request.inputs:
+                _fill(tensor, model.inputs[tensor.name], model, batch_size)
+        except TritonError as error:
+            raise _naming_request(error, request)
+    request.batch_size = batch_size
+
+
+CHECKED_ENTRIES = 256
+_INPUT_ASKED = attrgetter("name", "datatype", "shape")
+_NAME = attrgetter("name")
+
+
+def _asked(request: InferenceRequest) -> tuple | None:
+    """What the checks read of a request besides its data and parameters: each input's
+    name, datatype and shape, and the outputs' names (None if a shape is unhashable)."""
+    key = (tuple(map(_INPUT_ASKED, request.inputs)), tuple(map(_NAME, request.outputs)))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _remember(checked: dict, asked: tuple, batch_size: int) -> None:
+    if len(checked) >= CHECKED_ENTRIES:
+        checked.clear()
+    checked[asked] = batch_size
+
+
+def _check(request: InferenceRequest, model: ModelSignature) -> int:
+    """Every check of the inputs (reading their data) and outputs; the batch size."""
     specs = model.inputs
     inputs_by_name = {tensor.name: tensor for tensor in request.inputs}
     if len(inputs_by_name) != len(request.inputs) or not specs.keys() >= inputs_by_name.keys():
@@ -107,7 +152,7 @@ def normalize(request: InferenceRequest, model: ModelSignature) -> None:
         raise _naming_request(error, request)
     if request.outputs:
         _check_outputs(request, model)
-    request.batch_size = batch_size
+    return batch_size
 
 
 def _naming_request(error: TritonError, request: InferenceRequest) -> TritonError:
@@ -275,6 +320,11 @@ def _check_input(tensor: Tensor, spec: InputSpec, model: ModelSignature,
     if not spec.fixed or (tensor.shape[1:] if model.max_batch_size > 0
                           else tensor.shape) != spec.dims:
         _check_shape(tensor, spec, model)  # one that matches exactly passes at once
+    _fill(tensor, spec, model, batch_size)
+
+
+def _fill(tensor: Tensor, spec: InputSpec, model: ModelSignature, batch_size: int) -> None:
+    """The input's data as the model takes it: a view of its bytes, reshaped."""
     _materialize(tensor, spec, model.name)
     if spec.reshape is not None:
         prefix = (batch_size,) if model.max_batch_size > 0 else ()
