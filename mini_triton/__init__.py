@@ -1,5 +1,12 @@
 """mini_triton: a Triton-compatible model-repository inference server in Python."""
 
+import pathlib
+
+# This package's folder, links resolved: the one definition for what needs our own
+# files (a worker's PYTHONPATH, the grammar, tracebacks that hide our frames). Here,
+# because every process of ours imports this module first and nothing else with it.
+PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+
 __version__ = "0.1.0"
 SERVER_NAME = "mini_triton"
 

@@ -21,6 +21,27 @@ def test_the_module_is_defined_once():
     assert pb_utils.Tensor is utils.Tensor
 
 
+def test_the_package_folder_is_defined_once():
+    """mini_triton.PACKAGE_DIR is the one place our own folder is worked out (a worker's
+    PYTHONPATH, the execution environment's link, the frames hidden from tracebacks):
+    no other module derives it from a `__file__` of ours."""
+    import re
+    from pathlib import Path
+
+    import mini_triton
+    from mini_triton.backends.python import exec_env, runner, worker_process
+
+    package = Path(mini_triton.__file__).resolve().parent
+    assert mini_triton.PACKAGE_DIR == package
+    own_file = re.compile(r"(?<![\w.])__file__|\bmini_triton\.__file__")
+    deriving = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
+                      if path != package / "__init__.py" and own_file.search(path.read_text()))
+    assert deriving == []
+    assert runner._OWN_FILES == str(package)
+    assert worker_process._PACKAGE_ROOT == str(package.parent)
+    assert exec_env.PACKAGE_DIR is mini_triton.PACKAGE_DIR
+
+
 @pytest.mark.parametrize("config_type, code, dtype", [
     ("TYPE_BOOL", 1, np.bool_), ("TYPE_UINT8", 2, np.uint8), ("TYPE_INT32", 8, np.int32),
     ("TYPE_FP16", 10, np.float16), ("TYPE_FP32", 11, np.float32), ("TYPE_FP64", 12, np.float64),

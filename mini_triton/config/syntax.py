@@ -59,7 +59,7 @@ class FieldNode:
 
 def grammar_path() -> Path:
     """The grammar file: inside the installed package, else in the source tree."""
-    package_dir = Path(mini_triton.__file__).parent
+    package_dir = mini_triton.PACKAGE_DIR
     for candidate in (
         package_dir / "grammar" / GRAMMAR_NAME,
         package_dir.parent / "grammar" / GRAMMAR_NAME,

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ... import PACKAGE_DIR
 from ...core.errors import internal
 from . import env_archive
 
@@ -38,7 +39,6 @@ log = logging.getLogger("mini_triton.python")
 EXECUTION_ENV_PATH = "EXECUTION_ENV_PATH"
 MODEL_DIRECTORY_KEYWORD = "$$TRITON_MODEL_DIRECTORY"
 PROBE_TIMEOUT_S = 120.0  # a cold conda environment on a slow disk takes its time
-_PACKAGE_DIR = Path(__file__).resolve().parents[2]  # mini_triton/
 _PROBE_MARK = "mini-triton-env-probe:"
 _ERROR_TAIL_CHARS = 2000
 # Source the environment's activate script (as python_backend does), put its lib/
@@ -185,15 +185,15 @@ def report_problem(report: dict, server_version: tuple[int, int]) -> str | None:
 
 def worker_path() -> Path:
     """A folder holding only a link to our package: the worker's whole PYTHONPATH."""
-    digest = hashlib.sha256(str(_PACKAGE_DIR).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(str(PACKAGE_DIR).encode()).hexdigest()[:16]
     folder = env_archive.cache_root() / f"worker-{digest}"
     link = folder / "mini_triton"
-    if os.path.islink(link) and os.readlink(link) == str(_PACKAGE_DIR):
+    if os.path.islink(link) and os.readlink(link) == str(PACKAGE_DIR):
         return folder
     folder.mkdir(mode=0o700, exist_ok=True)
     staged = folder / f".mini_triton-{os.getpid()}"
     if os.path.lexists(staged):
         os.unlink(staged)
-    os.symlink(_PACKAGE_DIR, staged)
+    os.symlink(PACKAGE_DIR, staged)
     os.replace(staged, link)  # atomic: a worker starting meanwhile sees one or the other
     return folder

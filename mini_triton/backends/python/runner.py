@@ -18,6 +18,7 @@ import threading
 import traceback
 from pathlib import Path
 
+from ... import PACKAGE_DIR
 from . import utils as pb
 
 log = logging.getLogger("mini_triton.backends.python")
@@ -34,7 +35,7 @@ class ModelError(Exception):
     """Model code failed; the message is what the client (or the load error) shows."""
 
 
-_OWN_FILES = str(Path(__file__).resolve().parent.parent.parent)  # the mini_triton package
+_OWN_FILES = str(PACKAGE_DIR)
 _HIDDEN_FILES = (_OWN_FILES, str(Path(asyncio.__file__).parent),
                  str(Path(threading.__file__).parent / "concurrent"))
 

@@ -11,12 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ... import PACKAGE_DIR
 from ...core.errors import internal
 from .exec_env import ExecutionEnvironment
 from .wire import Link
 
 WORKER_MODULE = "mini_triton.backends.python.worker"
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
+_PACKAGE_ROOT = str(PACKAGE_DIR.parent)  # the folder that holds mini_triton/
 
 
 def spawn(label: str, environment: ExecutionEnvironment | None = None
