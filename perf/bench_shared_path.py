@@ -15,8 +15,9 @@ Two source trees are measured alternately, each in its own process:
     .venv/bin/python perf/bench_shared_path.py /tmp/mt-before . [--rounds 3] [--wave 17]
 
 Prints, per request: the µs of the server process's CPU and Python bytecodes run in it
-(the count does not move with the machine's load; the worker is another process and is
-not counted), every round and the best time of each tree.
+(the count does not move with the machine's load), every round and the best time of
+each tree. With `--process worker` the bytecodes are the model's worker process's
+instead (it runs under a small wrapper that counts while the server signals it to).
 """
 
 from __future__ import annotations
@@ -26,14 +27,64 @@ import sys
 from two_trees import ROUND_PRELUDE, compare_trees, tree_arguments
 
 ROUND = ROUND_PRELUDE + r"""
-import asyncio, json, logging, os, sys, time
+import asyncio, json, logging, os, signal, sys, tempfile, time
 from pathlib import Path
 
 os.environ["MINI_TRITON_PYTHON_BUSY_POLL_US"] = "0"
 logging.disable(logging.WARNING)
+from mini_triton.backends.python import worker_process
 from mini_triton.core.request import InferenceRequest
 from mini_triton.core.tensor import RequestedOutput, Tensor
 from mini_triton.server import Server, Settings
+
+# The worker, counting its bytecodes between two SIGUSR1 (then writing the count out).
+WORKER_COUNTER = '''
+import os, signal, sys
+from mini_triton.backends.python import worker
+counted = 0
+def tracer(frame, event, arg):
+    global counted
+    frame.f_trace_opcodes = True
+    if event == "opcode":
+        counted += 1
+    return tracer
+def toggle(signum, frame):
+    if sys.gettrace() is None:
+        sys.settrace(tracer)
+        return
+    sys.settrace(None)
+    with open(os.environ["BENCH_WORKER_COUNT"], "w") as out:
+        out.write(str(counted))
+signal.signal(signal.SIGUSR1, toggle)
+worker.main(sys.argv)
+'''
+COUNT_WORKER = sys.argv[3] == "worker"
+if COUNT_WORKER:
+    folder = tempfile.mkdtemp()
+    Path(folder, "bench_worker_counter.py").write_text(WORKER_COUNTER)
+    os.environ["PYTHONPATH"] = os.pathsep.join([os.environ.get("PYTHONPATH", ""), folder])
+    os.environ["BENCH_WORKER_COUNT"] = os.path.join(folder, "count")
+    worker_process.WORKER_MODULE = "bench_worker_counter"
+
+
+def worker_pid():
+    import psutil
+    return next(child.pid for child in psutil.Process().children()
+                if "bench_worker_counter" in " ".join(child.cmdline()))
+
+
+async def count_worker(run):
+    '''The worker's bytecodes while `run()` runs.'''
+    pid, path = worker_pid(), Path(os.environ["BENCH_WORKER_COUNT"])
+    os.kill(pid, signal.SIGUSR1)
+    await asyncio.sleep(0.2)  # the worker is idle: its handler runs now
+    await run()
+    os.kill(pid, signal.SIGUSR1)
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if path.exists() and path.read_text():
+            return int(path.read_text())
+    raise SystemExit("the worker wrote no count")
 
 PAYLOAD = bytes(64)  # 16 FP32
 
@@ -88,10 +139,17 @@ async def main(waves, size):
         return tracer
 
     traced = 50
-    sys.settrace(tracer)
-    for _ in range(traced):
-        await wave()
-    sys.settrace(None)
+
+    async def traced_waves():
+        for _ in range(traced):
+            await wave()
+
+    if COUNT_WORKER:
+        opcodes = await count_worker(traced_waves)
+    else:
+        sys.settrace(tracer)
+        await traced_waves()
+        sys.settrace(None)
     await server.shutdown()
     return cpu_us, opcodes / (traced * size)
 
@@ -104,8 +162,11 @@ def main() -> int:
     parser = tree_arguments(__doc__.splitlines()[0])
     parser.add_argument("--waves", type=int, default=1000, help="timed waves per round")
     parser.add_argument("--wave", type=int, default=17, help="requests per wave")
+    parser.add_argument("--process", choices=("server", "worker"), default="server",
+                        help="whose bytecodes to count")
     args = parser.parse_args()
-    return compare_trees(ROUND, [str(args.waves), str(args.wave)], "request", args)
+    return compare_trees(ROUND, [str(args.waves), str(args.wave), args.process], "request",
+                         args)
 
 
 if __name__ == "__main__":
