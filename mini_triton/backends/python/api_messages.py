@@ -133,8 +133,8 @@ class InferenceResponse:
             raise TritonModelException("InferenceResponse error must be a pb_utils.TritonError")
         self._outputs = outputs
         self._error = error
-        self._parameters = parameters if isinstance(parameters, str) \
-            else _parameters_json(parameters)
+        self._parameters = "{}" if parameters is None else parameters \
+            if isinstance(parameters, str) else _parameters_json(parameters)
 
     def output_tensors(self):
         return self._outputs

@@ -75,6 +75,9 @@ class RequestInfo(NamedTuple):
     outputs: list  # the requested output names
 
 
+REQUESTED_OUTPUTS = RequestInfo._fields.index("outputs")  # where a fields tuple holds them
+
+
 def request_info(request: CoreRequest, all_outputs: list[str]) -> RequestInfo:
     """`all_outputs` stand in when the client named no outputs (Triton does the same)."""
     return RequestInfo(*request_fields(request, all_outputs))
@@ -210,8 +213,11 @@ def bls_call(request: pb.InferenceRequest) -> BlsCall:
                    request._parameters, inputs, list(request._outputs))
 
 
-def incoming_request(handle, info: RequestInfo, inputs: list) -> pb.InferenceRequest:
-    """The model API's request for a server request (`inputs` in neutral form)."""
+def incoming_request(handle, info: tuple, inputs: list) -> pb.InferenceRequest:
+    """The model API's request for a server request (`inputs` in neutral form); `info`
+    is a RequestInfo, or a plain tuple of its fields as `request_fields` makes them."""
+    request_id, correlation_id, flags, timeout, parameters, model_name, model_version, \
+        outputs = info
     return pb.InferenceRequest._incoming(
-        handle, info.request_id, info.correlation_id, model_tensors(inputs), info.outputs,
-        info.model_name, info.model_version, info.flags, info.timeout, info.parameters)
+        handle, request_id, correlation_id, model_tensors(inputs), outputs, model_name,
+        model_version, flags, timeout, parameters)

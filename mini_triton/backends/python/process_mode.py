@@ -54,7 +54,7 @@ def _describe_input(tensor, outgoing: Outgoing) -> tuple:
         if getattr(region, "fd", -1) >= 0 and region.holds(offset, array):
             return outgoing.in_region(tensor.name, tensor.datatype, array.shape, region,
                                       offset, array.nbytes)
-    return outgoing.tensor(tensor.name, tensor.datatype, array.shape, [array])
+    return outgoing.array(tensor.name, tensor.datatype, array.shape, array)
 
 
 def _serving_loop(service) -> asyncio.AbstractEventLoop | None:

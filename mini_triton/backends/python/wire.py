@@ -101,7 +101,9 @@ class Outgoing:
         return (name, datatype, shape, INLINE, offset, nbytes)
 
     def array(self, name: str, datatype: str, shape, array: np.ndarray) -> tuple:
-        """`tensor` of one array that is not BYTES (most tensors), in fewer steps."""
+        """`tensor` of one array (most tensors), in fewer steps where it is not BYTES."""
+        if datatype == "BYTES":
+            return self.tensor(name, datatype, shape, [array])
         array = np.asarray(array)
         nbytes = array.nbytes
         shape = tuple(map(int, shape))
@@ -149,11 +151,13 @@ class Incoming:
     def array(self, descriptor: tuple) -> np.ndarray:
         """The tensor a descriptor names, as a writable numpy view (BYTES: an object array)."""
         _, datatype, shape, area, offset, nbytes = descriptor
-        if area == REGION:
+        if area == INLINE:
+            buffer = self.inline
+        elif area == SHARED:
+            buffer = self.shared
+        else:
             serial, offset = offset
             buffer = self.regions[serial]
-        else:
-            buffer = self.inline if area == INLINE else self.shared
         if datatype == "BYTES":
             view = memoryview(buffer)[offset:offset + nbytes]
             return datatypes.deserialize_bytes(view).reshape(shape)
@@ -161,7 +165,7 @@ class Incoming:
         count = nbytes // dtype.itemsize
         if count == 0:
             return np.empty(shape, dtype=dtype)
-        return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
+        return np.frombuffer(buffer, dtype, count, offset).reshape(shape)
 
     def forget(self) -> None:
         """Let go of the shared block (views already made keep it until they are gone)."""
@@ -444,9 +448,9 @@ def put_tensors(outgoing: Outgoing, tensors: list, targets: dict | None = None,
     into that client region (`regions`: serial → mapping)."""
     if targets:
         return [_placed(name, datatype, array, targets.get(name), regions)
-                or outgoing.tensor(name, datatype, array.shape, [array])
+                or outgoing.array(name, datatype, array.shape, array)
                 for name, datatype, array in tensors]
-    return [outgoing.tensor(name, datatype, array.shape, [array])
+    return [outgoing.array(name, datatype, array.shape, array)
             for name, datatype, array in tensors]
 
 

@@ -193,9 +193,9 @@ class Worker:
         decoupled = self.runner.decoupled
         targets = []  # per request: outputs the client wants in its shared memory
         for index, (info, descriptors, wanted_at) in enumerate(meta["requests"]):
-            targets.append(wanted_at)
-            info = convert.RequestInfo(*info)
-            handle = RemoteHandle(self, batch, index, info.outputs, decoupled)
+            targets.append(wanted_at)  # info: convert.request_fields
+            handle = RemoteHandle(self, batch, index, info[convert.REQUESTED_OUTPUTS],
+                                  decoupled)
             requests.append(convert.incoming_request(handle, info,
                                                      get_tensors(message, descriptors)))
         error, replies, outgoing, result = None, None, Outgoing(), None
