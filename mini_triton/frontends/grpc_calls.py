@@ -202,18 +202,25 @@ class GrpcCalls:
         if method.client_streaming:
             stream.inbox.put_nowait(None)
             return
-        try:
-            messages = self._take_messages(stream)
-        except AbortError as error:
-            self._finish(stream, status_block(error.code, error.details))
-            return
-        if len(messages) != 1:
-            self._finish(stream, status_block(
-                grpc.StatusCode.UNIMPLEMENTED if messages else grpc.StatusCode.INTERNAL,
-                f"expected one request message, got {len(messages)}"))
-            return
+        message = _whole_message(stream.body, self.max_message)
+        if message is not None:  # the usual unary body: one uncompressed message
+            stream.body = bytearray()
+            if len(message) < LARGE_MESSAGE_VIEW:  # a large one is lent, not copied
+                message = bytes(message)
+        else:  # any other: taken apart and checked message by message
+            try:
+                messages = self._take_messages(stream)
+            except AbortError as error:
+                self._finish(stream, status_block(error.code, error.details))
+                return
+            if len(messages) != 1:
+                self._finish(stream, status_block(
+                    grpc.StatusCode.UNIMPLEMENTED if messages else grpc.StatusCode.INTERNAL,
+                    f"expected one request message, got {len(messages)}"))
+                return
+            message = messages[0]
         stream.started = True
-        self.ready.append((stream, messages[0]))  # started once the read is parsed
+        self.ready.append((stream, message))  # started once the read is parsed
 
     def _start_ready(self) -> None:
         """Start the unary calls whose request ended in the read just parsed, but those
@@ -237,11 +244,6 @@ class GrpcCalls:
         """The complete length-prefixed messages in the stream's body, removed from it
         (and their sizes on the wire, prefix included, in `sizes`)."""
         body, messages, offset = stream.body, [], 0
-        if sizes is None and stream.ended:  # a unary call's body: mostly one message
-            whole = _whole_message(body, self.max_message)
-            if whole is not None:  # a large one is lent, not copied
-                stream.body = bytearray()
-                return [whole if len(whole) >= LARGE_MESSAGE_VIEW else bytes(whole)]
         while len(body) - offset >= 5:
             compressed, length = MESSAGE_PREFIX.unpack_from(body, offset)
             if length > self.max_message:  # refused at its prefix, before it is buffered
