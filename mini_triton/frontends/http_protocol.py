@@ -586,14 +586,13 @@ class HttpProtocol(asyncio.Protocol):
 def _head(reply: HttpReply, framing: str, headers: dict[str, str], keep_alive: bool) -> bytes:
     """A reply's status line and headers; `framing` says how its body is delimited."""
     status = reply.status
-    # Each header line formatted by map in C: this runs for every reply.
-    fields = "".join(map(_HEADER_LINE.__mod__, headers.items())) if headers else ""
+    fields = "".join([f"{name}: {value}\r\n" for name, value in headers.items()]) \
+        if headers else ""
     return (f"{_STATUS_LINES.get(status) or _status_lines(status)}"
             f"Content-Type: {reply.content_type}\r\n{framing}{fields}"
             f"{_KEEP_ALIVE_END if keep_alive else _CLOSE_END}").encode("latin-1")
 
 
-_HEADER_LINE = "%s: %s\r\n"  # % (name, value)
 _KEEP_ALIVE_END = "\r\n"
 _CLOSE_END = "Connection: close\r\n\r\n"
 
