@@ -33,17 +33,23 @@ MODEL = "identity_py"
 PYTHON = os.environ.get("MINI_TRITON_PYTHON", sys.executable)
 
 
-def start(tree: Path, port: int, extra: list[str], more_env: dict) -> subprocess.Popen:
+def start(tree: Path, port: int, extra: list[str], more_env: dict,
+          repository: Path = REPO) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(tree), **more_env)
     return subprocess.Popen(
-        [PYTHON, "-m", "mini_triton", "--model-repository", str(REPO), "--http-port", str(port),
-         "--grpc-port", str(port + 1), "--metrics-port", str(port + 2), *extra],
-        cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [PYTHON, "-m", "mini_triton", "--model-repository", str(repository),
+         "--http-port", str(port), "--grpc-port", str(port + 1), "--metrics-port",
+         str(port + 2), *extra],
+        cwd=tree, env=env, stdout=subprocess.DEVNULL,
+        stderr=open(f"/tmp/payload-cost-server-{port}.log", "wb"))  # why one stopped
 
 
-def wait_ready(port: int, timeout: float = 120) -> None:
+def wait_ready(port: int, server: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if server.poll() is not None:  # not another run's server on the same port
+            raise SystemExit(f"the server on port {port} stopped: "
+                             f"/tmp/payload-cost-server-{port}.log")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{MODEL}/ready"):
                 return
@@ -78,6 +84,21 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
+def tree_faults(pid: int) -> int:
+    """Minor page faults of a process and all its descendants: fresh memory touched,
+    a cost that the machine's load does not move."""
+    root = psutil.Process(pid)
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            with open(f"/proc/{process.pid}/stat") as stat:
+                # minflt: the 8th field after the command's closing parenthesis
+                total += int(stat.read().rpartition(")")[2].split()[7])
+        except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
 def load_command(port: int, route: str, concurrency: int, elements: int, count: int) -> list:
     protocol, _, shm = route.partition("-")
     target = port + 1 if protocol == "grpc" else port
@@ -95,7 +116,7 @@ def measure(server: subprocess.Popen, port: int, point: str, count: int,
             trace: bool) -> dict:
     route, concurrency, elements = point.split(":")
     (before_n, before_batches), before_cpu = successes(port), tree_cpu(server.pid)
-    before_own = own_cpu(server.pid)
+    before_own, before_faults = own_cpu(server.pid), tree_faults(server.pid)
     tracer = None
     if trace:
         pids = [server.pid] + [c.pid for c in psutil.Process(server.pid).children(True)]
@@ -112,11 +133,13 @@ def measure(server: subprocess.Popen, port: int, point: str, count: int,
     n, batches = n - before_n, batches - before_batches
     cpu = tree_cpu(server.pid) - before_cpu
     own = own_cpu(server.pid) - before_own
+    faults = tree_faults(server.pid) - before_faults
     match = re.search(r"^Concurrency: \d+, throughput: ([0-9.]+)", output, re.M)
     # perf_analyzer prints no figure when its windows disagreed (often, on a busy machine).
     result = {"infer_s": float(match.group(1)) if match else float("nan"), "requests": n,
               "cpu_us": cpu * 1e6 / n if n else 0.0,
               "own_us": own * 1e6 / n if n else 0.0,
+              "faults": faults / n if n else 0.0,
               "batch": n / batches if batches else 0.0}
     if tracer is not None:
         result["syscalls"] = syscall_counts(Path(f"/tmp/strace-{port}.txt"), n)
@@ -145,6 +168,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18400,
                         help="the first server's HTTP port (it uses 3; the next tree's is 10 on)")
     parser.add_argument("--server-args", default="")
+    parser.add_argument("--repository", type=Path, default=REPO,
+                        help=f"a repository with an {MODEL} model (a copy with the Python "
+                        "backend's busy_poll_us at 0 leaves out the CPU a waiting server "
+                        "spends polling, which moves with the machine's load)")
     parser.add_argument("--second-args", default="",
                         help="flags for the second server only (one tree twice: a flag A/B)")
     parser.add_argument("--second-env", default="",
@@ -155,14 +182,14 @@ def main() -> None:
     extra = [args.server_args.split(), args.server_args.split() + args.second_args.split()]
     second_env = dict(item.split("=", 1) for item in args.second_env.split(",") if item)
     envs = [{}, second_env]
-    servers = [start(tree, port, flags, env)
+    servers = [start(tree, port, flags, env, args.repository)
                for tree, port, flags, env in zip(trees, ports, extra, envs)]
     try:
-        for port in ports:
-            wait_ready(port)
+        for port, server in zip(ports, servers):
+            wait_ready(port, server)
         print("| rep | point | tree | infer/s | CPU us/request | of it, server process "
-              "| requests/batch | syscalls/request |")
-        print("|---|---|---|---|---|---|---|---|")
+              "| page faults/request | requests/batch | syscalls/request |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for rep in range(1, args.reps + 1):
             for point in args.points.split(","):
                 order = list(range(len(trees)))
@@ -173,7 +200,8 @@ def main() -> None:
                     name = (trees[i].name or str(trees[i])) + (f" {args.second_args} {args.second_env}"
                                                                if i else "")
                     print(f"| {rep} | {point} | {name} | {r['infer_s']:,.0f} "
-                          f"| {r['cpu_us']:,.0f} | {r['own_us']:,.0f} | {r['batch']:.1f} "
+                          f"| {r['cpu_us']:,.0f} | {r['own_us']:,.0f} | {r['faults']:,.0f} "
+                          f"| {r['batch']:.1f} "
                           f"| {r.get('syscalls', '')} |", flush=True)
     finally:
         for server in servers:
