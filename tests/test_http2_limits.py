@@ -382,10 +382,17 @@ def test_output_held_back_by_a_closed_window_refuses_new_streams_then_is_cut_off
 
 # --- timeouts ---
 
-@pytest.mark.parametrize("greeting", [b"", b"PRI * HTTP/2.0\r\n",
-                                      b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-                                      + raw(SETTINGS, 0, 0) + raw(DATA, 0, 1, bytes(30_000))[:200]],
-                         ids=["nothing", "half-a-preface", "half-a-frame"])
+PREFACE_AND_SETTINGS = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + raw(SETTINGS, 0, 0)
+CALL_HEADERS = raw(HEADERS, END_HEADERS, 1, hpack.Encoder().encode([
+    (":method", "POST"), (":scheme", "http"), (":path", INFER), (":authority", "127.0.0.1"),
+    ("content-type", "application/grpc"), ("te", "trailers")]))
+
+
+@pytest.mark.parametrize("greeting", [
+    b"", b"PRI * HTTP/2.0\r\n", PREFACE_AND_SETTINGS + raw(PING, 0, 0, bytes(8))[:13],
+    # a call's DATA frame, its payload taken as it comes, stopping in the middle
+    PREFACE_AND_SETTINGS + CALL_HEADERS + raw(DATA, 0, 1, bytes(30_000))[:200]],
+    ids=["nothing", "half-a-preface", "half-a-frame", "half-a-data-frame"])
 def test_no_complete_frame_within_the_frame_timeout_is_cut_off(limited, greeting):
     with socket.create_connection(("127.0.0.1", limited.ports["grpc"])) as sock:
         sock.sendall(greeting)

@@ -41,6 +41,12 @@ log = logging.getLogger("mini_triton.grpc")
 WINDOW_REFILL = 2**24
 # The HPACK table size the peer's encoder may use (SETTINGS_HEADER_TABLE_SIZE's default).
 TABLE_SIZE = 4096
+# The read buffer: FIRST_READ_SIZE bytes, READ_SIZE (uvloop's own reads) once a read
+# filled it; a read gets at least MIN_READ bytes of room (the buffer grows, by READ_SIZE,
+# for a frame larger than it, and shrinks back once that frame is parsed).
+FIRST_READ_SIZE = 64 * 1024
+READ_SIZE = 256 * 1024
+MIN_READ = 16 * 1024
 # What "no limit" on the held-back output is: more than any process could hold.
 MAX_HELD_BACK = 2**62
 # The RST_STREAM code of no stream: its call is answered that the server has too many
@@ -50,7 +56,7 @@ OVER_LIMIT = -1
 OVER_LIMIT_LINGER = 5.0
 
 
-class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
+class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
     """The HTTP/2 half of a gRPC connection."""
 
     def __init__(self, server):
@@ -67,7 +73,11 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
         self.window = limits.initial_window_size   # each stream's, towards us
         self.window_step = self.window // 2        # given back in steps this large
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        self.buffer = bytearray(FIRST_READ_SIZE)  # reads land here; [:filled] is unparsed
+        self.filled = 0
+        self.data_left = 0         # payload bytes of the DATA frame being read still to come
+        self.data_flags = 0        # its flags
+        self.data_stream: Stream | None = None  # its stream, None when they are dropped
         self.preface_seen = False
         self.streams: dict[int, Stream] = {}
         self.decoder = HeaderDecoder(limits.max_header_list_size)
@@ -89,7 +99,7 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
         self.over_limit = False       # opened past the server's max_connections
         Http2Output.__init__(self)
 
-    # --- asyncio.Protocol ---
+    # --- asyncio.BufferedProtocol ---
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -123,45 +133,49 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
         self.streams.clear()
         self.ready.clear()
 
-    def data_received(self, data: bytes) -> None:
-        """The complete frames in the buffer, until writing pauses (the rest waits in
-        the buffer, and reading with it, until resume_writing parses it); then the unary
-        calls that ended in them, but those their client already reset."""
+    # Socket reads land in the connection's read buffer (asyncio.BufferedProtocol): no
+    # bytes object per read, no copy into a second buffer; a DATA frame's payload is
+    # handed to its stream as it arrives, so the buffer holds one read and the start of
+    # a frame (a control frame larger than that grows it, up to max_frame). It is never
+    # resized in place: the event loop may still hold a view of it.
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the next read goes: the free end of the read buffer."""
+        if len(self.buffer) - self.filled < MIN_READ:
+            self._grow(len(self.buffer) + READ_SIZE)  # a frame larger than the buffer
+        return memoryview(self.buffer)[self.filled:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """`nbytes` more were read: the complete frames, until writing pauses (the rest
+        waits in the buffer, and reading with it, until resume_writing parses it); then
+        the unary calls that ended in them, but those their client already reset."""
         self.reads += 1
-        buffer = self.buffer
-        buffer += data
-        if self.write_paused:
-            return
+        self.filled += nbytes
+        if self.filled == len(self.buffer) < READ_SIZE:
+            self._grow(READ_SIZE)  # a read filled it: this client sends much, read more
+        if not self.write_paused:
+            self._parse()
+
+    def _grow(self, size: int) -> None:
+        grown = bytearray(size)
+        grown[:self.filled] = memoryview(self.buffer)[:self.filled]
+        self.buffer = grown
+
+    def data_received(self, data: bytes) -> None:
+        """Bytes from elsewhere than a socket read (tests, benchmarks): as if read."""
+        offset = 0
+        while offset < len(data):
+            with self.get_buffer(-1) as into:
+                taken = min(len(into), len(data) - offset)
+                into[:taken] = data[offset:offset + taken]
+            self.reads -= 1  # one read, however many pieces
+            self.buffer_updated(taken)
+            offset += taken
+        self.reads += 1
+
+    def _parse(self) -> None:
         try:
-            if not self.preface_seen:
-                # checked as it arrives: a short non-HTTP/2 greeting must not wait forever
-                if buffer[:len(PREFACE)] != PREFACE[:len(buffer)]:
-                    raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                if len(buffer) < len(PREFACE):
-                    return
-                del buffer[:len(PREFACE)]
-                self.preface_seen = True
-                self.frames += 1
-            offset, size = 0, len(buffer)
-            while size - offset >= 9 and not self.write_paused:
-                length_kind, flags, stream_id = FRAME_HEADER.unpack_from(buffer, offset)
-                length = length_kind >> 8
-                if length > self.max_frame:
-                    raise ProtocolError(FRAME_SIZE_ERROR, f"a frame of {length} bytes, more "
-                                        f"than SETTINGS_MAX_FRAME_SIZE {self.max_frame}")
-                end = offset + 9 + length
-                if end > size:
-                    break
-                kind, start, offset = length_kind & 0xFF, offset + 9, end
-                if kind == DATA:  # its bytes go straight into the stream: one copy
-                    self._on_data(flags, stream_id & MAX_WINDOW, buffer, start, end)
-                elif kind == HEADERS and self.headers_in_progress is None:  # once per call
-                    self._on_headers(flags, stream_id & MAX_WINDOW, bytes(buffer[start:end]))
-                else:
-                    self._on_frame(kind, flags, stream_id & MAX_WINDOW, bytes(buffer[start:end]))
-            if offset:
-                del buffer[:offset]
-                self.frames += 1
+            self._parse_frames()
         except ProtocolError as error:
             self.ready.clear()  # the connection ends here: no call starts
             self._go_away(error.code, str(error))
@@ -177,8 +191,54 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
         if self.ready:
             self._start_ready()
 
-    def _parse(self) -> None:
-        self.data_received(b"")
+    def _parse_frames(self) -> None:
+        buffer, size = self.buffer, self.filled
+        offset = 0
+        if not self.preface_seen:
+            # checked as it arrives: a short non-HTTP/2 greeting must not wait forever
+            if buffer[:min(size, len(PREFACE))] != PREFACE[:size]:
+                raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+            if size < len(PREFACE):
+                return
+            offset = len(PREFACE)
+            self.preface_seen = True
+            self.frames += 1
+        if self.data_left:  # the rest of a DATA frame begun in an earlier read
+            offset = self._data_piece(buffer, offset, size)
+        while size - offset >= 9 and not self.write_paused:
+            length_kind, flags, stream_id = FRAME_HEADER.unpack_from(buffer, offset)
+            length = length_kind >> 8
+            if length > self.max_frame:
+                raise ProtocolError(FRAME_SIZE_ERROR, f"a frame of {length} bytes, more "
+                                    f"than SETTINGS_MAX_FRAME_SIZE {self.max_frame}")
+            kind, start, end = length_kind & 0xFF, offset + 9, offset + 9 + length
+            if kind == DATA and not flags & PADDED:  # its bytes go straight into the stream
+                self._on_data(flags, stream_id & MAX_WINDOW, length)
+                offset = self._data_piece(buffer, start, size)
+                continue
+            if end > size:
+                break
+            offset = end
+            if kind == DATA:  # padded: whole, then read as an unpadded one
+                self._on_padded_data(flags, stream_id & MAX_WINDOW, buffer, start, end)
+                continue
+            self.frames += 1
+            if kind == HEADERS and self.headers_in_progress is None:  # once per call
+                self._on_headers(flags, stream_id & MAX_WINDOW, bytes(buffer[start:end]))
+            else:
+                self._on_frame(kind, flags, stream_id & MAX_WINDOW, bytes(buffer[start:end]))
+        self._keep_tail(offset)
+
+    def _keep_tail(self, offset: int) -> None:
+        """Drop the parsed bytes, moving the unparsed tail (a frame's beginning) to the
+        front of the read buffer."""
+        tail = self.filled - offset
+        if offset and tail:
+            with memoryview(self.buffer) as view:
+                view[:tail] = view[offset:self.filled]
+        self.filled = tail
+        if not tail and len(self.buffer) > READ_SIZE:  # grown for a large frame
+            self.buffer = bytearray(READ_SIZE)
 
     # --- frames in ---
 
@@ -370,14 +430,19 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
             return
         self._on_stream_headers(stream, headers, problem, head)
 
-    def _on_data(self, flags: int, stream_id: int, buffer: bytearray, start: int,
-                 end: int) -> None:
-        """A DATA frame, `buffer[start:end]` (read in place: a large message arrives in
-        frames of up to SETTINGS_MAX_FRAME_SIZE, and each copy of it costs)."""
+    def _on_data(self, flags: int, stream_id: int, length: int, payload: int = -1) -> None:
+        """A DATA frame of `length` bytes begins; its payload (`payload` bytes of it,
+        all unless padded) follows in pieces, as it is read (_data_piece)."""
         if self.headers_in_progress is not None:
             raise ProtocolError(PROTOCOL_ERROR, "expected CONTINUATION")
-        length = end - start
         self._give_back(length)
+        self.data_left, self.data_flags, self.data_stream = length, flags, None
+        if payload < 0:
+            payload = length
+        if payload:
+            self.quiet = 0
+        elif not flags & END_STREAM:
+            self._quiet_frame()
         stream = self.streams.get(stream_id)
         if stream is None:
             self._check_not_idle(stream_id, "DATA")
@@ -385,23 +450,41 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.Protocol):
         if stream.ended:  # DATA after END_STREAM (RFC 9113 §5.1)
             self._reset(stream, STREAM_CLOSED)
             return
-        if flags & PADDED:
-            start, end = padded_bounds(buffer, start, end)
-        if end > start:
-            self.quiet = 0
-        elif not flags & END_STREAM:
-            self._quiet_frame()
-        body = stream.body
-        before = len(body)
-        with memoryview(buffer) as view:
-            body += view[start:end]
         stream.received += length
         if stream.received > self.window:  # beyond the window we gave it
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
-        self._on_body(stream, flags & END_STREAM, before)
-        if stream.received - stream.queued >= self.window_step:
-            self._give_back_stream(stream)
+        self.data_stream = stream
+
+    def _data_piece(self, buffer: bytearray, offset: int, size: int) -> int:
+        """What `buffer[offset:size]` holds of the current DATA frame's payload, into
+        its stream's body (one copy); returns the offset after it."""
+        taken = min(self.data_left, size - offset)
+        self.data_left -= taken
+        stream = self.data_stream
+        if stream is not None and not stream.closed:
+            ended = not self.data_left and self.data_flags & END_STREAM
+            body = stream.body
+            before = len(body)
+            if taken:
+                with memoryview(buffer) as view:
+                    body += view[offset:offset + taken]
+            if taken or ended:
+                self._on_body(stream, ended, before)
+            if not self.data_left and stream.received - stream.queued >= self.window_step:
+                self._give_back_stream(stream)
+        if not self.data_left:
+            self.data_stream = None
+            self.frames += 1
+        return offset + taken
+
+    def _on_padded_data(self, flags: int, stream_id: int, buffer: bytearray, start: int,
+                        end: int) -> None:
+        """A PADDED DATA frame, whole in `buffer[start:end]` (clients do not pad)."""
+        first, last = padded_bounds(buffer, start, end)
+        self._on_data(flags, stream_id, end - start, last - first)
+        self.data_left = last - first
+        self._data_piece(buffer, first, last)
 
     def _give_back(self, size: int) -> None:
         """Refill the client's connection window in large steps as we take its bytes

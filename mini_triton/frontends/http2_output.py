@@ -70,7 +70,7 @@ class Http2Output:
         if self.transport.is_closing():
             return
         self.transport.resume_reading()
-        if self.buffer:
+        if self.filled:
             self._parse()
 
     def _peer_table_size(self, size: int) -> None:

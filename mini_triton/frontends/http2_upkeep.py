@@ -65,7 +65,8 @@ class Http2Upkeep:
         self.seen = seen
         limits = self.limits
         # a frame begun (or the preface) and no frame completed since
-        if frames != last_frames or self.write_paused or self.preface_seen and not self.buffer:
+        if frames != last_frames or self.write_paused or self.preface_seen and not self.filled \
+                and not self.data_left:
             self.frame_since = now
         elif 0 < limits.frame_timeout <= now - self.frame_since:
             return self._time_out(ENHANCE_YOUR_CALM, "no complete frame in "
