@@ -21,8 +21,8 @@ from google.protobuf.message import DecodeError
 
 from .grpc_hpack import MALFORMED, RequestHead, trailers_problem
 from .grpc_wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, UNPARSEABLE_CODE,
-                        UNPARSEABLE_MESSAGE, WINDOW_BITS, MessageTooLarge, inflate,
-                        parse_timeout, refusal_block, response_encoding, status_block,
+                        UNPARSEABLE_MESSAGE, WINDOW_BITS, MessageTooLarge, ScatteredMessage,
+                        inflate, parse_timeout, refusal_block, response_encoding, status_block,
                         too_large)
 from .http2_frames import INTERNAL_ERROR, PROTOCOL_ERROR
 
@@ -356,7 +356,8 @@ class GrpcCalls:
         try:
             if isinstance(result, Exception):
                 raise result
-            payload = result.SerializeToString()
+            # a ScatteredMessage goes out as its pieces, never joined
+            payload = result if type(result) is ScatteredMessage else result.SerializeToString()
         except Exception as error:  # a handler bug must fail only this call
             log.error("gRPC handler failed", exc_info=error)
             self._finish(stream, status_block(grpc.StatusCode.UNKNOWN,

@@ -55,6 +55,25 @@ def inflate(message: bytes, encoding: bytes, limit: int) -> bytes:
 # --- what we send: gRPC's message prefix, response headers and status trailers ---
 
 MESSAGE_PREFIX = struct.Struct(">?I")  # compressed flag, length
+
+
+class ScatteredMessage:
+    """A message already serialized, as buffers sent one after another (a large
+    tensor's own memory among them, never copied into one): what a handler may answer
+    instead of a protobuf message. `len()` is its size on the wire."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, pieces: list):
+        self.pieces = pieces
+        self.size = sum(map(len, pieces))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 (protobuf's name)
+        """The message in one buffer (a copy: for those that need one)."""
+        return b"".join(self.pieces)
 # Metadata that is the protocol's own, not the caller's (grpc.aio hides it too).
 RESERVED_HEADERS = frozenset({b"te", b"content-type", b"grpc-timeout", b"grpc-encoding",
                               b"grpc-accept-encoding"})

@@ -24,7 +24,7 @@ import struct
 import grpc
 
 from .grpc_wire import (COMPRESSED_RESPONSE_HEADERS, MESSAGE_PREFIX, OK_TRAILERS,
-                        RESPONSE_HEADERS, compress, status_block)
+                        RESPONSE_HEADERS, ScatteredMessage, compress, status_block)
 from .http2_frames import (CONTINUATION, DATA, END_HEADERS, END_STREAM, FRAME_HEADER, GOAWAY,
                            HEADERS, NO_ERROR, RST_STREAM, frame)
 
@@ -93,7 +93,7 @@ class Http2Output:
         if stream.headers_sent or stream.compress is not None or self.table_update \
                 or self.held_back or not stream.ended \
                 or size > min(stream.send_window, self.send_window, self.peer_frame_size,
-                              LARGE_MESSAGE):
+                              LARGE_MESSAGE):  # as any ScatteredMessage (never smaller)
             self._send(stream, message, OK_TRAILERS)
             return
         if stream.closed or self.transport is None or self.transport.is_closing():
@@ -109,11 +109,12 @@ class Http2Output:
                           length),
             message, _pack_ok_tail(stream_id, OK_TRAILERS))))
 
-    def _send(self, stream, message: bytes | None, trailers: bytes | None = None) -> None:
+    def _send(self, stream, message: bytes | ScatteredMessage | None,
+              trailers: bytes | None = None) -> None:
         """The response headers when not sent yet, one message and the trailers, each
         optional, in one write (headers and trailers in one frame when there is no
         message: gRPC's trailers-only response). DATA beyond the peer's windows or one
-        frame waits in the stream (as views of `message`, never copied) until
+        frame waits in the stream (as views of `message`'s buffers, never copied) until
         WINDOW_UPDATE frees them."""
         if stream.closed or self.transport is None or self.transport.is_closing():
             return
@@ -135,8 +136,10 @@ class Http2Output:
             else:
                 message, prefix = _compressed(message, stream.compress)
             size = len(message) + len(prefix)
+            pieces = message.pieces if type(message) is ScatteredMessage else (message,)
             if self._must_hold(stream, size):
-                stream.pending += (memoryview(prefix), memoryview(message))
+                stream.pending.append(memoryview(prefix))
+                stream.pending.extend(map(memoryview, pieces))
                 stream.pending_size += size
                 self.held_back += size
                 if stream not in self.blocked:
@@ -144,7 +147,7 @@ class Http2Output:
             else:
                 stream.send_window -= size
                 self.send_window -= size
-                out += (FRAME_HEADER.pack((size << 8) | DATA, 0, stream.id), prefix, message)
+                out += (FRAME_HEADER.pack((size << 8) | DATA, 0, stream.id), prefix, *pieces)
         if trailers is not None:
             if stream.pending:
                 stream.trailers = trailers  # they follow the held-back DATA
@@ -287,8 +290,10 @@ class Http2Output:
             self.transport.close()
 
 
-def _compressed(message: bytes, encoding: bytes) -> tuple[bytes, bytes]:
+def _compressed(message, encoding: bytes) -> tuple[bytes, bytes]:
     """The message to send and its prefix: compressed when that makes it smaller."""
+    if type(message) is ScatteredMessage:
+        message = message.SerializeToString()  # zlib takes one buffer
     compressed = compress(message, encoding)
     if compressed is None:
         return message, MESSAGE_PREFIX.pack(False, len(message))
