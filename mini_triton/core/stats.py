@@ -136,18 +136,21 @@ class ModelStats:
     def record_batch(self, timing: ExecutionTiming, batch_size: int) -> None:
         """One backend execution of `batch_size` rows (null requests included)."""
         with self.lock:
-            self._add_batch(timing, batch_size)
+            self._add_batch(batch_size, timing.input_ns, timing.infer_ns, timing.output_ns)
 
-    def _add_batch(self, timing: ExecutionTiming, batch_size: int) -> None:
+    def _add_batch(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """`record_batch`'s work, with the lock held."""
         self.execution_count += 1
-        self.last_inference_ms = max(self.last_inference_ms, time.time_ns() // 1_000_000)
+        now_ms = time.time_ns() // 1_000_000
+        if now_ms > self.last_inference_ms:
+            self.last_inference_ms = now_ms
         batch = self.batch_stats.get(batch_size)
         if batch is None:
             batch = self.batch_stats[batch_size] = BatchStat()
-        batch.compute_input.add(timing.input_ns)
-        batch.compute_infer.add(timing.infer_ns)
-        batch.compute_output.add(timing.output_ns)
+        for duration, ns in ((batch.compute_input, input_ns), (batch.compute_infer, infer_ns),
+                             (batch.compute_output, output_ns)):
+            duration.count += 1
+            duration.ns += ns
 
     def record_executed(self, timing: ExecutionTiming, batch_size: int,
                         succeeded: list) -> None:
@@ -155,24 +158,32 @@ class ModelStats:
         each, its requests that succeeded: `succeeded` holds (queue start ns, rows) of
         each. One lock round for the whole batch."""
         start = timing.start
-        compute = (timing.input_ns, timing.infer_ns, timing.output_ns)
-        queue, compute_input, compute_infer, compute_output = self._compute
+        input_ns, infer_ns, output_ns = timing.input_ns, timing.infer_ns, timing.output_ns
         with self.lock:
-            self._add_batch(timing, batch_size)
-            count = len(succeeded)
-            if not count:
+            self._add_batch(batch_size, input_ns, infer_ns, output_ns)
+            if not succeeded:
                 return
-            queued = [max(0, start - queue_start) for queue_start, _ in succeeded]
-            self.inference_count += sum(rows for _, rows in succeeded)
+            count = len(succeeded)
+            rows_total = queued_total = 0
+            for queue_start, rows in succeeded:
+                rows_total += rows
+                if start > queue_start:
+                    queued_total += start - queue_start
+            self.inference_count += rows_total
+            queue, compute_input, compute_infer, compute_output = self._compute
             queue.count += count
-            queue.ns += sum(queued)
-            for duration, ns in zip((compute_input, compute_infer, compute_output), compute):
-                duration.count += count
-                duration.ns += ns * count
+            queue.ns += queued_total
+            compute_input.count += count
+            compute_input.ns += input_ns * count
+            compute_infer.count += count
+            compute_infer.ns += infer_ns * count
+            compute_output.count += count
+            compute_output.ns += output_ns * count
             if self.summaries is not None:
                 now = time.monotonic_ns()
-                for queue_ns in queued:
-                    self.summaries["queue"].observe(queue_ns // 1000, now)
+                compute = (input_ns, infer_ns, output_ns)
+                for queue_start, _ in succeeded:
+                    self.summaries["queue"].observe(max(0, start - queue_start) // 1000, now)
                     for name, ns in zip(COMPUTE_NAMES[1:], compute):
                         self.summaries[name].observe(ns // 1000, now)
 
