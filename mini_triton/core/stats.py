@@ -147,10 +147,12 @@ class ModelStats:
         batch = self.batch_stats.get(batch_size)
         if batch is None:
             batch = self.batch_stats[batch_size] = BatchStat()
-        for duration, ns in ((batch.compute_input, input_ns), (batch.compute_infer, infer_ns),
-                             (batch.compute_output, output_ns)):
-            duration.count += 1
-            duration.ns += ns
+        batch.compute_input.count += 1
+        batch.compute_input.ns += input_ns
+        batch.compute_infer.count += 1
+        batch.compute_infer.ns += infer_ns
+        batch.compute_output.count += 1
+        batch.compute_output.ns += output_ns
 
     def record_executed(self, timing: ExecutionTiming, batch_size: int,
                         succeeded: list) -> None:
