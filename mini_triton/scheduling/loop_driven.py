@@ -57,7 +57,9 @@ class LoopScheduler(QueuedScheduler):
         """Skip the queue when the batcher could only send the request alone, now
         (it saves the queue's bookkeeping on every request of a lightly loaded model)."""
         on_loop = self._on_loop()
-        if self.immediate and on_loop:
+        # On the loop only the loop changes `idle`: with none idle (a busy model, most
+        # requests then) the request queues without asking under the lock.
+        if self.immediate and on_loop and self.idle:
             with self.lock:
                 instance = self._idle_instance_for_one()
                 if instance is not None:
