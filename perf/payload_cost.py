@@ -5,7 +5,7 @@ large tensors, two source trees (or one) measured alternately in one run.
 Each point is `route:concurrency:elements` with route `http`, `grpc`, `http-shm` or
 `grpc-shm` (system shared memory for inputs and outputs). perf_analyzer sends a fixed
 number of FP32 requests; CPU is read from /proc for the server and all its children (and
-for the server process alone, where the front ends run),
+for the server process alone, where the front ends run; and perf_analyzer's own CPU),
 requests from the model's statistics. CPU time per request is a steadier figure than
 throughput on a shared machine (it does not count time spent waiting for the CPU).
 
@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -69,6 +70,12 @@ def own_cpu(pid: int) -> float:
     """User plus system CPU seconds of the server process alone (its front ends)."""
     times = psutil.Process(pid).cpu_times()
     return times.user + times.system
+
+
+def _children_cpu() -> float:
+    """User plus system CPU seconds of this script's children that have ended."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def tree_cpu(pid: int) -> float:
@@ -124,8 +131,10 @@ def measure(server: subprocess.Popen, port: int, point: str, count: int,
                                    *sum((["-p", str(p)] for p in pids), [])],
                                   stderr=subprocess.DEVNULL)
         time.sleep(0.5)
+    client_before = _children_cpu()
     output = subprocess.run(load_command(port, route, int(concurrency), int(elements), count),
                             capture_output=True, text=True).stdout
+    client = _children_cpu() - client_before  # perf_analyzer's, once it has ended
     if tracer is not None:
         tracer.terminate()
         tracer.wait()
@@ -140,6 +149,7 @@ def measure(server: subprocess.Popen, port: int, point: str, count: int,
               "cpu_us": cpu * 1e6 / n if n else 0.0,
               "own_us": own * 1e6 / n if n else 0.0,
               "faults": faults / n if n else 0.0,
+              "client_us": client * 1e6 / n if n else 0.0,
               "batch": n / batches if batches else 0.0}
     if tracer is not None:
         result["syscalls"] = syscall_counts(Path(f"/tmp/strace-{port}.txt"), n)
@@ -188,8 +198,8 @@ def main() -> None:
         for port, server in zip(ports, servers):
             wait_ready(port, server)
         print("| rep | point | tree | infer/s | CPU us/request | of it, server process "
-              "| page faults/request | requests/batch | syscalls/request |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "| page faults/request | perf_analyzer's | requests/batch | syscalls/request |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for rep in range(1, args.reps + 1):
             for point in args.points.split(","):
                 order = list(range(len(trees)))
@@ -201,7 +211,7 @@ def main() -> None:
                                                                if i else "")
                     print(f"| {rep} | {point} | {name} | {r['infer_s']:,.0f} "
                           f"| {r['cpu_us']:,.0f} | {r['own_us']:,.0f} | {r['faults']:,.0f} "
-                          f"| {r['batch']:.1f} "
+                          f"| {r['client_us']:,.0f} | {r['batch']:.1f} "
                           f"| {r.get('syscalls', '')} |", flush=True)
     finally:
         for server in servers:
