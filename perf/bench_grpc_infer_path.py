@@ -62,6 +62,18 @@ BLOCK = encoder.encode(HEADERS)  # as a channel sends them after its first call:
 OK = b"grpc-status\x010"  # the end of an OK call's trailers
 
 
+def reader(connection):
+    '''How the event loop hands a read to the connection: into its own buffer when it is
+    an asyncio.BufferedProtocol (get_buffer, then buffer_updated), else data_received.'''
+    if not hasattr(connection, "buffer_updated"):
+        return connection.data_received
+    def read(data):
+        with connection.get_buffer(len(data)) as into:
+            into[:len(data)] = data
+        connection.buffer_updated(len(data))
+    return read
+
+
 class ReplyTransport(NullTransport):
     '''Keeps nothing; a call's response (ending in OK trailers) resolves the waiter of
     the call that asked; anything else written while a call waits ends the run.'''
@@ -103,12 +115,13 @@ def main(count, by_function):
     loop.run_until_complete(server.start())
     transport = ReplyTransport()
     connection = loop.run_until_complete(_connect(server.service, transport))
+    read = reader(connection)
     calls = iter(frame(1, 4, stream, FIRST_BLOCK if stream == 1 else BLOCK)
                  + frame(0, 1, stream, MESSAGE) for stream in range(1, 10**9, 2))
 
     def one(data):
         transport.waiter = loop.create_future()
-        loop.call_soon(connection.data_received, data)  # on the loop, as a socket's read
+        loop.call_soon(read, data)  # on the loop, as a socket's read
         loop.run_until_complete(transport.waiter)
 
     for _ in range(2000):
