@@ -24,7 +24,6 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
-from conftest import DEFAULT_REPOSITORY
 from test_grpc_transport import (DATA, END_HEADERS, END_STREAM, H2, HEADERS, INFER,
                                  RST_STREAM, SLOW, WINDOW_UPDATE, grpc_message, serve_cleanly)
 from test_http2_limits import INITIAL_WINDOW_SIZE, cut_off, victim_succeeds
@@ -88,7 +87,6 @@ def repository(tmp_path_factory):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config)
     (root / "flood" / "1" / "model.py").write_text(FLOOD_MODEL)
-    (root / "identity_fp32").symlink_to((DEFAULT_REPOSITORY / "identity_fp32").resolve())
     return root
 
 
