@@ -26,7 +26,7 @@ import tritonclient.http as httpclient
 from serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
 
-from mini_triton.backends.python import env_archive, exec_env
+from mini_triton.backends.python import env_cache, exec_env
 
 ENV_ONLY_PACKAGE = "mt_env_only_pkg"
 PLACEHOLDER_PREFIX = "/opt/conda-pack-placeholder-prefix"
@@ -268,7 +268,7 @@ def _add_hostile_archives(s: Setup, bad: Path) -> None:
 
 @pytest.fixture(scope="module")
 def server(setup):
-    env = dict(os.environ, **{env_archive.CACHE_ENVIRONMENT: str(setup.cache)})
+    env = dict(os.environ, **{env_cache.CACHE_ENVIRONMENT: str(setup.cache)})
     args = ["--model-repository", str(setup.repository), "--model-control-mode=explicit",
             "--load-model=env_folder", "--load-model=env_archive",
             "--load-model=env_archive_too", "--load-model=env_auto_complete",
@@ -382,7 +382,7 @@ def test_environment_of_another_python_version_is_a_load_error(tmp_path):
                              capture_output=True, text=True, check=True).stdout.strip()
     env = make_venv(tmp_path / "other", python=python, numpy_too=False)
     add_model(tmp_path / "models", "other_python", str(env))
-    variables = dict(os.environ, **{env_archive.CACHE_ENVIRONMENT: str(tmp_path / "cache")})
+    variables = dict(os.environ, **{env_cache.CACHE_ENVIRONMENT: str(tmp_path / "cache")})
     args = ["--model-repository", str(tmp_path / "models"), "--model-control-mode=explicit"]
     with ServerProcess(args, env=variables) as running:
         message = _load_error("grpc", running, "other_python")

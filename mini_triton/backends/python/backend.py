@@ -118,7 +118,11 @@ class PythonBackend(Backend):
                 raise unavailable(str(error)) from None
         elif mentions_auto_complete(model_file):
             environment = exec_env.from_config(config, context.model_dir)
-            completed = worker_process.auto_complete(model_file, config_json, label, environment)
+            try:
+                completed = worker_process.auto_complete(model_file, config_json, label,
+                                                         environment)
+            finally:
+                exec_env.release(environment)
         else:
             return
         config.CopyFrom(config_from_json(completed))
@@ -187,3 +191,4 @@ class PythonBackend(Backend):
             if abandon is not None and not instance.stopping:
                 abandon()  # stuck in execute past the unload timeout
         self.bridge.release()
+        exec_env.release(self.environment)  # an abandoned worker keeps its copy itself

@@ -1,7 +1,7 @@
 """A Python model's own execution environment (python_backend's `EXECUTION_ENV_PATH`).
 
 The parameter names a folder (a conda environment, a conda-pack archive unpacked,
-a venv) or a conda-pack archive (`.tar.gz`, unpacked once: env_archive.py);
+a venv) or a conda-pack archive (`.tar.gz`, unpacked once into a cache: env_cache.py);
 `$$TRITON_MODEL_DIRECTORY` in it stands for the model's folder. Each worker of
 the model is then started as python_backend starts its stub: the environment's
 `bin/activate` is sourced, `<env>/lib` leads `LD_LIBRARY_PATH`, and the
@@ -25,14 +25,15 @@ import logging
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ... import PACKAGE_DIR
 from ...core.errors import internal
-from . import env_archive
+from . import env_cache
 
 log = logging.getLogger("mini_triton.python")
 
@@ -72,6 +73,14 @@ class ExecutionEnvironment:
     source: str  # EXECUTION_ENV_PATH, with $$TRITON_MODEL_DIRECTORY expanded
     root: Path  # the environment's folder (for an archive, where it was unpacked)
     version: tuple[int, int] | None = None  # the interpreter's, once checked
+    # The server's hold on an archive's unpacked copy (None for a folder): kept while
+    # the model is loaded, and inherited by every worker started in it (see env_cache).
+    lease: env_cache.Lease | None = field(default=None, compare=False)
+
+    @property
+    def inherited_fds(self) -> tuple[int, ...]:
+        """Descriptors a worker started here must inherit: its own hold on the copy."""
+        return (self.lease.fd,) if self.lease is not None else ()
 
     @property
     def python(self) -> Path:
@@ -121,15 +130,32 @@ def from_config(config: mc.ModelConfig, model_dir: Path) -> ExecutionEnvironment
         resolved = Path(os.path.realpath(source, strict=True))
     except OSError:
         raise internal(f"Failed to get the canonical path for {source}.") from None
-    root = resolved if resolved.is_dir() else env_archive.unpacked(resolved)
-    environment = ExecutionEnvironment(source, root)
-    _require_file(root / "bin" / "activate", "an 'activate' script")
+    lease = None if resolved.is_dir() else env_cache.acquire(resolved)
+    environment = ExecutionEnvironment(source, lease.copy if lease else resolved, lease=lease)
+    try:
+        version = _checked_version(environment)
+    except BaseException:
+        release(environment)
+        raise
+    return ExecutionEnvironment(source, environment.root, version, lease)
+
+
+def release(environment: ExecutionEnvironment | None) -> None:
+    """The model no longer uses `environment`: let go of its unpacked copy (its workers
+    keep it until they end), pruning copies of the archive nothing uses any more."""
+    if environment is not None and environment.lease is not None:
+        environment.lease.release()
+
+
+def _checked_version(environment: ExecutionEnvironment) -> tuple[int, int]:
+    """The environment interpreter's version, once it is found fit to run our workers."""
+    _require_file(environment.root / "bin" / "activate", "an 'activate' script")
     _require_file(environment.python, "a Python interpreter ('bin/python')")
     report = _probe(environment)
     problem = report_problem(report, sys.version_info[:2])
     if problem:
         raise internal(f"The Python execution environment {environment.describe()} {problem}")
-    return ExecutionEnvironment(source, root, tuple(report["version"]))
+    return tuple(report["version"])
 
 
 def _require_file(path: Path, what: str) -> None:
@@ -186,12 +212,14 @@ def report_problem(report: dict, server_version: tuple[int, int]) -> str | None:
 def worker_path() -> Path:
     """A folder holding only a link to our package: the worker's whole PYTHONPATH."""
     digest = hashlib.sha256(str(PACKAGE_DIR).encode()).hexdigest()[:16]
-    folder = env_archive.cache_root() / f"worker-{digest}"
+    folder = env_cache.cache_root() / f"worker-{digest}"
     link = folder / "mini_triton"
     if os.path.islink(link) and os.readlink(link) == str(PACKAGE_DIR):
         return folder
     folder.mkdir(mode=0o700, exist_ok=True)
-    staged = folder / f".mini_triton-{os.getpid()}"
+    # One staging name per thread: loads run side by side, and one's unlink must not
+    # take away another's staged link before it is moved into place.
+    staged = folder / f".mini_triton-{os.getpid()}-{threading.get_ident()}"
     if os.path.lexists(staged):
         os.unlink(staged)
     os.symlink(PACKAGE_DIR, staged)

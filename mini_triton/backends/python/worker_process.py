@@ -32,8 +32,11 @@ def spawn(label: str, environment: ExecutionEnvironment | None = None
                                             if p)
     else:
         command, env = environment.command(arguments), environment.variables(dict(os.environ))
+    # The worker inherits the server's hold on an unpacked environment: while it runs,
+    # the copy it runs from is not pruned, whatever the server lets go of meanwhile.
+    inherited = environment.inherited_fds if environment is not None else ()
     try:
-        process = subprocess.Popen(command, pass_fds=(child.fileno(),),
+        process = subprocess.Popen(command, pass_fds=(child.fileno(), *inherited),
                                    stdin=subprocess.DEVNULL, env=env)
     except BaseException:
         parent.close()
