@@ -95,3 +95,80 @@ def test_a_large_data_frame_goes_to_its_stream_as_it_is_read():
     assert max(buffer_sizes) <= ONE_READ  # never the 2 MiB frame
     assert len(body_sizes) > 20 and body_sizes == sorted(body_sizes)  # read by read
     assert any(f.kind == HEADERS and f.stream == 1 and f.flags & END_STREAM for f in written)
+
+
+def infer_calls(count: int, elements: int) -> tuple[list[bytes], bytes]:
+    """`count` unary ModelInfer calls of one FP32 tensor each (its values differ from
+    call to call), as one client's bytes after the preface, and their messages."""
+    headers = hpack.Encoder().encode([
+        (":method", "POST"), (":scheme", "http"), (":path", INFER),
+        (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
+    messages, data = [], PREFACE + frame(SETTINGS, 0, 0)
+    for index in range(count):
+        request = pb.ModelInferRequest(model_name="m")
+        request.inputs.add(name="INPUT0", datatype="FP32", shape=[elements])
+        request.raw_input_contents.append(
+            np.full(elements, index, dtype=np.float32).tobytes())
+        messages.append(request.SerializeToString())
+        body = grpc_message(messages[-1])
+        stream = 2 * index + 1
+        data += frame(HEADERS, END_HEADERS, stream, headers)
+        for start in range(0, len(body), 64 * 1024):
+            last = start + 64 * 1024 >= len(body)
+            data += frame(DATA, END_STREAM if last else 0, stream, body[start:start + 64 * 1024])
+    return messages, data
+
+
+def serve_in_process(data: bytes, begin) -> list:
+    """Feeds `data` to a connection whose ModelInfer is `begin`; the buffers the
+    connection keeps for large messages afterwards."""
+    from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, \
+        RawRequest
+
+    async def scenario() -> list:
+        server = GrpcServer({INFER.encode(): Method(RawRequest, None, False, begin)})
+        connection = GrpcConnection(server)
+        connection.connection_made(RecordingTransport())
+        read_in_pieces(connection, data, ONE_READ)
+        await server.stop(0)
+        return getattr(connection, "bodies", None) and connection.bodies.kept or []
+
+    return asyncio.run(scenario())
+
+
+def test_large_messages_are_received_into_memory_the_connection_reuses():
+    """Six 1 MiB calls one after another on one connection, each handler done with its
+    message once it returns: every message is received into a buffer the connection
+    keeps (no fresh pages to fault in), at most two of them (a call's message is
+    handed over once the read that ended it is parsed, which may have begun the next
+    call's), each exactly as sent."""
+    messages, data = infer_calls(6, MIB // 4)
+    buffers, received = [], []
+
+    def begin(raw, context, reply):
+        buffers.append(id(raw.obj))  # what the view is of (not a reference: it would
+        #                               keep the buffer in use)
+        received.append(bytes(raw))
+        reply(pb.ModelInferResponse(model_name="m"))
+
+    kept = serve_in_process(data, begin)
+    assert received == messages
+    assert set(buffers) <= {id(pooled) for pooled in kept}
+    assert len(set(buffers)) <= 2
+
+
+def test_a_message_still_referred_to_is_not_written_over():
+    """A handler that keeps its message (a model holding its input): the next calls
+    are received elsewhere, and the kept message stays as it was sent."""
+    messages, data = infer_calls(3, MIB // 4)
+    kept, received = [], []
+
+    def begin(raw, context, reply):
+        if not kept:
+            kept.append(raw)  # the first message, still referred to
+        received.append(bytes(raw))
+        reply(pb.ModelInferResponse(model_name="m"))
+
+    serve_in_process(data, begin)
+    assert received == messages
+    assert bytes(kept[0]) == messages[0]  # the later calls were received elsewhere

@@ -80,7 +80,7 @@ class Stream:
     __slots__ = ("id", "headers", "body", "ended", "started", "stop", "inbox", "send_window",
                  "pending", "closed", "received", "deadline", "encoding", "method",
                  "context", "trailers", "headers_sent", "pending_size", "refused", "queued",
-                 "drained", "compress")
+                 "drained", "compress", "into")
 
     def __init__(self, stream_id: int, send_window: int):
         self.id = stream_id
@@ -105,6 +105,7 @@ class Stream:
         self.trailers: bytes | None = None   # sent once the held-back DATA is
         self.headers_sent = False
         self.compress: bytes | None = None  # the grpc-encoding of our messages
+        self.into = None  # a large message's buffer it is received into (http2_bodies)
 
 class GrpcCalls:
     """The calls of one connection. Expects the connection's `server`, `loop`,

@@ -31,6 +31,7 @@ from .http2_frames import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_F
                            SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_MAX_FRAME_SIZE,
                            SETTINGS_MAX_HEADER_LIST_SIZE, STREAM_CLOSED, WINDOW_UPDATE,
                            ProtocolError, frame, padded_bounds, strip_padding)
+from .http2_bodies import LARGE_BODY, BodyInto, BodyPool
 from .http2_limits import PingPolicy, ResetBudget
 from .http2_output import Http2Output
 from .http2_upkeep import Http2Upkeep
@@ -78,6 +79,7 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
         self.data_left = 0         # payload bytes of the DATA frame being read still to come
         self.data_flags = 0        # its flags
         self.data_stream: Stream | None = None  # its stream, None when they are dropped
+        self.bodies = BodyPool()   # large unary messages are received into these
         self.preface_seen = False
         self.streams: dict[int, Stream] = {}
         self.decoder = HeaderDecoder(limits.max_header_list_size)
@@ -389,6 +391,8 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
             stream.refused = STREAM_CLOSED  # HEADERS after END_STREAM (RFC 9113 §5.1)
         elif depends_on_itself or not flags & END_STREAM:
             stream.refused = PROTOCOL_ERROR  # trailers end the stream (RFC 9113 §8.1)
+        elif stream.into is not None:  # trailers inside the message: judged as any body
+            stream.into, stream.body = None, stream.into.received()
         if flags & END_STREAM:
             stream.ended = True
         if flags & END_HEADERS:
@@ -464,19 +468,46 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
         stream = self.data_stream
         if stream is not None and not stream.closed:
             ended = not self.data_left and self.data_flags & END_STREAM
-            body = stream.body
-            before = len(body)
-            if taken:
-                with memoryview(buffer) as view:
-                    body += view[offset:offset + taken]
-            if taken or ended:
-                self._on_body(stream, ended, before)
+            into = stream.into
+            if into is not None and not into.add(buffer, offset, taken):
+                stream.into, stream.body = None, into.received()  # past its message
+                into = None
+            if into is None:
+                self._add_to_body(stream, buffer, offset, taken, ended)
+            elif into.complete() or ended:  # the message, or the request ending inside it
+                stream.into = None
+                stream.body = into.target if into.complete() else into.received()
+                self._on_body(stream, ended, into.filled - taken)
             if not self.data_left and stream.received - stream.queued >= self.window_step:
                 self._give_back_stream(stream)
         if not self.data_left:
             self.data_stream = None
             self.frames += 1
         return offset + taken
+
+    def _add_to_body(self, stream: Stream, buffer: bytearray, offset: int, size: int,
+                     ended: bool) -> None:
+        body = stream.body
+        before = len(body)
+        if size:
+            with memoryview(buffer) as view:
+                body += view[offset:offset + size]
+        if size or ended:
+            self._on_body(stream, ended, before)
+            if before < MESSAGE_PREFIX.size <= len(body) and not ended:
+                self._receive_into(stream)
+
+    def _receive_into(self, stream: Stream) -> None:
+        """A unary call's message prefix has just arrived: one large uncompressed
+        message goes on into a buffer of its size from the connection's pool."""
+        compressed, length = MESSAGE_PREFIX.unpack_from(stream.body)
+        size = MESSAGE_PREFIX.size + length
+        if compressed or stream.closed or stream.inbox is not None \
+                or not LARGE_BODY <= size <= self.max_unary_body or len(stream.body) >= size:
+            return
+        target = self.bodies.take(size)
+        if target is not None:
+            stream.into, stream.body = BodyInto(target, stream.body), bytearray()
 
     def _on_padded_data(self, flags: int, stream_id: int, buffer: bytearray, start: int,
                         end: int) -> None:
