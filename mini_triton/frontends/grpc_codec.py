@@ -48,17 +48,20 @@ def decode_infer_request(message: pb.ModelInferRequest,
                          raw_contents: list | None = None) -> InferenceRequest:
     """`raw_contents`: the message's raw_input_contents read apart (grpc_split.py)."""
     version = model_version(message.model_version)
-    check_request_parameters(message.parameters)
+    model, parameters = message.model_name, message.parameters
+    if parameters:
+        check_request_parameters(parameters)
     raw = _RawContents(message.raw_input_contents if raw_contents is None else raw_contents,
-                       message.model_name)
-    inputs = [_decode_input(item, raw, message.model_name) for item in message.inputs]
-    raw.check_consumed()
+                       model)
+    inputs = [_decode_input(item, raw, model) for item in message.inputs]
+    if raw.next != len(raw.contents):
+        raw.check_consumed()
     outputs = []
     for output in message.outputs:
         check_output_parameters(output)
         outputs.append(RequestedOutput(output.name, read_parameters(output.parameters)))
-    return InferenceRequest(message.model_name, version, message.id, inputs, outputs,
-                            read_parameters(message.parameters))
+    return InferenceRequest(model, version, message.id, inputs, outputs,
+                            read_parameters(parameters))
 
 
 class _RawContents:
@@ -71,11 +74,12 @@ class _RawContents:
         self.next = 0
 
     def take(self, name: str) -> bytes:
-        if self.next >= len(self.contents):  # Triton's words
+        index = self.next
+        if index >= len(self.contents):  # Triton's words
             raise invalid_arg(f"unable to find data for input tensor '{name}' for model "
                               f"'{self.model}' in request.")
-        self.next += 1
-        return self.contents[self.next - 1]
+        self.next = index + 1
+        return self.contents[index]
 
     def check_consumed(self) -> None:
         """Contents no input claims are refused (Triton drops them without a word)."""
@@ -87,10 +91,13 @@ class _RawContents:
 
 def _decode_input(item, raw: _RawContents, model: str) -> Tensor:
     # An unknown datatype is Triton's INVALID, which the model's checks then refuse.
-    datatype = item.datatype if item.datatype in datatypes.BY_NAME else datatypes.INVALID
+    datatype = item.datatype
+    if datatype not in datatypes.BY_NAME:
+        datatype = datatypes.INVALID
+    parameters = item.parameters
     tensor = Tensor(item.name, datatype, tuple(item.shape),
-                    parameters=read_parameters(item.parameters))
-    if check_shared_memory_parameters(item):
+                    parameters=read_parameters(parameters) if parameters else {})
+    if parameters and check_shared_memory_parameters(item):
         if item.HasField("contents"):  # Triton's words
             raise invalid_arg(
                 "unexpected 'content' provided when using shared memory for input tensor "
