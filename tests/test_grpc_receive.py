@@ -172,3 +172,32 @@ def test_a_message_still_referred_to_is_not_written_over():
     serve_in_process(data, begin)
     assert received == messages
     assert bytes(kept[0]) == messages[0]  # the later calls were received elsewhere
+
+
+def test_an_idle_connection_lets_go_of_the_buffers_it_kept():
+    """The buffers kept for large messages are let go once the connection has had no
+    call open for a second (its clocks, looked at by the server's timer)."""
+    from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, \
+        RawRequest
+
+    _, data = infer_calls(2, MIB // 4)
+
+    def begin(raw, context, reply):
+        reply(pb.ModelInferResponse(model_name="m"))
+
+    async def scenario() -> tuple[int, int, int]:
+        server = GrpcServer({INFER.encode(): Method(RawRequest, None, False, begin)})
+        connection = GrpcConnection(server)
+        connection.connection_made(RecordingTransport())
+        read_in_pieces(connection, data, ONE_READ)
+        now = asyncio.get_running_loop().time()
+        connection.upkeep(now)
+        after_calls = len(connection.bodies.kept)
+        connection.upkeep(now + 0.5)
+        half_a_second = len(connection.bodies.kept)
+        connection.upkeep(now + 1.5)
+        await server.stop(0)
+        return after_calls, half_a_second, len(connection.bodies.kept)
+
+    after_calls, half_a_second, after_a_second = asyncio.run(scenario())
+    assert after_calls >= 1 and half_a_second == after_calls and after_a_second == 0

@@ -10,6 +10,8 @@ output moved on); a clock runs while its counter stands still.
 - settings timeout: our SETTINGS must be acknowledged (RFC 9113 §6.5.3: GOAWAY
   SETTINGS_TIMEOUT);
 - idle timeout: no stream open (GOAWAY NO_ERROR, as grpc core's max_connection_idle);
+  after KEEP_BODIES_IDLE seconds of it, the buffers kept for large request messages
+  (http2_bodies) are let go;
 - stall timeout: output waiting (the write buffer full, or DATA held back by a closed
   window) and none of it moving (ENHANCE_YOUR_CALM, and the connection aborted);
 - keepalive: with nothing received for keepalive_time, a PING (with a call open, or
@@ -35,6 +37,8 @@ from .http2_frames import (ENHANCE_YOUR_CALM, GOAWAY, MAX_WINDOW, NO_ERROR, PING
 KEEPALIVE_PING = b"keepaliv"
 SHUTDOWN_PING = b"shutdown"
 SHUTDOWN_ACK_WAIT = 1.0  # seconds a graceful GOAWAY waits for its PING's ACK
+KEEP_BODIES_IDLE = 1.0   # seconds with no stream open before a connection lets go of
+#                          the buffers it keeps for large request messages
 
 
 class Http2Upkeep:
@@ -78,6 +82,8 @@ class Http2Upkeep:
             self.idle_since = now
         elif 0 < limits.idle_timeout <= now - self.idle_since:
             return self._time_out(NO_ERROR, "idle")
+        elif self.bodies.kept and now - self.idle_since >= KEEP_BODIES_IDLE:
+            self.bodies.kept.clear()  # those still in use go with their last user
         if not (self.write_paused or self.blocked) or outflow != last_outflow:
             self.stall_since = now
         elif 0 < limits.stall_timeout <= now - self.stall_since:
