@@ -129,7 +129,9 @@ class InferenceService:
         """Validate and schedule a request of a unary front end (`endpoint`: "HTTP end
         point", "ModelInfer RPC"), on the event loop. Its final response goes to
         `on_final`, called on the loop. Refusals before scheduling are raised."""
-        answer = FinalAnswer(asyncio.get_running_loop(), on_final, self._answered)
+        # The server's loop, which runs this (asking asyncio costs a system call).
+        answer = FinalAnswer(self.loop or asyncio.get_running_loop(), on_final,
+                             self._answered)
         request.stream = answer
         self._start_counted(request, endpoint, answer)
 

@@ -12,6 +12,7 @@ batching rules are the same `BatchFormer` the threaded scheduler uses.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -43,6 +44,7 @@ class LoopScheduler(QueuedScheduler):
                  loop: asyncio.AbstractEventLoop, backend_batches: bool = True):
         super().__init__(config, stats, backend_batches)
         self.loop = loop
+        self.loop_thread: int | None = None  # the loop's thread, once seen running there
         self.instances = instances
         self.idle = list(reversed(instances))  # popped from the end: the first goes first
         self.timer: asyncio.TimerHandle | None = None
@@ -107,10 +109,18 @@ class LoopScheduler(QueuedScheduler):
     # --- on the loop ---
 
     def _on_loop(self) -> bool:
-        try:
-            return asyncio.get_running_loop() is self.loop
-        except RuntimeError:
+        """Whether the caller runs on the loop (on its thread, while it runs).
+
+        Asked for every request and batch: a thread-id comparison, once the loop
+        has been seen running on its thread (`asyncio.get_running_loop()` makes a
+        getpid system call each time in Python 3.11). The server's loop runs on one
+        thread all its life."""
+        if threading.get_ident() == self.loop_thread and self.loop.is_running():
+            return True
+        if asyncio._get_running_loop() is not self.loop:
             return False
+        self.loop_thread = threading.get_ident()
+        return True
 
     def _dispatch(self) -> None:
         """Hand batches to idle instances while there are both."""
