@@ -9,13 +9,17 @@
 #
 # Environment: PYTHON (default python3), MA_VERSION (default 1.46.0).
 set -euo pipefail
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-VENV="$HERE/.tools/ma-venv"
+# -P: the venv's scripts name their interpreter by this path, so it must be the real one
+# (perf/.tools may be a link shared by several checkouts).
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
+VENV="$(mkdir -p "$HERE/.tools" && cd "$HERE/.tools" && pwd -P)/ma-venv"
 PYTHON="${PYTHON:-python3}"
 VERSION="${MA_VERSION:-1.46.0}"
 
 mkdir -p "$HERE/.tools"
-if [ ! -x "$VENV/bin/model-analyzer" ]; then
+# A venv whose scripts cannot start (moved, or its interpreter gone) is made again.
+if ! "$VENV/bin/model-analyzer" --help > /dev/null 2>&1; then
+    rm -rf "$VENV"
     echo "[setup_model_analyzer] installing triton-model-analyzer==$VERSION into $VENV" >&2
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
