@@ -190,5 +190,6 @@ class LoopScheduler(QueuedScheduler):
         with self.lock:
             self.executing -= len(batch)
             self.idle.append(instance)
-            self.condition.notify_all()
+            if self.stopping:  # only `stop` waits on the condition (Python calls otherwise)
+                self.condition.notify_all()
         self._dispatch()

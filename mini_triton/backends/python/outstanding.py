@@ -23,6 +23,7 @@ class Outstanding:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._open: dict[int, object] = {}  # id → request (requests are not hashable)
+        self._idle_waiters = 0  # threads in `wait_idle`: notifying no one costs Python calls
 
     def add(self, requests: list) -> None:
         with self._lock:
@@ -62,11 +63,15 @@ class Outstanding:
     def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         with self._idle:
-            while self._open:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._idle.wait(left)
+            self._idle_waiters += 1
+            try:
+                while self._open:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._idle.wait(left)
+            finally:
+                self._idle_waiters -= 1
         return True
 
     def _respond(self, request, response) -> None:
@@ -76,7 +81,7 @@ class Outstanding:
             request.respond(response)
             if response.final:
                 self._open.pop(id(request), None)
-                if not self._open:
+                if not self._open and self._idle_waiters:
                     self._idle.notify_all()
 
 
