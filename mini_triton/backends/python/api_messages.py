@@ -9,7 +9,7 @@ import queue
 
 import numpy as np
 
-from .api_core import (_CODE_BY_V2, TRITONSERVER_REQUEST_RELEASE_ALL,
+from .api_core import (_CODE_BY_V2, _V2_BY_NUMPY, TRITONSERVER_REQUEST_RELEASE_ALL,
                        TRITONSERVER_RESPONSE_COMPLETE_FINAL, TritonError, TritonModelException,
                        _as_object_bytes, _current_host, _v2_datatype)
 
@@ -40,6 +40,11 @@ class Tensor:
         if not isinstance(tensor, np.ndarray):
             raise TritonModelException(
                 f"Tensor '{name}' expects a numpy array, got {type(tensor).__name__}")
+        # Most tensors: a numeric dtype in native byte order (the table's keys), in C order.
+        datatype = _V2_BY_NUMPY.get(tensor.dtype)
+        if datatype is not None and tensor.flags.c_contiguous:
+            self._name, self._array, self._datatype = name, tensor, datatype
+            return
         if tensor.dtype.kind not in "OSU" and not tensor.dtype.isnative:
             tensor = tensor.astype(tensor.dtype.newbyteorder("="))
         self._datatype = _v2_datatype(tensor)

@@ -185,9 +185,9 @@ def reply_from_model(response: pb.InferenceResponse, wanted: list[str] | None) -
     if error is not None:
         code = pb.ERROR_CODE_NAMES.get(error.code(), "INTERNAL")
         return Reply([], (code, error.message()), response.parameters())
-    keep = set(wanted) if wanted else None
-    outputs = [(t.name(), t._datatype, t.as_numpy()) for t in response.output_tensors()
-               if keep is None or t.name() in keep]
+    # A few names at most: a list is searched faster than a set is built.
+    outputs = [(t._name, t._datatype, t._array) for t in response._outputs
+               if not wanted or t._name in wanted]
     return Reply(outputs, None, response.parameters())
 
 
@@ -216,8 +216,13 @@ def bls_call(request: pb.InferenceRequest) -> BlsCall:
 def incoming_request(handle, info: tuple, inputs: list) -> pb.InferenceRequest:
     """The model API's request for a server request (`inputs` in neutral form); `info`
     is a RequestInfo, or a plain tuple of its fields as `request_fields` makes them."""
+    return model_request(handle, info, model_tensors(inputs))
+
+
+def model_request(handle, info: tuple, tensors: list) -> pb.InferenceRequest:
+    """`incoming_request` with the inputs already the model API's Tensor objects."""
     request_id, correlation_id, flags, timeout, parameters, model_name, model_version, \
         outputs = info
     return pb.InferenceRequest._incoming(
-        handle, request_id, correlation_id, model_tensors(inputs), outputs, model_name,
-        model_version, flags, timeout, parameters)
+        handle, request_id, correlation_id, tensors, outputs, model_name, model_version,
+        flags, timeout, parameters)

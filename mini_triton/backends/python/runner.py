@@ -166,7 +166,7 @@ class ModelRunner:
             raise ModelError(f"Python model {self.model_file} does not implement `execute` "
                              "method.")
         result = execute(requests)
-        if asyncio.iscoroutine(result):
+        if type(result) is not list and asyncio.iscoroutine(result):  # most return a list
             if self.decoupled:
                 self._run_in_background(result)
                 return None
@@ -187,8 +187,10 @@ class ModelRunner:
                 "Number of InferenceResponse objects do not match the number of "
                 f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
                 f"InferenceResponse(s) size is:{len(result)}\n")
+        response_class = pb.InferenceResponse
         for response in result:
-            if response is not None and not isinstance(response, pb.InferenceResponse):
+            if type(response) is not response_class and response is not None \
+                    and not isinstance(response, response_class):
                 raise ModelError("Expected an 'InferenceResponse' object in the execute "
                                  f"function return list, found type '{type(response).__name__}'.")
         return result

@@ -115,7 +115,11 @@ class Outgoing:
         offset = self.inline_size
         end = offset + nbytes
         if nbytes:
-            self.buffers.append(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+            if array.flags.c_contiguous:  # most: its bytes as they lie, in one step
+                self.buffers.append(memoryview(array).cast("B"))
+            else:
+                self.buffers.append(memoryview(np.ascontiguousarray(array).reshape(-1)
+                                               .view(np.uint8)))
         padded = aligned(end)
         if padded > end:
             self.buffers.append(bytes(padded - end))
@@ -239,7 +243,8 @@ class Link:
             meta["_block"] = (block.segment.id, block.offset, block.size)
         size = outgoing.inline_size if outgoing is not None else 0
         with self._send_lock:
-            self._add_returns(meta)
+            if self.peer.freed or self.arena.dropped:  # rare: read without the arena's lock
+                self._add_returns(meta)
             fds = []
             if block is not None and block.segment.id not in self._announced:
                 # The first message to use a segment carries it (sent in order: under the lock).
@@ -322,7 +327,7 @@ class Link:
             message = self._parse()
             if message is not None:
                 return message
-            if not self.poll_until(poll_until_ns):
+            if not (poll_until_ns and self.poll_until(poll_until_ns)):
                 self._fill(blocking=True)
 
     def poll_until(self, until_ns: int) -> bool:
@@ -363,12 +368,11 @@ class Link:
         end = start + meta_size + size
         if end > len(self._buffer) or len(self._fds) < fd_count:
             return None
-        view = memoryview(self._buffer)
-        try:
-            meta = pickle.loads(view[start:start + meta_size])
-            inline = bytearray(view[start + meta_size:end]) if size else b""
-        finally:
-            view.release()
+        # Slices are copies (the buffer is reused): the metadata is small, and the inline
+        # tensors are copied once here as a view would have been copied anyway.
+        buffer = self._buffer
+        meta = pickle.loads(buffer[start:start + meta_size])
+        inline = buffer[start + meta_size:end] if size else b""
         self._position = end
         if fd_count:
             self._take_descriptors(meta, fd_count)

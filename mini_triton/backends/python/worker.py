@@ -26,7 +26,7 @@ from ...logsettings import TritonFormatter
 from . import convert
 from . import utils as pb
 from .runner import ModelError, ModelRunner, install_module_alias
-from .wire import Link, Outgoing, PollBudget, get_reply, get_tensors, put_reply, put_tensors
+from .wire import Link, Outgoing, PollBudget, get_reply, put_reply, put_tensors
 
 
 class RemoteHandle:
@@ -74,7 +74,11 @@ class Worker:
 
     def __init__(self, link: Link):
         self.link = link
-        self.condition = threading.Condition()
+        # Taken as the bare lock (`with self.lock`: no Python frames) on the path every
+        # message takes; the condition over it is only waited on and notified.
+        self.lock = threading.Lock()
+        self.condition = threading.Condition(self.lock)
+        self.waiting = 0  # threads in condition.wait(): no one to notify when 0
         self.reading = False  # a thread is reading the socket
         self.commands: collections.deque = collections.deque()  # for the main thread
         self.calls: dict = {}  # call id → Responses (a BLS call) or None (awaiting a reply)
@@ -89,7 +93,7 @@ class Worker:
     def wait_for(self, ready, poll: PollBudget | None = None):
         """Wait until `ready()` returns something other than None; read the socket
         meanwhile if no other thread does (polling first, within `poll`'s budget)."""
-        with self.condition:
+        with self.lock:
             while True:
                 value = ready()
                 if value is not None:
@@ -97,29 +101,45 @@ class Worker:
                 if not self.reading:
                     self.reading = True
                     break
-                self.condition.wait()
+                self.waiting += 1
+                try:
+                    self.condition.wait()
+                finally:
+                    self.waiting -= 1
         try:
             while True:
-                # A model's own threads must not wait behind our polling.
-                until = poll.deadline(threading.active_count() == 1) if poll is not None else 0
-                try:
-                    message = self.link.recv(until)
-                except (EOFError, OSError):
-                    _exit(0)  # the server closed the link or is gone
-                if poll is not None:
-                    poll.waited(until != 0)
-                with self.condition:
+                message = self._next_message(poll)
+                with self.lock:
                     self._route(message)
                     value = ready()
                     if value is not None:
                         return value
         finally:
-            with self.condition:
+            with self.lock:
                 self.reading = False
-                self.condition.notify_all()
+                if self.waiting:
+                    self.condition.notify_all()
+
+    def _next_message(self, poll: PollBudget | None):
+        """The next message from the server, polling for it first while `poll` allows."""
+        polling = poll is not None and poll.limit_ns
+        if polling:
+            # A model's own threads must not wait behind our polling.
+            until = poll.deadline(threading.active_count() == 1)
+        else:
+            until = 0
+            if poll is not None:
+                poll.budget_ns = 0  # where its halving goes while the limit is 0
+        try:
+            message = self.link.recv(until)
+        except (EOFError, OSError):
+            _exit(0)  # the server closed the link or is gone
+        if polling:
+            poll.waited(until != 0)
+        return message
 
     def _route(self, message) -> None:
-        """Give a message to whoever waits for it (called holding the condition)."""
+        """Give a message to whoever waits for it (called holding the lock)."""
         meta = message.meta
         op = meta["op"]
         if op == "bls_response":
@@ -139,7 +159,8 @@ class Worker:
             threading.Thread(target=self._is_ready, args=(meta["call"],), daemon=True).start()
         else:
             self.commands.append(message)
-        self.condition.notify_all()
+        if self.waiting:
+            self.condition.notify_all()
 
     # --- the main thread ---
 
@@ -192,35 +213,38 @@ class Worker:
         requests = []
         decoupled = self.runner.decoupled
         targets = []  # per request: outputs the client wants in its shared memory
+        model_request = convert.model_request
         for index, (info, descriptors, wanted_at) in enumerate(meta["requests"]):
             targets.append(wanted_at)  # info: convert.request_fields
             handle = RemoteHandle(self, batch, index, info[convert.REQUESTED_OUTPUTS],
                                   decoupled)
-            requests.append(convert.incoming_request(handle, info,
-                                                     get_tensors(message, descriptors)))
+            requests.append(model_request(handle, info, _model_inputs(message, descriptors)))
         error, replies, outgoing, result = None, None, Outgoing(), None
         try:
             result = self.runner.execute(requests)
             if result is not None:
-                replies = [None if response is None else put_reply(
-                    outgoing, convert.reply_from_model(response, request.requested_output_names()),
-                    where, self.link.regions)
-                    for request, response, where in zip(requests, result, targets)]
+                replies = self._put_replies(outgoing, requests, result, targets)
         except ModelError as failure:
             error, replies, outgoing = str(failure), None, Outgoing()
         except Exception as failure:  # a response that cannot be sent
             error, replies, outgoing = self.runner._failure(f"{type(failure).__name__}: "
                                                             f"{failure}"), None, Outgoing()
-        still_open = [index for index, request in enumerate(requests)
-                      if request._sender is not None and not request._handle.final_sent]
-        again = [index for index, request in enumerate(requests)
-                 if request._release_flags & pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
+        still_open, again = _left_open(requests)
         # Let go of the inputs first, so that "done" gives their blocks back (unless
         # the model kept them).
         del requests, result
         message.forget()
         self.link.send({"op": "done", "batch": batch, "error": error, "replies": replies,
                         "open": still_open, "reschedule": again}, outgoing)
+
+    def _put_replies(self, outgoing: Outgoing, requests: list, responses: list,
+                     targets: list) -> list:
+        """The model's responses on the wire (None where it gave None)."""
+        regions = self.link.regions
+        reply_from_model = convert.reply_from_model
+        return [None if response is None else put_reply(
+            outgoing, reply_from_model(response, request._outputs), where, regions)
+            for request, response, where in zip(requests, responses, targets)]
 
     def _finalize(self, meta: dict) -> None:
         if self.runner is not None and self.runner.model is not None:
@@ -238,7 +262,7 @@ class Worker:
         responses = Responses(self)
         call = convert.bls_call(request)
         call_id = next(self.ids)
-        with self.condition:
+        with self.lock:
             self.calls[call_id] = responses
         outgoing = Outgoing()
         encoded = tuple(call._replace(inputs=put_tensors(outgoing, call.inputs)))
@@ -249,7 +273,7 @@ class Worker:
     def request(self, method: str, *args):
         """Ask the server and wait for its answer."""
         call_id = next(self.ids)
-        with self.condition:
+        with self.lock:
             self.calls[call_id] = None
         self.link.send({"op": "call", "call": call_id, "method": method, "args": list(args)})
         reply = self.wait_for(lambda: self.replies.pop(call_id, None))
@@ -280,6 +304,25 @@ class Worker:
 
     def model_dir(self) -> str:
         return self._model_dir
+
+
+def _model_inputs(message, descriptors: list) -> list:
+    """A request's input tensors as the model API's Tensors over the message's bytes
+    (wire.get_tensors and convert.model_tensors in one step)."""
+    wrap, array = pb.Tensor._wrap, message.array
+    return [wrap(d[0], array(d), d[1]) for d in descriptors]
+
+
+def _left_open(requests: list) -> tuple[list, list]:
+    """The indexes of requests whose response sender has not sent the final flag, and
+    of those the model asked to have rescheduled."""
+    still_open, again = [], []
+    for index, request in enumerate(requests):
+        if request._sender is not None and not request._handle.final_sent:
+            still_open.append(index)
+        if request._release_flags & pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            again.append(index)
+    return still_open, again
 
 
 def _exit(code: int) -> None:
