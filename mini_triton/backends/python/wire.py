@@ -224,7 +224,7 @@ class Link:
         self._buffer = bytearray()
         self._position = 0
         self._fds: collections.deque[int] = collections.deque()
-        self._scratch = bytearray(_SCRATCH)
+        self._scratch = memoryview(bytearray(_SCRATCH))  # never resized: one view for all reads
         self.arena = Arena()  # where this end writes the large tensors it sends
         self.peer = PeerSegments()  # the other end's arena, as this end reads it
         self._announced: set[int] = set()  # our segments the other end has mapped
@@ -409,7 +409,7 @@ class Link:
         elif self._position > _SCRATCH:
             del self._buffer[:self._position]
             self._position = 0
-        view = memoryview(self._scratch)
+        view = self._scratch
         try:
             count = self._receive(view, 0 if blocking else _MSG_DONTWAIT)
         except BlockingIOError:
