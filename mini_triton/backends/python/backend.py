@@ -89,10 +89,11 @@ class PythonSettings:
     def deadline_s(self, requests: list) -> float | None:
         """How long one execute of `requests` may take: the shortest request timeout
         (the client's `timeout` parameter) or the model's execute timeout, if any."""
-        limits = [r.timeout_us / 1e6 for r in requests if r.timeout_us]
-        if self.execute_timeout_s:
-            limits.append(self.execute_timeout_s)
-        return min(limits) if limits else None
+        limit = self.execute_timeout_s or None  # asked per batch: no list, no min()
+        for request in requests:
+            if request.timeout_us and (limit is None or request.timeout_us / 1e6 < limit):
+                limit = request.timeout_us / 1e6
+        return limit
 
 
 def model_file_of(config: mc.ModelConfig, version_dir: Path) -> Path:

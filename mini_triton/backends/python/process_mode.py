@@ -230,9 +230,13 @@ class ProcessInstance(ModelInstance):
         have failed)."""
         start = time.monotonic_ns()
         self.outstanding.add(requests)
-        groups = [requests] if self.settings.auto_stack else [[r] for r in requests]
         outgoing = Outgoing()
-        encoded = [self._encode(group, outgoing) for group in groups]
+        if len(requests) == 1 or self.settings.auto_stack:  # one group (light load: most)
+            groups = [requests]
+            encoded = [self._encode(requests, outgoing)]
+        else:
+            groups = [[r] for r in requests]
+            encoded = [self._encode(group, outgoing) for group in groups]
         batch = _Batch(next(self.ids), groups, start, on_end)
         with self.lock:
             dead = self.dead
