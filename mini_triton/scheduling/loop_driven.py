@@ -192,4 +192,6 @@ class LoopScheduler(QueuedScheduler):
             self.idle.append(instance)
             if self.stopping:  # only `stop` waits on the condition (Python calls otherwise)
                 self.condition.notify_all()
-        self._dispatch()
+            queued = len(self.former)
+        if queued:  # else nothing to hand out (a request queued from a thread later calls
+            self._dispatch()  # `_dispatch` itself, on the loop)
