@@ -135,34 +135,30 @@ class ModelStats:
 
     def record_batch(self, timing: ExecutionTiming, batch_size: int) -> None:
         """One backend execution of `batch_size` rows (null requests included)."""
-        with self.lock:
-            self._add_batch(batch_size, timing.input_ns, timing.infer_ns, timing.output_ns)
-
-    def _add_batch(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
-        """`record_batch`'s work, with the lock held."""
-        self.execution_count += 1
-        now_ms = time.time_ns() // 1_000_000
-        if now_ms > self.last_inference_ms:
-            self.last_inference_ms = now_ms
-        batch = self.batch_stats.get(batch_size)
-        if batch is None:
-            batch = self.batch_stats[batch_size] = BatchStat()
-        batch.compute_input.count += 1
-        batch.compute_input.ns += input_ns
-        batch.compute_infer.count += 1
-        batch.compute_infer.ns += infer_ns
-        batch.compute_output.count += 1
-        batch.compute_output.ns += output_ns
+        self.record_executed(timing, batch_size, ())
 
     def record_executed(self, timing: ExecutionTiming, batch_size: int,
-                        succeeded: list) -> None:
+                        succeeded: list | tuple) -> None:
         """One execution of `batch_size` rows (`record_batch`) and, as `record_compute`
         each, its requests that succeeded: `succeeded` holds (queue start ns, rows) of
-        each. One lock round for the whole batch."""
+        each. One lock round for the whole batch (and no further Python call: this
+        runs for every batch)."""
         start = timing.start
         input_ns, infer_ns, output_ns = timing.input_ns, timing.infer_ns, timing.output_ns
+        now_ms = time.time_ns() // 1_000_000
         with self.lock:
-            self._add_batch(batch_size, input_ns, infer_ns, output_ns)
+            self.execution_count += 1
+            if now_ms > self.last_inference_ms:
+                self.last_inference_ms = now_ms
+            batch = self.batch_stats.get(batch_size)
+            if batch is None:
+                batch = self.batch_stats[batch_size] = BatchStat()
+            batch.compute_input.count += 1
+            batch.compute_input.ns += input_ns
+            batch.compute_infer.count += 1
+            batch.compute_infer.ns += infer_ns
+            batch.compute_output.count += 1
+            batch.compute_output.ns += output_ns
             if not succeeded:
                 return
             count = len(succeeded)
