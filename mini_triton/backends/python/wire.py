@@ -166,10 +166,9 @@ class Incoming:
             view = memoryview(buffer)[offset:offset + nbytes]
             return datatypes.deserialize_bytes(view).reshape(shape)
         dtype = datatypes.BY_NAME[datatype].numpy
-        count = nbytes // dtype.itemsize
-        if count == 0:
+        if not nbytes:
             return np.empty(shape, dtype=dtype)
-        return np.frombuffer(buffer, dtype, count, offset).reshape(shape)
+        return np.ndarray(shape, dtype, buffer, offset)  # the view, shaped, in one step
 
     def forget(self) -> None:
         """Let go of the shared block (views already made keep it until they are gone)."""

@@ -142,7 +142,9 @@ class Worker:
         """Give a message to whoever waits for it (called holding the lock)."""
         meta = message.meta
         op = meta["op"]
-        if op == "bls_response":
+        if op == "execute":  # most messages
+            self.commands.append(message)
+        elif op == "bls_response":
             responses = self.calls.get(meta["call"])
             if responses is not None:
                 if meta["final"]:
@@ -168,8 +170,7 @@ class Worker:
         install_module_alias()
         pb._use_host(self, default=True)
         while True:
-            message = self.wait_for(lambda: self.commands.popleft() if self.commands else None,
-                                    self.poll)
+            message = self.wait_for(self._next_command, self.poll)
             op = message.meta["op"]
             if op == "execute":
                 self._execute(message)
@@ -180,6 +181,11 @@ class Worker:
             elif op == "finalize":
                 self._finalize(message.meta)
                 return
+
+    def _next_command(self):
+        """The main thread's next message, if one came (for wait_for)."""
+        commands = self.commands
+        return commands.popleft() if commands else None
 
     def _initialize(self, meta: dict) -> None:
         model_file = Path(meta["model_file"])
