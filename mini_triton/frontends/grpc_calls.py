@@ -159,6 +159,22 @@ class GrpcCalls:
         except Exception as error:  # the frame is taken: the connection's state is sound
             self._fail_stream(stream, error)
 
+    def _take_whole_request(self, stream: Stream, buffer: bytearray, start: int,
+                            end: int) -> bool:
+        """`buffer[start:end]`, a whole DATA frame ending the stream, taken as a started
+        unary call's request when it is exactly one uncompressed message within the
+        limit (what _on_body and _on_end_of_input would take; a copy, as the buffer is
+        read into again); False, taking nothing, for anything else."""
+        if stream.method is None or stream.started or stream.closed \
+                or stream.inbox is not None:
+            return False
+        compressed, length = MESSAGE_PREFIX.unpack_from(buffer, start)
+        if compressed or length != end - start - 5 or length > self.max_message:
+            return False
+        stream.ended = stream.started = True
+        self.ready.append((stream, bytes(memoryview(buffer)[start + 5:end])))
+        return True
+
     # --- starting a call ---
 
     def _start_call(self, stream: Stream, head: RequestHead) -> None:

@@ -215,6 +215,10 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
                                     f"than SETTINGS_MAX_FRAME_SIZE {self.max_frame}")
             kind, start, end = length_kind & 0xFF, offset + 9, offset + 9 + length
             if kind == DATA and not flags & PADDED:  # its bytes go straight into the stream
+                if end <= size and flags & END_STREAM and length < LARGE_BODY \
+                        and self._on_whole_data(stream_id & MAX_WINDOW, buffer, start, end):
+                    offset = end  # a unary call's whole request, in one small frame
+                    continue
                 self._on_data(flags, stream_id & MAX_WINDOW, length)
                 offset = self._data_piece(buffer, start, size)
                 continue
@@ -459,6 +463,25 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
         self.data_stream = stream
+
+    def _on_whole_data(self, stream_id: int, buffer: bytearray, start: int, end: int) -> bool:
+        """A small DATA frame with END_STREAM, whole in `buffer[start:end]`: when it is
+        the entire request of a unary call that is waiting for it (its window kept), the
+        call takes it as one message (_take_whole_request) and True; else False, and the
+        frame goes the general way (_on_data), which judges everything else."""
+        stream = self.streams.get(stream_id)
+        # (a stream with a body, or with a large message under way `into`, has had DATA)
+        if stream is None or stream.ended or stream.body or stream.into is not None \
+                or self.headers_in_progress is not None \
+                or stream.received + end - start > self.window \
+                or not self._take_whole_request(stream, buffer, start, end):
+            return False
+        # what _on_data and _data_piece would have counted
+        self._give_back(end - start)
+        self.quiet = 0
+        self.frames += 1
+        stream.received += end - start
+        return True
 
     def _data_piece(self, buffer: bytearray, offset: int, size: int) -> int:
         """What `buffer[offset:size]` holds of the current DATA frame's payload, into
