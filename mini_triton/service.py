@@ -67,6 +67,8 @@ class InferenceService:
         # front ends (read and written on the loop): how busy the server is, for
         # choices that pay off only when it is nearly idle.
         self.requests_in_flight = 0
+        # The most requests open at once since nearly_idle() last asked.
+        self.peak_in_flight = 0
 
     # --- health and metadata ---
 
@@ -137,7 +139,9 @@ class InferenceService:
 
     def _start_counted(self, request: InferenceRequest, endpoint: str, stream) -> None:
         """`_start`, counting the request in flight until `stream` settles."""
-        self.requests_in_flight += 1
+        in_flight = self.requests_in_flight = self.requests_in_flight + 1
+        if in_flight > self.peak_in_flight:
+            self.peak_in_flight = in_flight
         try:
             self._start(request, endpoint)
         except BaseException:
@@ -147,6 +151,15 @@ class InferenceService:
 
     def _answered(self) -> None:
         self.requests_in_flight -= 1
+
+    def nearly_idle(self) -> bool:
+        """Whether at most one request was open at any moment since the last call (on
+        the loop). A moment's count is not enough: under a steady load of a few clients
+        it is often one between their requests, and choices that pay off only when
+        the server is idle (busy polling) would be taken at every such moment."""
+        quiet = self.peak_in_flight <= 1
+        self.peak_in_flight = self.requests_in_flight
+        return quiet
 
     def _start(self, request: InferenceRequest, endpoint: str) -> None:
         """Check, prepare and submit `request`, whose `stream` is set. A unary

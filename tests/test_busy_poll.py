@@ -83,10 +83,16 @@ def test_the_link_reads_a_message_while_polling_and_after_sleeping():
         receiver.close()
 
 
-def write_model(repository, name: str, poll: str) -> None:
+# The identity, slowed down: requests sent together are open at once.
+SLOW_IDENTITY = IDENTITY.replace("    def execute(self, requests):\n",
+                                 "    def execute(self, requests):\n"
+                                 "        __import__('time').sleep(0.3)\n")
+
+
+def write_model(repository, name: str, poll: str, source: str = IDENTITY) -> None:
     folder = repository / name
     (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.py").write_text(IDENTITY)
+    (folder / "1" / "model.py").write_text(source)
     (folder / "config.pbtxt").write_text(f'''
 name: "{name}"
 backend: "python"
@@ -104,6 +110,7 @@ def served(tmp_path_factory):
     write_model(repository, "polling", "1000")
     write_model(repository, "sleeping", "0")
     write_model(repository, "broken", "soon")
+    write_model(repository, "slow", "1000", SLOW_IDENTITY)
     with ServerThread(server_settings(repository, exit_on_error=False)) as server:
         yield server
 
@@ -199,3 +206,41 @@ def test_the_loop_learns_how_long_a_lightly_loaded_models_replies_take(served):
     assert polling.started > 0  # the loop waited for a reply (how long it polled depends
     assert polling.budget_ns <= polling.limit_ns  # on this machine's speed)
     assert sleeping.limit_ns == sleeping.budget_ns == sleeping.started == 0
+
+
+def on_the_loop(served, function):
+    """`function()` called on the server's event loop (where the open count lives)."""
+    import concurrent.futures
+
+    done = concurrent.futures.Future()
+    served.server.service.loop.call_soon_threadsafe(lambda: done.set_result(function()))
+    return done.result(10)
+
+
+def test_the_server_is_nearly_idle_only_if_no_two_requests_were_open_at_once(served):
+    """Polling pays off only on an idle server, and the open count of one moment does
+    not tell it: a few steady clients leave it at one between their requests. So the
+    server keeps the most requests open at once since it was last asked."""
+    import tritonclient.http as httpclient
+
+    nearly_idle = served.server.service.nearly_idle
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{served.ports['http']}",
+                                              concurrency=4)
+
+    def request():
+        tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        return [tensor]
+
+    try:
+        on_the_loop(served, nearly_idle)  # forget what other tests left
+        for _ in range(3):  # one at a time
+            client.infer("polling", request())
+        assert on_the_loop(served, nearly_idle)
+        pending = [client.async_infer("slow", request()) for _ in range(4)]  # together
+        for reply in pending:
+            assert reply.get_result(timeout=30).as_numpy("OUTPUT0").shape == (1, 4)
+        assert not on_the_loop(served, nearly_idle)  # four were open at once...
+        assert on_the_loop(served, nearly_idle)  # ...before it last asked, none since
+    finally:
+        client.close()

@@ -191,10 +191,11 @@ class ProcessInstance(ModelInstance):
         """Send a batch without waiting (on the event loop); `on_end(timing)` is called
         once the worker is done with it, or it failed (on the loop, or on the thread
         that saw the worker die). `light`: the model has nothing else waiting or
-        executing. If the whole server has no other request open either, the
-        worker may poll for its next batch, and the loop polls for this one's reply
-        (wire.PollBudget): nothing else is there for it to do meanwhile."""
-        idle = light and getattr(self.bridge.service, "requests_in_flight", 0) <= 1
+        executing. If the whole server has had no other request open since the last
+        batch either, the worker may poll for its next batch, and the loop polls for
+        this one's reply (wire.PollBudget): nothing else is there for it to do
+        meanwhile."""
+        idle = light and self._server_nearly_idle()
         batch = self._send(requests, on_end, self.settings.busy_poll_ns if idle else 0)
         if idle and batch is not None and self.reply_poll.limit_ns:
             self.loop.call_soon(self._poll_for_reply, batch)
@@ -205,6 +206,10 @@ class ProcessInstance(ModelInstance):
         timeout = self.settings.deadline_s(requests)
         if timeout is not None and not batch.ended:
             batch.timer = self.loop.call_later(timeout, self._overdue, batch, timeout)
+
+    def _server_nearly_idle(self) -> bool:
+        nearly_idle = getattr(self.bridge.service, "nearly_idle", None)
+        return nearly_idle is None or nearly_idle()
 
     def _poll_for_reply(self, batch: _Batch) -> None:
         """Wait for `batch`'s reply on the loop, polling within the budget (the loop
