@@ -24,12 +24,11 @@ import sys
 from two_trees import ROUND_PRELUDE, compare_trees, tree_arguments
 
 ROUND = ROUND_PRELUDE + r"""
-import asyncio, collections, json, os, struct, sys, tempfile, time
+import asyncio, json, os, struct, sys, time
 import hpack
 import uvloop
 from tritonclient.grpc import service_pb2 as pb
 from mini_triton.frontends import grpc_server, grpc_transport
-from mini_triton.server import Server, Settings
 
 CONFIG = '''backend: "identity"
 max_batch_size: 8
@@ -88,31 +87,10 @@ class ReplyTransport(NullTransport):
         self.write(chunks[-1])
 
 
-def count_by_function(feed, items):
-    counts = collections.Counter()
-    def tracer(frame, event, arg):
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            code = frame.f_code
-            counts[f"{os.path.basename(code.co_filename)}:{code.co_name}"] += 1
-        return tracer
-    sys.settrace(tracer)
-    for item in items:
-        feed(item)
-    sys.settrace(None)
-    return counts
-
-
 def main(count, by_function):
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
-    repository = tempfile.mkdtemp()
-    os.makedirs(os.path.join(repository, "identity_py", "1"))
-    with open(os.path.join(repository, "identity_py", "config.pbtxt"), "w") as file:
-        file.write(CONFIG)
-    server = Server(Settings(model_repositories=[repository], allow_http=False,
-                             allow_grpc=False, allow_metrics=False))
-    loop.run_until_complete(server.start())
+    server = start_identity_server(loop, CONFIG)
     transport = ReplyTransport()
     connection = loop.run_until_complete(_connect(server.service, transport))
     read = reader(connection)

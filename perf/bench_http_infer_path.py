@@ -25,11 +25,10 @@ import sys
 from two_trees import ROUND_PRELUDE, compare_trees, tree_arguments
 
 ROUND = ROUND_PRELUDE + r"""
-import asyncio, collections, json, os, sys, tempfile, time
+import asyncio, json, sys, time
 import uvloop
 from mini_triton.frontends.http_protocol import HttpProtocol
 from mini_triton.frontends.http_server import HttpFrontend, error_reply
-from mini_triton.server import Server, Settings
 
 CONFIG = '''backend: "identity"
 max_batch_size: 8
@@ -59,31 +58,10 @@ class ReplyTransport(NullTransport):
         self.waiter.set_result(None)
 
 
-def count_by_function(feed, items):
-    counts = collections.Counter()
-    def tracer(frame, event, arg):
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            code = frame.f_code
-            counts[f"{os.path.basename(code.co_filename)}:{code.co_name}"] += 1
-        return tracer
-    sys.settrace(tracer)
-    for item in items:
-        feed(item)
-    sys.settrace(None)
-    return counts
-
-
 def main(count, by_function):
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
-    repository = tempfile.mkdtemp()
-    os.makedirs(os.path.join(repository, "identity_py", "1"))
-    with open(os.path.join(repository, "identity_py", "config.pbtxt"), "w") as file:
-        file.write(CONFIG)
-    server = Server(Settings(model_repositories=[repository], allow_http=False,
-                             allow_grpc=False, allow_metrics=False))
-    loop.run_until_complete(server.start())
+    server = start_identity_server(loop, CONFIG)
     frontend = HttpFrontend(server.service)
     protocol = HttpProtocol(frontend.handle, error_reply, 1 << 26, set())
     transport = ReplyTransport()

@@ -52,6 +52,40 @@ def count_bytecodes(feed, items) -> int:
         feed(item)
     sys.settrace(None)
     return opcodes
+
+
+def count_by_function(feed, items):
+    '''Python bytecodes executed by feed(item) for all items, by file:function.'''
+    import collections, os
+    counts = collections.Counter()
+
+    def tracer(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code
+            counts[f"{os.path.basename(code.co_filename)}:{code.co_name}"] += 1
+        return tracer
+
+    sys.settrace(tracer)
+    for item in items:
+        feed(item)
+    sys.settrace(None)
+    return counts
+
+
+def start_identity_server(loop, config):
+    '''An in-process Server, no listeners, whose repository holds identity_py with
+    `config` (the whole inference path, its front end fed by hand).'''
+    import os, tempfile
+    from mini_triton.server import Server, Settings
+    repository = tempfile.mkdtemp()
+    os.makedirs(os.path.join(repository, "identity_py", "1"))
+    with open(os.path.join(repository, "identity_py", "config.pbtxt"), "w") as file:
+        file.write(config)
+    server = Server(Settings(model_repositories=[repository], allow_http=False,
+                             allow_grpc=False, allow_metrics=False))
+    loop.run_until_complete(server.start())
+    return server
 """
 
 
