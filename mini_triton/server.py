@@ -263,10 +263,13 @@ class Server:
             failures = self.manager.load_startup(self.settings.load_models)
         except StorageError as error:  # a cloud repository failed while mirroring
             raise StartupError(str(error)) from None
-        if failures and self.settings.exit_on_error:
+        if not failures:
+            return
+        if self.settings.exit_on_error:  # tritonserver's words, then which and why
             raise StartupError(
-                f"failed to load all models ({len(failures)} failed; see above); exiting "
-                "because of --exit-on-error=true")
+                f"creating server: Internal - failed to load all models ({len(failures)} "
+                "failed; see above); exiting because of --exit-on-error=true")
+        log.error("Internal: failed to load all models")  # Triton's line; it serves the rest
 
     async def _start_grpc(self) -> None:
         address, port = self.settings.grpc_address, self.settings.grpc_port

@@ -76,6 +76,7 @@ def test_broken_model_exits_non_zero_by_default(tmp_path):
                      "--metrics-port=0")
     assert result.returncode == 1
     assert "failed to load 'broken'" in result.stderr
+    assert "creating server: Internal - failed to load all models" in result.stderr  # Triton's
     assert "config.pbtxt:5:1: expected" in result.stderr  # names the file, line and column
 
 
@@ -87,6 +88,7 @@ def test_exit_on_error_false_serves_the_rest(tmp_path):
         client = httpclient.InferenceServerClient(server.http_url)
         assert client.is_model_ready("good")
         assert not client.is_model_ready("broken")
+        assert "Internal: failed to load all models" in server.output  # Triton's line
         assert "Started HTTPService at" in server.output
         assert "Started GRPCInferenceService at" in server.output
         assert "Started Metrics Service at" in server.output
