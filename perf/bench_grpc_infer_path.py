@@ -18,10 +18,9 @@ tree; `--by-function` prints, for one tree, the bytecodes per call of each funct
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
-from two_trees import ROUND_PRELUDE, compare_trees, tree_arguments
+from two_trees import ROUND_PRELUDE, whole_path_main
 
 ROUND = ROUND_PRELUDE + r"""
 import asyncio, json, os, struct, sys, time
@@ -130,27 +129,12 @@ async def _connect(service, transport):
     return connection
 
 
-# Not the main thread: there each run_until_complete would set up uvloop's signal
-# handling (a socketpair) again, which a server's one long run does not do.
-import threading
-thread = threading.Thread(target=main, args=(int(sys.argv[1]), sys.argv[2] == "1"))
-thread.start()
-thread.join()
+run_off_the_main_thread(main)
 """
 
 
 def main() -> int:
-    parser = tree_arguments(__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=20000, help="calls per round")
-    parser.add_argument("--by-function", action="store_true",
-                        help="bytecodes per call of each function, in the after tree")
-    args = parser.parse_args()
-    if args.by_function:
-        tree = args.trees[1].resolve()
-        subprocess.run([sys.executable, "-c", ROUND, "0", "1"], cwd=tree, check=True,
-                       env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
-        return 0
-    return compare_trees(ROUND, [str(args.count), "0"], "call", args)
+    return whole_path_main(__doc__.splitlines()[0], ROUND, "call")
 
 
 if __name__ == "__main__":

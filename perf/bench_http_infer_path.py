@@ -19,10 +19,9 @@ the bytecodes per request of each function instead.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
-from two_trees import ROUND_PRELUDE, compare_trees, tree_arguments
+from two_trees import ROUND_PRELUDE, whole_path_main
 
 ROUND = ROUND_PRELUDE + r"""
 import asyncio, json, sys, time
@@ -90,27 +89,12 @@ async def _connect(protocol, transport):
     protocol.connection_made(transport)  # its timers need the running loop
 
 
-# Not the main thread: there each run_until_complete would set up uvloop's signal
-# handling (a socketpair) again, which a server's one long run does not do.
-import threading
-thread = threading.Thread(target=main, args=(int(sys.argv[1]), sys.argv[2] == "1"))
-thread.start()
-thread.join()
+run_off_the_main_thread(main)
 """
 
 
 def main() -> int:
-    parser = tree_arguments(__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=20000, help="requests per round")
-    parser.add_argument("--by-function", action="store_true",
-                        help="bytecodes per request of each function, in the after tree")
-    args = parser.parse_args()
-    if args.by_function:
-        tree = args.trees[1].resolve()
-        subprocess.run([sys.executable, "-c", ROUND, "0", "1"], cwd=tree, check=True,
-                       env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
-        return 0
-    return compare_trees(ROUND, [str(args.count), "0"], "request", args)
+    return whole_path_main(__doc__.splitlines()[0], ROUND, "request")
 
 
 if __name__ == "__main__":

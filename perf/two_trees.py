@@ -86,6 +86,16 @@ def start_identity_server(loop, config):
                              allow_grpc=False, allow_metrics=False))
     loop.run_until_complete(server.start())
     return server
+
+
+def run_off_the_main_thread(main):
+    '''main(count, by_function) from the command line, on a thread: on the main thread
+    each run_until_complete would set up uvloop's signal handling (a socketpair) again,
+    which a server's one long run does not do.'''
+    import threading
+    thread = threading.Thread(target=main, args=(int(sys.argv[1]), sys.argv[2] == "1"))
+    thread.start()
+    thread.join()
 """
 
 
@@ -125,3 +135,20 @@ def tree_arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("trees", nargs=2, type=Path, help="before and after source trees")
     parser.add_argument("--rounds", type=int, default=5)
     return parser
+
+
+def whole_path_main(description: str, round_source: str, unit: str) -> int:
+    """The command line of a whole-path benchmark (bench_http_infer_path.py,
+    bench_grpc_infer_path.py): two trees alternately, or with --by-function the after
+    tree's bytecodes per `unit` by function."""
+    parser = tree_arguments(description)
+    parser.add_argument("--count", type=int, default=20000, help=f"{unit}s per round")
+    parser.add_argument("--by-function", action="store_true",
+                        help=f"bytecodes per {unit} of each function, in the after tree")
+    args = parser.parse_args()
+    if args.by_function:
+        tree = args.trees[1].resolve()
+        subprocess.run([sys.executable, "-c", round_source, "0", "1"], cwd=tree, check=True,
+                       env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+        return 0
+    return compare_trees(round_source, [str(args.count), "0"], unit, args)
