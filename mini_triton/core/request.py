@@ -173,10 +173,6 @@ class FinalAnswer:
         if on_settled is not None:
             on_settled()
 
-    def delivers_now(self) -> bool:
-        """Whether a final response put now is answered within the `put` call."""
-        return threading.get_ident() == self.thread
-
     def put(self, response: InferenceResponse) -> None:
         if not response.final:
             return
@@ -187,9 +183,7 @@ class FinalAnswer:
 
     def answer(self, response: InferenceResponse) -> None:
         """Give the final response (on the loop's thread): settle, then `on_final`."""
-        on_settled, self.on_settled = self.on_settled, None
-        if on_settled is not None:
-            on_settled()
+        self.settle()
         on_final, self.on_final = self.on_final, None
         if on_final is not None:
             on_final(response)
