@@ -81,6 +81,18 @@ class Outgoing:
         else:
             parts = [np.asarray(p) for p in parts]
             nbytes = sum(p.nbytes for p in parts)
+        return self._placed(name, datatype, shape, parts, nbytes)
+
+    def array(self, name: str, datatype: str, shape, array: np.ndarray) -> tuple:
+        """`tensor` of one array (most tensors), in fewer steps where it is not BYTES."""
+        if datatype == "BYTES":
+            return self.tensor(name, datatype, shape, [array])
+        array = np.asarray(array)
+        return self._placed(name, datatype, shape, [array], array.nbytes)
+
+    def _placed(self, name: str, datatype: str, shape, parts: list, nbytes: int) -> tuple:
+        """The descriptor of `parts` (bytes or arrays, `nbytes` in all): a shared block
+        when large, else inline after the tensors before it."""
         shape = tuple(map(int, shape))
         if nbytes >= SHARED_THRESHOLD and _HAS_MEMFD:
             offset = self.shared_size
@@ -91,35 +103,14 @@ class Outgoing:
         for part in parts:
             if isinstance(part, bytes):
                 self.buffers.append(part)
-            elif part.nbytes:
-                part = np.ascontiguousarray(part)
-                self.buffers.append(memoryview(part.reshape(-1).view(np.uint8)))
-        padded = aligned(offset + nbytes)
-        if padded > offset + nbytes:
-            self.buffers.append(bytes(padded - offset - nbytes))
-        self.inline_size = padded
-        return (name, datatype, shape, INLINE, offset, nbytes)
-
-    def array(self, name: str, datatype: str, shape, array: np.ndarray) -> tuple:
-        """`tensor` of one array (most tensors), in fewer steps where it is not BYTES."""
-        if datatype == "BYTES":
-            return self.tensor(name, datatype, shape, [array])
-        array = np.asarray(array)
-        nbytes = array.nbytes
-        shape = tuple(map(int, shape))
-        if nbytes >= SHARED_THRESHOLD and _HAS_MEMFD:
-            offset = self.shared_size
-            self.shared.append((offset, [array]))
-            self.shared_size = aligned(offset + nbytes)
-            return (name, datatype, shape, SHARED, offset, nbytes)
-        offset = self.inline_size
-        end = offset + nbytes
-        if nbytes:
-            if array.flags.c_contiguous:  # most: its bytes as they lie, in one step
-                self.buffers.append(memoryview(array).cast("B"))
+            elif not part.nbytes:
+                continue
+            elif part.flags.c_contiguous:  # most: its bytes as they lie, in one step
+                self.buffers.append(memoryview(part).cast("B"))
             else:
-                self.buffers.append(memoryview(np.ascontiguousarray(array).reshape(-1)
+                self.buffers.append(memoryview(np.ascontiguousarray(part).reshape(-1)
                                                .view(np.uint8)))
+        end = offset + nbytes
         padded = aligned(end)
         if padded > end:
             self.buffers.append(bytes(padded - end))
