@@ -95,9 +95,8 @@ RPC_GROUPS = {
 
 
 def _has_header(context, restriction: Restriction) -> bool:
-    wanted = GRPC_PREFIX + restriction.header
-    return any(key == wanted and value == restriction.value
-               for key, value in context.invocation_metadata() or ())
+    return grpc_stream.has_metadata(context, GRPC_PREFIX + restriction.header,
+                                    restriction.value)
 
 
 def _guarded_unary(method, restriction: Restriction):

@@ -53,10 +53,14 @@ RESPONSE_OVERHEAD = 1024
 GRPC_ERROR_HEADER = "triton_grpc_error"  # Triton's header; only "true" turns it on
 
 
+def has_metadata(context, key: str, value: str) -> bool:
+    """Whether the call was made with the metadata `key: value`."""
+    return any(k == key and v == value for k, v in context.invocation_metadata() or ())
+
+
 def wants_grpc_errors(context) -> bool:
     """Whether the stream was opened with `triton_grpc_error: true`."""
-    return any(key == GRPC_ERROR_HEADER and value == "true"
-               for key, value in context.invocation_metadata() or ())
+    return has_metadata(context, GRPC_ERROR_HEADER, "true")
 
 
 class StreamOutbox:
