@@ -26,6 +26,9 @@ SEQUENCE_END = 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 _CONTROL_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 # Parameters of the binary tensor / shared-memory extensions, never reserved.
 _ALLOWED_TRITON_PARAMETERS = ("triton_enable_empty_final_response",)
+# Parameters that change nothing checked or set here: a request with only these (stock
+# gRPC clients send the first on every call) takes the defaults at once.
+_NO_CONTROL_PARAMETERS = frozenset(_ALLOWED_TRITON_PARAMETERS)
 
 
 def config_datatype(data_type: int) -> str:
@@ -205,7 +208,8 @@ def _deduce_raw_input(request: InferenceRequest, model: ModelSignature) -> None:
 
 def _apply_control_parameters(request: InferenceRequest) -> None:
     params = request.parameters
-    if not params:  # most requests: no flags, the default priority, no timeout
+    if not params or params.keys() <= _NO_CONTROL_PARAMETERS:
+        # most requests: no flags, the default priority, no timeout
         request.flags = request.priority = request.timeout_us = 0
         return
     for key in params:

@@ -38,6 +38,7 @@ from .http2_upkeep import Http2Upkeep
 
 log = logging.getLogger("mini_triton.grpc")
 
+WINDOW_INCREMENT = struct.Struct(">I")
 # Received bytes are given back to the connection's window in steps this large.
 WINDOW_REFILL = 2**24
 # The HPACK table size the peer's encoder may use (SETTINGS_HEADER_TABLE_SIZE's default).
@@ -229,7 +230,11 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
                 self._on_padded_data(flags, stream_id & MAX_WINDOW, buffer, start, end)
                 continue
             self.frames += 1
-            if kind == HEADERS and self.headers_in_progress is None:  # once per call
+            if kind == WINDOW_UPDATE and length == 4 and self.headers_in_progress is None:
+                # stock clients send two per call: read in place, no _on_frame
+                self._on_window_update(stream_id & MAX_WINDOW,
+                                       WINDOW_INCREMENT.unpack_from(buffer, start)[0])
+            elif kind == HEADERS and self.headers_in_progress is None:  # once per call
                 self._on_headers(flags, stream_id & MAX_WINDOW, bytes(buffer[start:end]))
             else:
                 self._on_frame(kind, flags, stream_id & MAX_WINDOW, bytes(buffer[start:end]))
@@ -262,7 +267,7 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
         elif kind in (SETTINGS, PING, GOAWAY):
             self._on_connection_frame(kind, flags, stream_id, payload)
         elif kind == WINDOW_UPDATE:
-            self._on_window_update(stream_id, payload)
+            self._on_window_update(stream_id, WINDOW_INCREMENT.unpack(payload)[0])
         elif kind == RST_STREAM:
             self._on_reset(stream_id)
         elif kind == PRIORITY:
@@ -320,8 +325,9 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
         self.transport.write(frame(SETTINGS, ACK, 0))
         self._flush_blocked()
 
-    def _on_window_update(self, stream_id: int, payload: bytes) -> None:
-        increment = struct.unpack(">I", payload)[0] & MAX_WINDOW
+    def _on_window_update(self, stream_id: int, field: int) -> None:
+        """WINDOW_UPDATE, its 4-byte field read (the increment and a reserved bit)."""
+        increment = field & MAX_WINDOW
         self._quiet_frame()
         if stream_id == 0:
             if increment == 0:  # RFC 9113 6.9: on the connection, a connection error
@@ -341,7 +347,8 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
             if stream.send_window > MAX_WINDOW:
                 self._reset(stream, FLOW_CONTROL_ERROR)
                 return
-        self._flush_blocked()
+        if self.blocked:
+            self._flush_blocked()
 
     def _on_reset(self, stream_id: int) -> None:
         """RST_STREAM: the stream's call is stopped. Resets of open streams are counted

@@ -28,6 +28,8 @@ _SERVER_PARAMETERS = frozenset(("sequence_id", "sequence_start", "sequence_end",
                                 "timeout", "binary_data_output", "binary_data_size",
                                 "shared_memory_region", "shared_memory_byte_size",
                                 "shared_memory_offset"))
+# Hidden from the model too, and sent by stock gRPC clients on every call.
+_HIDDEN_PARAMETERS = _SERVER_PARAMETERS | {"triton_enable_empty_final_response"}
 
 
 class Reply(NamedTuple):
@@ -54,7 +56,7 @@ def tensor_array(tensor: CoreTensor) -> np.ndarray:
 
 def request_parameters_json(request: CoreRequest) -> str:
     """The parameters a model sees in `request.parameters()`."""
-    if not request.parameters and not request.model_parameters:
+    if not request.model_parameters and request.parameters.keys() <= _HIDDEN_PARAMETERS:
         return "{}"  # most requests: write_object({})
     visible = {k: v for k, v in request.parameters.items()
                if k not in _SERVER_PARAMETERS and not k.startswith("triton_")}
