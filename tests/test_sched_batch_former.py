@@ -268,6 +268,60 @@ def test_discard_takes_a_request_out():
     assert ids(batcher.take(0).batch) == ["b"]
 
 
+def test_a_lone_cancelled_request_is_dropped_not_run():
+    batcher = former()  # one level, no policy: the queue's shortest way
+    a = request("a")
+    fill(batcher, a)
+    a.cancelled = True
+    taken = batcher.take(0)
+    assert ids(taken.dropped) == ["a"] and taken.batch == [] and len(batcher) == 0
+
+
+def test_a_lone_request_waits_out_the_queue_delay():
+    batcher = former("dynamic_batching { max_queue_delay_microseconds: 100 }")
+    fill(batcher, request("a"))
+    waiting = batcher.take(40 * US)
+    assert waiting.batch == [] and waiting.wait_ns == 60 * US and len(batcher) == 1
+    assert ids(batcher.take(100 * US).batch) == ["a"] and len(batcher) == 0
+
+
+QUEUE_CONFIGS = ("", "dynamic_batching { }",
+                 "dynamic_batching { default_queue_policy { max_queue_size: 9 } }",
+                 "dynamic_batching { priority_levels: 2 default_queue_policy { "
+                 "default_timeout_microseconds: 10 } }",
+                 "dynamic_batching { priority_levels: 2 default_queue_policy { "
+                 "default_timeout_microseconds: 10 timeout_action: DELAY } }")
+
+
+@pytest.mark.parametrize("text", QUEUE_CONFIGS)
+def test_queue_length_follows_every_way_in_and_out(text):
+    """len() is a count kept as entries come and go: it must always equal the
+    entries actually queued, whichever way they leave."""
+    batcher = former(text, max_batch_size=2)
+    queues = batcher.queues
+
+    def check() -> None:
+        assert len(batcher) == len(queues.entries())
+
+    requests = [request(str(i), priority=1 + i % 2) for i in range(7)]
+    for r in requests:
+        batcher.add(r, 0)
+        check()
+    requests[1].cancelled = True
+    assert batcher.discard(requests[2]) and not batcher.discard(requests[2])
+    check()
+    batcher.take(5 * US)  # drops the cancelled one, takes a batch
+    check()
+    batcher.take(50 * US)  # timeouts run out: dropped (REJECT) or moved behind (DELAY)
+    check()
+    queues.remove(queues.entries()[:1])
+    check()
+    while len(batcher):
+        batcher.take(10**12)
+        check()
+    assert queues.entries() == []
+
+
 # --- concatenation ---
 
 

@@ -88,7 +88,10 @@ class Tap:
             self.hold = None
             response, self.held = self.held, None
         if response is not None:
-            self._pass(response)
+            if self.stages:
+                self._pass(response)
+            else:  # no stage to pass (most requests): no call for it
+                self.deliver(response)
 
     def _pass(self, response: InferenceResponse) -> None:
         for stage in self.stages:

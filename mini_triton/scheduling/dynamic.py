@@ -97,20 +97,37 @@ class BatchFormer:
     def __init__(self, rules: BatchingRules, queues: PriorityQueues | None = None):
         self.rules = rules
         self.queues = queues if queues is not None else PriorityQueues()
+        # With batching off or no queue delay, a lone queued request is a batch of its
+        # own now: what `_form` would decide, without its walk.
+        self.lone_runs_now = not rules.enabled or not rules.max_delay_ns
+        # `add(request, now_ns)` queues a request (PriorityQueues.add, called without a
+        # Python call in between: it runs for every queued request).
+        self.add = self.queues.add
 
     def __len__(self) -> int:
-        return len(self.queues)
-
-    def add(self, request: InferenceRequest, now_ns: int) -> Entry:
-        """Queue a request; raises UNAVAILABLE "Exceeds maximum queue size"."""
-        return self.queues.add(request, now_ns)
+        return self.queues.count
 
     def discard(self, request: InferenceRequest) -> bool:
         return self.queues.discard(request) is not None
 
     def take(self, now_ns: int) -> Take:
-        dropped = [entry.request for entry in self.queues.expire(now_ns)]
-        entries = self.queues.entries()
+        queues = self.queues
+        level = queues.plain
+        if level is not None:
+            waiting = level.waiting
+            for entry in waiting:
+                if entry.request.cancelled:
+                    break  # `expire` drops it below
+            else:  # nothing to drop: an entry of the plain level has no deadline
+                if len(waiting) == 1 and self.lone_runs_now:
+                    queues.count -= 1
+                    return Take([waiting.popleft().request], [])
+                return self._batch(list(waiting), [], now_ns)
+        dropped = [entry.request for entry in queues.expire(now_ns)]
+        return self._batch(queues.entries(), dropped, now_ns)
+
+    def _batch(self, entries: list[Entry], dropped: list, now_ns: int) -> Take:
+        """The batch the rules form from `entries` (the queue in order) now, if any."""
         if not entries:
             return Take([], dropped)
         if not self.rules.enabled:
@@ -168,6 +185,7 @@ class QueuedScheduler:
         dyn = config.dynamic_batching if config.HasField("dynamic_batching") else None
         self.former = BatchFormer(BatchingRules.from_config(config, backend_batches),
                                   PriorityQueues(dyn))
+        self.queues = self.former.queues  # `queues.count` is len(self.former), no call
         self.orderer = ResponseOrderer() if dyn is not None and dyn.preserve_ordering else None
         self.batch_inputs = BatchInputs.of(config)  # None unless the config has batch_input
         # Busy paths take the lock itself: a Condition's `with` costs two Python calls.
@@ -191,7 +209,7 @@ class QueuedScheduler:
 
     def inflight(self) -> int:
         with self.condition:
-            return len(self.former) + self.executing
+            return self.queues.count + self.executing
 
     def cancel(self, request: InferenceRequest) -> None:
         """Mark the request cancelled; if still queued it leaves with CANCELLED."""
@@ -234,7 +252,7 @@ class DynamicScheduler(QueuedScheduler):
         with self.condition:
             self.stopping = True
             self.condition.notify_all()
-            while (len(self.former) or self.executing) and time.monotonic() < deadline:
+            while (self.queues.count or self.executing) and time.monotonic() < deadline:
                 self.condition.wait(max(0.0, min(0.05, deadline - time.monotonic())))
             left = self._take_leftovers()
             self.condition.notify_all()
@@ -262,7 +280,7 @@ class DynamicScheduler(QueuedScheduler):
                     with self.condition:
                         self.executing -= len(batch)
                         self.condition.notify_all()
-                        more = len(self.former) > 0
+                        more = self.queues.count > 0
                     if gate is not None:
                         gate.release(again=more)
         finally:
@@ -272,7 +290,7 @@ class DynamicScheduler(QueuedScheduler):
         """The next batch for an instance. An instance back from an execution leaves
         waiting work to an idle one first, so load spreads over the instances."""
         with self.condition:
-            if returning and self.idle and len(self.former):
+            if returning and self.idle and self.queues.count:
                 self.condition.notify()
                 self._wait(None, gate)
             while True:
@@ -286,10 +304,10 @@ class DynamicScheduler(QueuedScheduler):
                     if self.orderer is not None:
                         for request in taken.batch:
                             self.orderer.enroll(request)
-                    if self.idle and len(self.former):
+                    if self.idle and self.queues.count:
                         self.condition.notify()  # more waiting: wake another instance
                     return taken.batch
-                if self.stopping and not len(self.former):
+                if self.stopping and not self.queues.count:
                     self.condition.notify_all()
                     if gate is not None:
                         gate.withdraw()

@@ -12,6 +12,7 @@ batching rules are the same `BatchFormer` the threaded scheduler uses.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 
@@ -63,8 +64,10 @@ class LoopScheduler(QueuedScheduler):
         # requests then) the request queues without asking under the lock.
         if self.immediate and on_loop and self.idle:
             with self.lock:
-                instance = self._idle_instance_for_one()
-                if instance is not None:
+                if self.stopping or self.dispatching or self.queues.count or not self.idle:
+                    instance = None
+                else:
+                    instance = self.idle.pop()
                     self.executing += 1
                     if self.orderer is not None:
                         self.orderer.enroll(request)
@@ -80,18 +83,11 @@ class LoopScheduler(QueuedScheduler):
         elif self.idle:  # else an instance that ends dispatches what is queued
             self._dispatch()
 
-    def _idle_instance_for_one(self):
-        """An idle instance taken for a request that needs no queue, or None (called
-        holding the lock)."""
-        if self.stopping or self.dispatching or len(self.former) or not self.idle:
-            return None
-        return self.idle.pop()
-
     def stop(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with self.condition:
             self.stopping = True
-            while (len(self.former) or self.executing) and time.monotonic() < deadline \
+            while (self.queues.count or self.executing) and time.monotonic() < deadline \
                     and not self._on_loop():
                 self.condition.wait(max(0.0, min(0.05, deadline - time.monotonic())))
             left = self._take_leftovers()
@@ -135,7 +131,7 @@ class LoopScheduler(QueuedScheduler):
 
     def _dispatch_one(self) -> bool:
         with self.lock:
-            if not self.idle or not len(self.former):
+            if not self.idle or not self.queues.count:
                 return False
             taken = self.former.take(time.monotonic_ns())
             if taken.dropped:
@@ -144,7 +140,7 @@ class LoopScheduler(QueuedScheduler):
             if batch:
                 instance = self.idle.pop()
                 self.executing += len(batch)
-                light = self.executing == 1 and not len(self.former)
+                light = self.executing == 1 and not self.queues.count
                 self.stats.adjust_pending(-len(batch))
                 if self.orderer is not None:
                     for request in batch:
@@ -156,7 +152,8 @@ class LoopScheduler(QueuedScheduler):
                 self._retry_in(taken.wait_ns / 1e9)
             return bool(taken.dropped)
         self._begin(instance, batch, light)
-        return True
+        # More only for an instance idle again: with none, one that ends dispatches.
+        return bool(self.idle)
 
     def _begin(self, instance, batch: list, light: bool = False) -> None:
         """Start `batch` on `instance` (taken from the idle ones); `light`: it is the
@@ -164,10 +161,8 @@ class LoopScheduler(QueuedScheduler):
         if self.batch_inputs is not None:
             self.batch_inputs.add(batch)
         taps, start = begin_batch(instance, batch, self.stats)
-
-        def on_end(timing: ExecutionTiming) -> None:
-            self._ended(instance, batch, taps, start, timing)
-
+        # on_end(timing): a partial, not a closure, calls `_ended` with no Python frame between.
+        on_end = functools.partial(self._ended, instance, batch, taps, start)
         try:
             instance.begin(batch, on_end, light)
         except Exception as error:  # a backend bug fails the batch, not the loop
@@ -192,6 +187,6 @@ class LoopScheduler(QueuedScheduler):
             self.idle.append(instance)
             if self.stopping:  # only `stop` waits on the condition (Python calls otherwise)
                 self.condition.notify_all()
-            queued = len(self.former)
+            queued = self.queues.count
         if queued:  # else nothing to hand out (a request queued from a thread later calls
             self._dispatch()  # `_dispatch` itself, on the loop)

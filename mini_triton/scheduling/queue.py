@@ -125,12 +125,18 @@ class PriorityQueues:
                        if level in dyn.priority_queue_policy else default_policy)
             for level in range(1, count + 1)
         ]
+        # Entries queued, kept as they come and go: schedulers ask it several times
+        # a request, and reading an attribute costs no Python call.
+        self.count = 0
+        # The common config, one level whose policy bounds neither size nor time: no
+        # entry there ever has a deadline or moves to `delayed`, so requests join and
+        # leave its `waiting` deque directly (None for any other config).
+        only = self.levels[0]
+        self.plain = only if count == 1 and not only.policy.max_queue_size \
+            and not only.policy.default_timeout_us else None
 
     def __len__(self) -> int:
-        total = 0
-        for level in self.levels:  # asked on every request: no call per level
-            total += len(level.waiting) + len(level.delayed)
-        return total
+        return self.count
 
     def level_of(self, priority: int) -> int:
         """0-based level index; priority 0 or beyond the last level means the default."""
@@ -140,12 +146,20 @@ class PriorityQueues:
 
     def add(self, request, now_ns: int) -> Entry:
         """Queue a request; raises UNAVAILABLE "Exceeds maximum queue size"."""
-        return self.levels[self.level_of(request.priority)].add(request, now_ns)
+        plain = self.plain
+        if plain is not None:  # what LevelQueue.add does when the policy is empty
+            entry = Entry(request, now_ns)
+            plain.waiting.append(entry)
+        else:
+            entry = self.levels[self.level_of(request.priority)].add(request, now_ns)
+        self.count += 1
+        return entry
 
     def expire(self, now_ns: int) -> list[Entry]:
         dropped: list[Entry] = []
         for level in self.levels:
             level.expire(now_ns, dropped)
+        self.count -= len(dropped)
         return dropped
 
     def entries(self) -> list[Entry]:
@@ -158,6 +172,7 @@ class PriorityQueues:
 
     def remove_first(self, count: int) -> None:
         """Take the first `count` of `entries()` out of the queue (a batch is a prefix)."""
+        self.count -= count
         for level in self.levels:
             for queue in (level.waiting, level.delayed):
                 while count and queue:
@@ -170,6 +185,7 @@ class PriorityQueues:
         chosen = {id(e) for e in entries}
         for level in self.levels:
             level.remove(chosen)
+        self.count = sum(len(level) for level in self.levels)
 
     def discard(self, request) -> Entry | None:
         """Take one request out of the queue (cancellation); None if not queued."""
@@ -177,6 +193,7 @@ class PriorityQueues:
             for entry in level.entries():
                 if entry.request is request:
                     level.remove({id(entry)})
+                    self.count -= 1
                     return entry
         return None
 
