@@ -21,7 +21,7 @@ import collections
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 STAT_NAMES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
               "cache_hit", "cache_miss")
@@ -46,11 +46,26 @@ class Duration:
         return {"count": self.count, "ns": self.ns}
 
 
-@dataclass
 class BatchStat:
-    compute_input: Duration = field(default_factory=Duration)
-    compute_infer: Duration = field(default_factory=Duration)
-    compute_output: Duration = field(default_factory=Duration)
+    """The executions of one batch size: how many, and their summed compute durations
+    (kept flat, as every execution adds to all four; read as Durations)."""
+
+    __slots__ = ("count", "input_ns", "infer_ns", "output_ns")
+
+    def __init__(self):
+        self.count = self.input_ns = self.infer_ns = self.output_ns = 0
+
+    @property
+    def compute_input(self) -> Duration:
+        return Duration(self.count, self.input_ns)
+
+    @property
+    def compute_infer(self) -> Duration:
+        return Duration(self.count, self.infer_ns)
+
+    @property
+    def compute_output(self) -> Duration:
+        return Duration(self.count, self.output_ns)
 
 
 @dataclass
@@ -119,7 +134,11 @@ class ModelStats:
         self.name = name
         self.version = version
         self.lock = threading.Lock()
-        self.durations = {stat: Duration() for stat in STAT_NAMES}
+        # The queue and compute durations (COMPUTE_NAMES) always count the same requests:
+        # one count and four sums, kept flat (record_executed adds to them for every
+        # batch); `durations` reads them as Durations.
+        self.computed = self.queue_ns = self.input_ns = self.infer_ns = self.output_ns = 0
+        self._other = {stat: Duration() for stat in STAT_NAMES if stat not in COMPUTE_NAMES}
         self.failures_by_reason: dict[str, int] = {}
         self.inference_count = 0
         self.execution_count = 0
@@ -130,8 +149,17 @@ class ModelStats:
         self.load_duration_secs = 0.0
         self.summaries = {name: LatencyWindow() for name in SUMMARY_NAMES} if summaries \
             else None
-        self._compute = tuple(self.durations[name] for name in COMPUTE_NAMES)
-        self._success = self.durations["success"]
+        self._success = self._other["success"]
+
+    @property
+    def durations(self) -> dict[str, Duration]:
+        """Every inference statistic by name, in STAT_NAMES order (read under `lock`)."""
+        computed = self.computed
+        flat = {"queue": Duration(computed, self.queue_ns),
+                "compute_input": Duration(computed, self.input_ns),
+                "compute_infer": Duration(computed, self.infer_ns),
+                "compute_output": Duration(computed, self.output_ns)}
+        return {name: flat[name] if name in flat else self._other[name] for name in STAT_NAMES}
 
     def record_batch(self, timing: ExecutionTiming, batch_size: int) -> None:
         """One backend execution of `batch_size` rows (null requests included)."""
@@ -143,8 +171,12 @@ class ModelStats:
         each, its requests that succeeded: `succeeded` holds (queue start ns, rows) of
         each. One lock round for the whole batch (and no further Python call: this
         runs for every batch)."""
-        start = timing.start
-        input_ns, infer_ns, output_ns = timing.input_ns, timing.infer_ns, timing.output_ns
+        start, input_end, infer_end, end = timing.start, timing.input_end, timing.infer_end, \
+            timing.end
+        # ExecutionTiming's input_ns, infer_ns and output_ns, without their calls.
+        input_ns = input_end - start if input_end > start else 0
+        infer_ns = infer_end - input_end if infer_end > input_end else 0
+        output_ns = end - infer_end if end > infer_end else 0
         now_ms = time.time_ns() // 1_000_000
         with self.lock:
             self.execution_count += 1
@@ -153,12 +185,10 @@ class ModelStats:
             batch = self.batch_stats.get(batch_size)
             if batch is None:
                 batch = self.batch_stats[batch_size] = BatchStat()
-            batch.compute_input.count += 1
-            batch.compute_input.ns += input_ns
-            batch.compute_infer.count += 1
-            batch.compute_infer.ns += infer_ns
-            batch.compute_output.count += 1
-            batch.compute_output.ns += output_ns
+            batch.count += 1
+            batch.input_ns += input_ns
+            batch.infer_ns += infer_ns
+            batch.output_ns += output_ns
             if not succeeded:
                 return
             count = len(succeeded)
@@ -168,15 +198,11 @@ class ModelStats:
                 if start > queue_start:
                     queued_total += start - queue_start
             self.inference_count += rows_total
-            queue, compute_input, compute_infer, compute_output = self._compute
-            queue.count += count
-            queue.ns += queued_total
-            compute_input.count += count
-            compute_input.ns += input_ns * count
-            compute_infer.count += count
-            compute_infer.ns += infer_ns * count
-            compute_output.count += count
-            compute_output.ns += output_ns * count
+            self.computed += count
+            self.queue_ns += queued_total
+            self.input_ns += input_ns * count
+            self.infer_ns += infer_ns * count
+            self.output_ns += output_ns * count
             if self.summaries is not None:
                 now = time.monotonic_ns()
                 compute = (input_ns, infer_ns, output_ns)
@@ -191,9 +217,11 @@ class ModelStats:
         times = (max(0, queue_ns), max(0, input_ns), max(0, infer_ns), max(0, output_ns))
         with self.lock:
             self.inference_count += rows
-            for duration, ns in zip(self._compute, times):
-                duration.count += 1
-                duration.ns += ns
+            self.computed += 1
+            self.queue_ns += times[0]
+            self.input_ns += times[1]
+            self.infer_ns += times[2]
+            self.output_ns += times[3]
             if self.summaries is not None:
                 now = time.monotonic_ns()
                 for name, ns in zip(COMPUTE_NAMES, times):
@@ -210,14 +238,14 @@ class ModelStats:
                 if self.summaries is not None:
                     self.summaries["request"].observe(max(0, request_ns) // 1000)
             else:
-                self.durations["fail"].add(request_ns)
+                self._other["fail"].add(request_ns)
                 self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
 
     def record_cache(self, hit: bool, ns: int) -> None:
         """A response-cache lookup (a hit's time) or a miss (lookup plus insertion)."""
         name = "cache_hit" if hit else "cache_miss"
         with self.lock:
-            self.durations[name].add(max(0, ns))
+            self._other[name].add(max(0, ns))
             if self.summaries is not None:
                 self.summaries[name].observe(max(0, ns) // 1000)
 
