@@ -31,19 +31,26 @@ import weakref
 import numpy as np
 
 from ...core import datatypes
-from .arena import Arena, PeerSegments, aligned
+from .arena import ALIGN, Arena, PeerSegments, aligned
 from .convert import Reply
 
 SHARED_THRESHOLD = 64 * 1024  # bytes; smaller tensors travel inline
-_HEADER = struct.Struct("<IIQ")  # metadata bytes, descriptor count, tensor bytes
+# Metadata bytes, descriptor count, flags (_BOOKKEEPING), tensor bytes.
+_HEADER = struct.Struct("<IHHQ")
+_HEADER_SIZE = _HEADER.size
+# The metadata carries the link's own keys (a block, segments, regions, returns): most
+# messages carry none, and their reader need not look for them.
+_BOOKKEEPING = 1
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
 _SCRATCH = 256 * 1024
-_MAX_FDS = 16
+_MAX_FDS = 16  # fits the header's descriptor count
 _ANCILLARY = socket.CMSG_SPACE(_MAX_FDS * 4)
 _HAS_MEMFD = hasattr(os, "memfd_create")
 INLINE, SHARED, REGION = 0, 1, 2  # REGION: offset is (region serial, offset in the object)
 # Plain ints: `socket`'s flags are enum members, whose `&` costs a Python call per message.
 _MSG_CTRUNC = int(socket.MSG_CTRUNC)
 _MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
+_dumps, _loads = pickle.dumps, pickle.loads
 
 
 class Outgoing:
@@ -88,7 +95,18 @@ class Outgoing:
         if datatype == "BYTES":
             return self.tensor(name, datatype, shape, [array])
         array = np.asarray(array)
-        return self._placed(name, datatype, shape, [array], array.nbytes)
+        nbytes = array.nbytes
+        if 0 < nbytes < SHARED_THRESHOLD and array.flags.c_contiguous:
+            # Most tensors: `_placed`'s inline case for one contiguous array, in one step.
+            offset = self.inline_size
+            buffers = self.buffers
+            buffers.append(array)  # its bytes as they lie (sendmsg takes any buffer)
+            padded = (offset + nbytes + ALIGN - 1) // ALIGN * ALIGN  # arena.aligned
+            if padded > offset + nbytes:
+                buffers.append(bytes(padded - offset - nbytes))
+            self.inline_size = padded
+            return (name, datatype, tuple(map(int, shape)), INLINE, offset, nbytes)
+        return self._placed(name, datatype, shape, [array], nbytes)
 
     def _placed(self, name: str, datatype: str, shape, parts: list, nbytes: int) -> tuple:
         """The descriptor of `parts` (bytes or arrays, `nbytes` in all): a shared block
@@ -226,6 +244,30 @@ class Link:
     def send(self, meta: dict, outgoing: Outgoing | None = None) -> None:
         """Send a message (thread-safe). `meta` gains the places of its block and of
         the other end's blocks this end is done with."""
+        if outgoing is None:
+            buffers, size = (), 0
+        elif outgoing.shared or outgoing.regions:
+            self._send_with_descriptors(meta, outgoing)
+            return
+        else:
+            buffers, size = outgoing.buffers, outgoing.inline_size
+        # Most messages: no descriptor travels with them (`_send_with_descriptors`'s
+        # last steps, without what it needs for them).
+        with self._send_lock:
+            flags = 0
+            if self.peer.freed or self.arena.dropped:  # rare: read without the arena's lock
+                self._add_returns(meta)
+                flags = _BOOKKEEPING
+            encoded = _dumps(meta, _PROTOCOL)
+            pieces = [_HEADER.pack(len(encoded), 0, flags, size), encoded, *buffers]
+            sent = self.sock.sendmsg(pieces)
+            if sent < _HEADER_SIZE + len(encoded) + size:  # the socket took only part
+                self._send_rest(pieces, sent)
+
+    def _send_with_descriptors(self, meta: dict, outgoing: Outgoing | None) -> None:
+        """`send` of a message with a shared block or client regions (or link
+        bookkeeping of its own): the descriptors the other end has not mapped yet
+        travel with it."""
         block = None
         if outgoing is not None and outgoing.shared:
             block = self.arena.take(outgoing.shared_size)
@@ -245,8 +287,8 @@ class Link:
                 fds += self._announce_regions(meta, outgoing.regions)
             ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] \
                 if fds else []
-            encoded = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
-            pieces = [_HEADER.pack(len(encoded), len(fds), size), encoded]
+            encoded = _dumps(meta, _PROTOCOL)
+            pieces = [_HEADER.pack(len(encoded), len(fds), _BOOKKEEPING, size), encoded]
             if outgoing is not None:
                 pieces += outgoing.buffers
             try:
@@ -254,7 +296,7 @@ class Link:
             finally:
                 if "_segment" in meta:
                     self.arena.announced(block.segment)
-            if sent < _HEADER.size + len(encoded) + size:  # the socket took only part
+            if sent < _HEADER_SIZE + len(encoded) + size:  # the socket took only part
                 self._send_rest(pieces, sent)
 
     def _announce_regions(self, meta: dict, regions: dict) -> list[int]:
@@ -276,7 +318,7 @@ class Link:
         self.regions.pop(serial, None)
         self._regions_announced.discard(serial)
         try:
-            self.send({"op": "freed", "_forget": [serial]})
+            self._send_with_descriptors({"op": "freed", "_forget": [serial]}, None)
         except OSError:
             pass  # the other end is gone
 
@@ -300,11 +342,11 @@ class Link:
 
     def _send_rest(self, pieces: list, sent: int) -> None:
         for piece in pieces:
-            length = len(piece) if not isinstance(piece, memoryview) else piece.nbytes
-            if sent >= length:
-                sent -= length
+            piece = memoryview(piece).cast("B")  # bytes or a contiguous array, by the byte
+            if sent >= piece.nbytes:
+                sent -= piece.nbytes
                 continue
-            self.sock.sendall(memoryview(piece)[sent:] if sent else piece)
+            self.sock.sendall(piece[sent:] if sent else piece)
             sent = 0
 
     # --- receiving ---
@@ -335,35 +377,39 @@ class Link:
         """The messages that arrived, without waiting (for an event loop's reader callback);
         EOFError when the other end is gone."""
         messages = []
-        drained = False  # a short read took all the socket had: do not ask it again
         while True:
+            count = self._fill(blocking=False)
             message = self._parse()
-            if message is not None:
+            while message is not None:
                 messages.append(message)
-            elif drained:
-                return messages  # the rest of a partial message wakes the reader again
-            else:
-                count = self._fill(blocking=False)
-                if not count:
-                    return messages
-                drained = count < _SCRATCH
+                message = self._parse()
+            if count < _SCRATCH:
+                # A short read took all the socket had (the rest of a partial message
+                # wakes the reader again), or nothing was there (`poll_until` read it).
+                return messages
 
     def _parse(self) -> Incoming | None:
         """The first complete message in the buffer, if there is one."""
-        available = len(self._buffer) - self._position
-        if available < _HEADER.size:
+        buffer, position = self._buffer, self._position
+        start = position + _HEADER_SIZE
+        if start > len(buffer):
             return None
-        meta_size, fd_count, size = _HEADER.unpack_from(self._buffer, self._position)
-        start = self._position + _HEADER.size
-        end = start + meta_size + size
-        if end > len(self._buffer) or len(self._fds) < fd_count:
+        meta_size, fd_count, flags, size = _HEADER.unpack_from(buffer, position)
+        meta_end = start + meta_size
+        end = meta_end + size
+        if end > len(buffer) or (fd_count and len(self._fds) < fd_count):
             return None
         # Slices are copies (the buffer is reused): the metadata is small, and the inline
         # tensors are copied once here as a view would have been copied anyway.
-        buffer = self._buffer
-        meta = pickle.loads(buffer[start:start + meta_size])
-        inline = buffer[start + meta_size:end] if size else b""
+        meta = _loads(buffer[start:meta_end])
+        inline = buffer[meta_end:end] if size else b""
         self._position = end
+        if flags:
+            return self._bookkept(meta, inline, fd_count)
+        return Incoming(meta, inline, None, self.regions)
+
+    def _bookkept(self, meta: dict, inline, fd_count: int) -> Incoming:
+        """A message that carries the link's own keys (`_BOOKKEEPING`): act on them."""
         if fd_count:
             self._take_descriptors(meta, fd_count)
         if "_freed" in meta:
@@ -392,7 +438,7 @@ class Link:
 
     def _fill(self, blocking: bool) -> int:
         """Read what the socket has (waiting for it when `blocking`); the bytes read
-        (0: nothing there)."""
+        (0: nothing there). EOFError when the other end is gone."""
         if self._position == len(self._buffer):
             self._buffer.clear()
             self._position = 0
@@ -401,24 +447,25 @@ class Link:
             self._position = 0
         view = self._scratch
         try:
-            count = self._receive(view, 0 if blocking else _MSG_DONTWAIT)
+            count, ancillary, flags, _ = self.sock.recvmsg_into(
+                [view], _ANCILLARY, 0 if blocking else _MSG_DONTWAIT)
         except BlockingIOError:
             return 0
+        if ancillary:
+            self._keep_descriptors(ancillary)
+        if flags & _MSG_CTRUNC:
+            raise EOFError("a message's shared-memory descriptors were truncated")
+        if count == 0:
+            raise EOFError("the other end closed the connection")
         self._buffer += view[:count]
         return count
 
-    def _receive(self, view: memoryview, flags: int) -> int:
-        count, ancillary, flags, _ = self.sock.recvmsg_into([view], _ANCILLARY, flags)
+    def _keep_descriptors(self, ancillary: list) -> None:
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds = array.array("i")
                 fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
                 self._fds.extend(fds)
-        if flags & _MSG_CTRUNC:
-            raise EOFError("a message's shared-memory descriptors were truncated")
-        if count == 0:
-            raise EOFError("the other end closed the connection")
-        return count
 
     def close(self) -> None:
         try:
