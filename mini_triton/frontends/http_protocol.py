@@ -32,9 +32,10 @@ from typing import Callable
 
 import httptools
 
-from .. import SERVER_NAME, __version__
 from .http_body import BodyReceiver
 from .http_encoding import InflatedTooLarge, compress, inflate
+from .http_head import (HEADS, REPLY_HEADS, RequestHead, declared_length, head_bytes,
+                        length_head, path_of)
 from .http_exchange import (App, BodyStream, Exchange, Handler, HttpReply,  # noqa: F401
                             HttpRequest, serve_async)
 from .http_limits import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,  # noqa: F401
@@ -43,20 +44,6 @@ from .http_router import Router  # noqa: F401 (where it used to live)
 
 log = logging.getLogger("mini_triton.http")
 
-_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict",
-            413: "Payload Too Large", 414: "URI Too Long",
-            431: "Request Header Fields Too Large", 499: "Client Closed Request",
-            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
-# A reply's first lines: its status line and our name (Triton sends no Server header),
-# one constant string per status.
-_SERVER_HEADER = f"Server: {SERVER_NAME}/{__version__}\r\n"
-_STATUS_LINES = {status: f"HTTP/1.1 {status} {reason}\r\n{_SERVER_HEADER}"
-                 for status, reason in _REASONS.items()}
-
-
-def _status_lines(status: int) -> str:
-    return f"HTTP/1.1 {status} Unknown\r\n{_SERVER_HEADER}"
 
 
 # After a refusal the connection is closed for writing at once, while what the client
@@ -107,7 +94,10 @@ class HttpProtocol(asyncio.Protocol):
         self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
         self.transport: asyncio.Transport | None = None
         self._url = b""
-        self._headers: dict[str, str] = {}
+        # The raw names and values of this head's headers, alternately (decoded all at
+        # once, through HEADS, when the head ends); then those of its trailers, if any.
+        self._fields: list[bytes] = []
+        self._head: RequestHead | None = None
         self._header_bytes = 0  # the counted size of this head's headers so far
         self._body = BodyReceiver(max_body)
         self._last_request = False  # Content-Length came with chunked: the last request
@@ -228,7 +218,7 @@ class HttpProtocol(asyncio.Protocol):
     # --- httptools callbacks ---
 
     def on_message_begin(self) -> None:
-        self._url, self._headers = b"", {}
+        self._url, self._fields = b"", []
         self._body.begin()
         self._header_bytes = 0
         self._in_message = self._head_open = self._in_fields = True
@@ -246,23 +236,35 @@ class HttpProtocol(asyncio.Protocol):
                                 f"bytes (--http-max-url-size)")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value) + _HEADER_LINE_FRAMING
+        # Called for each header (and trailer): the bound is checked as each arrives.
+        # (len of the two joined: fewer steps than two lens, on the busiest callback.)
+        self._header_bytes += len(name + value) + _HEADER_LINE_FRAMING
         if self._header_bytes > self.max_headers:
             raise _Refusal(431, self._headers_too_large())
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        self._fields += name, value
 
     def on_headers_complete(self) -> None:
         self._head_open = self._in_fields = False
-        headers = self._headers
+        raw = (*self._fields, self._url, self.parser.get_method())
+        head = HEADS.get(raw)
+        if head is None:
+            head = HEADS.decode(raw, self._header_bytes + len(self._url))
+        self._head = head
+        self._fields = []  # for trailers
+        if head.plain:
+            if head.large_body:
+                self._body.expect(head.declared_length)
+            return
+        headers = head.headers
         if "transfer-encoding" in headers:
             self._check_framing(headers)
         if "expect" in headers and headers["expect"].lower() == "100-continue":
             # A body that will be refused is not asked for.
-            if _declared_length(headers) > self.max_body:
+            if declared_length(headers) > self.max_body:
                 raise _Refusal(413, self._body_too_large())
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if "transfer-encoding" not in headers and "content-length" in headers:
-            self._body.expect(_declared_length(headers))
+            self._body.expect(declared_length(headers))
 
     def on_chunk_header(self) -> None:
         # Trailers may follow (after the last chunk's size line): count until data.
@@ -274,11 +276,15 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._in_fields = self._in_message = False  # the trailers, if any, have ended
-        method = self.parser.get_method().decode()
-        path = httptools.parse_url(self._url).path.decode("latin-1")
-        headers = self._headers
+        head = self._head
+        if self._fields:  # trailers: they join the headers, as later duplicates
+            head = RequestHead((*_head_fields(head.headers), *self._fields, self._url,
+                                head.method.encode()))
+        method, path = head.method, head.path
+        if path is None:
+            path = path_of(head)
         keep_alive = self.parser.should_keep_alive() and not self._last_request
-        exchange = Exchange(self, method, path, keep_alive, headers.get("accept-encoding", ""),
+        exchange = Exchange(self, method, path, keep_alive, head.accept_encoding,
                             self.parser.get_http_version() != "1.0")
         exchanges = self._exchanges
         exchanges.append(exchange)
@@ -287,11 +293,16 @@ class HttpProtocol(asyncio.Protocol):
         if self._body.too_large:
             exchange.answer(self.router_error(413, self._body_too_large()))
         else:
-            request = HttpRequest(method, path, headers, self._body.whole())
+            request = HttpRequest(method, path, head.headers.copy(), self._body.whole())
             if self._held or self._write_paused or len(exchanges) > self.max_in_progress:
                 self._hold(request, exchange)
-            else:
+            elif head.content_encoding:
                 self._start(request, exchange)
+            else:  # _start's common case, without its call
+                try:
+                    self.app(request, exchange)
+                except Exception as error:
+                    exchange.fail(error)
         if self._last_request:
             raise _LastRequest
 
@@ -552,8 +563,11 @@ class HttpProtocol(asyncio.Protocol):
             if applied:
                 extra = {**extra, "Content-Encoding": applied}
                 length = sum(map(len, chunks))
-        head = _head(reply, f"Content-Length: {length}\r\n", extra, keep_alive)
-        transport.writelines([head, *chunks])
+        key = (reply.status, reply.content_type, keep_alive, *extra.items())
+        head = REPLY_HEADS.get(key)
+        if head is None:
+            head = REPLY_HEADS.remember(key, length_head(reply, extra, keep_alive))
+        transport.writelines([head % length, *chunks])
         if not keep_alive:
             self._end_connection()
 
@@ -571,7 +585,8 @@ class HttpProtocol(asyncio.Protocol):
         if not body.started:
             body.started = True
             framing = "Transfer-Encoding: chunked\r\n" if exchange.chunked else ""
-            transport.write(_head(exchange.reply, framing, exchange.reply.headers, keep_alive))
+            transport.write(head_bytes(exchange.reply, framing, exchange.reply.headers,
+                                       keep_alive))
         transport.writelines(body.written())
         if not body.ended:
             if not self._write_paused:
@@ -583,26 +598,12 @@ class HttpProtocol(asyncio.Protocol):
         return True
 
 
-def _head(reply: HttpReply, framing: str, headers: dict[str, str], keep_alive: bool) -> bytes:
-    """A reply's status line and headers; `framing` says how its body is delimited."""
-    status = reply.status
-    fields = "".join([f"{name}: {value}\r\n" for name, value in headers.items()]) \
-        if headers else ""
-    return (f"{_STATUS_LINES.get(status) or _status_lines(status)}"
-            f"Content-Type: {reply.content_type}\r\n{framing}{fields}"
-            f"{_KEEP_ALIVE_END if keep_alive else _CLOSE_END}").encode("latin-1")
-
-
-_KEEP_ALIVE_END = "\r\n"
-_CLOSE_END = "Connection: close\r\n\r\n"
 
 
 class _LastRequest(Exception):
     """Raised after the connection's last request to stop parsing what follows."""
 
 
-def _declared_length(headers: dict[str, str]) -> int:
-    try:
-        return int(headers.get("content-length", "0"))
-    except ValueError:
-        return 0  # llhttp has refused a malformed one already; chunked bodies have none
+def _head_fields(headers: dict[str, str]) -> list[bytes]:
+    """Decoded headers as raw fields again (names and values, alternately)."""
+    return [text.encode("latin-1") for field in headers.items() for text in field]

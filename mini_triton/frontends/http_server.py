@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+from functools import partial
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -296,16 +297,18 @@ class HttpFrontend:
         the Inference-Header-Content-Length header."""
         params = request.params
         model, version = params["model"], params.get("version", "")
-        try:
-            header_length = _header_length(
-                request.headers.get("inference-header-content-length"))
-        except TritonError as error:
-            exchange.answer(self._undecodable(model, version, error, V2_REPLIES))
-            return
-        if header_length is None and not request.body:
+        value = request.headers.get("inference-header-content-length")
+        if value is None:
             # Triton's header length defaults to the body's: an empty body is a raw
             # binary request whose one input has no bytes.
-            header_length = 0
+            header_length = None if request.body else 0
+        else:
+            try:
+                header_length = int(value)  # its range is the codec's to check
+            except ValueError:
+                error = invalid_arg(f"invalid {http_codec.HEADER_LENGTH} header '{value}'")
+                exchange.answer(self._undecodable(model, version, error, V2_REPLIES))
+                return
         self.start_infer(request, exchange, model, version, header_length)
 
     def start_infer(self, request: HttpRequest, exchange: Exchange, model: str, version: str,
@@ -316,22 +319,29 @@ class HttpFrontend:
         without a task in between. `replies` shapes the reply (the v2 API's, or a cloud
         front end's status codes and content types)."""
         replies = replies or V2_REPLIES
-        try:
-            infer_request, binary_output = self._decode_infer(request, model, version,
-                                                              header_length)
+        try:  # _decode_infer, inline: this runs for every request
+            if header_length == 0:
+                infer_request, binary_output = http_codec.decode_raw_request(
+                    model, version, request.body), True
+            else:
+                infer_request, binary_output = http_codec.decode_infer_request(
+                    model, version, request.body, header_length)
+            if self.header_pattern is not None:
+                forward_headers(self.header_pattern, request.headers.items(),
+                                infer_request.parameters)
         except TritonError as error:
             exchange.answer(self._undecodable(model, version, error, replies))
             return
-        try:
-            def reply(response) -> None:
-                exchange.answer(_infer_reply(response, infer_request, binary_output, replies))
-
-            self.service.start_unary(infer_request, "HTTP end point", reply)
+        service = self.service
+        try:  # partial, not closures: fewer steps per request
+            service.start_unary(infer_request, "HTTP end point",
+                                partial(_answer_infer, exchange, infer_request, binary_output,
+                                        replies))
         except TritonError as error:
             exchange.answer(replies.error(error))
             return
         if exchange.reply is None:
-            exchange.cancel = lambda: self.service.cancel(infer_request)
+            exchange.cancel = partial(service.cancel, infer_request)
 
     def _undecodable(self, model: str, version: str, error: TritonError,
                      replies: "InferReplies") -> HttpReply:
@@ -343,18 +353,6 @@ class HttpFrontend:
         except TritonError as lookup:
             error = lookup
         return replies.error(error)
-
-    def _decode_infer(self, request: HttpRequest, model: str, version: str,
-                      header_length: int | None):
-        """(InferenceRequest, whether outputs default to binary)."""
-        if header_length == 0:
-            decoded = http_codec.decode_raw_request(model, version, request.body), True
-        else:
-            decoded = http_codec.decode_infer_request(model, version, request.body,
-                                                      header_length)
-        if self.header_pattern is not None:
-            forward_headers(self.header_pattern, request.headers.items(), decoded[0].parameters)
-        return decoded
 
 
 @dataclass(frozen=True)
@@ -378,21 +376,25 @@ V2_REPLIES = InferReplies(lambda error: error_reply(http_status(error.code), err
                           _v2_binary_headers)
 
 
-def _infer_reply(response, request, binary_output: bool, replies: InferReplies) -> HttpReply:
-    """The HTTP reply of an inference's final response."""
+def _answer_infer(exchange: Exchange, request, binary_output: bool, replies: InferReplies,
+                  response) -> None:
+    """Answer with the HTTP reply of an inference's final response."""
     if response.error is not None:
-        return replies.error(response.error)
+        exchange.answer(replies.error(response.error))
+        return
     try:
         chunks, json_length = http_codec.encode_infer_response(response, request,
                                                                binary_output)
     except TritonError as error:
-        return replies.error(error)
+        exchange.answer(replies.error(error))
+        return
     except Exception as error:  # a bug here must not reach the model's scheduler
         log.exception("cannot encode the response of model '%s'", request.model_name)
-        return error_reply(500, f"internal error: {error}")
+        exchange.answer(error_reply(500, f"internal error: {error}"))
+        return
     content_type, headers = replies.binary_headers(json_length)
-    return HttpReply(200, chunks, content_type, headers,
-                     compressible=replies.compressible)
+    exchange.answer(HttpReply(200, chunks, content_type, headers,
+                              compressible=replies.compressible))
 
 
 def _json_body(request: HttpRequest) -> dict:
@@ -416,12 +418,3 @@ def _base64(key: str, value) -> bytes:
     except (binascii.Error, ValueError):
         raise invalid_arg(f"parameter '{key}' is not valid base64") from None
 
-
-def _header_length(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        length = int(value)
-    except ValueError:
-        raise invalid_arg(f"invalid {http_codec.HEADER_LENGTH} header '{value}'") from None
-    return length  # its range is the codec's to check, against the body
