@@ -191,22 +191,24 @@ class InferenceService:
 
     def _read_shared_memory_inputs(self, request: InferenceRequest) -> None:
         for tensor in request.inputs:
-            if SHM_REGION in tensor.parameters:
-                region, offset, size = self._shm_reference(tensor.parameters,
-                                                           f"input '{tensor.name}'", request)
-                tensor.raw = region.read(offset, size, f"input '{tensor.name}'")
+            parameters = tensor.parameters
+            if SHM_REGION in parameters:
+                what = f"input '{tensor.name}'"
+                region = self._hold_region(str(parameters.pop(SHM_REGION)), request)
+                offset, size = _shm_extent(parameters.pop(SHM_OFFSET, 0),
+                                           parameters.pop(SHM_SIZE, None), what)
+                tensor.raw = region.read(offset, size, what)  # bounds-checked
                 tensor.data = None
                 tensor.region = (region, offset)
 
-    def _shm_reference(self, parameters: dict, what: str, request: InferenceRequest):
-        region = self._hold_region(str(parameters.pop(SHM_REGION)), request)
-        size = parameters.pop(SHM_SIZE, None)
-        offset = parameters.pop(SHM_OFFSET, 0)
-        if not isinstance(size, int) or isinstance(size, bool):
-            raise invalid_arg(f"{what}: '{SHM_SIZE}' must be given with '{SHM_REGION}'")
-        if not isinstance(offset, int) or isinstance(offset, bool):
-            raise invalid_arg(f"{what}: '{SHM_OFFSET}' must be an integer")
-        region.check(offset, size, what)  # now, before any work is done
+    def _shm_output(self, parameters: dict, what: str, request: InferenceRequest):
+        """(region, offset, byte size) of an output going to shared memory, the region
+        held and the range checked now, before any work is done. `parameters` are left
+        as they are (the request may be prepared again for another version)."""
+        region = self._hold_region(str(parameters[SHM_REGION]), request)
+        offset, size = _shm_extent(parameters.get(SHM_OFFSET, 0),
+                                   parameters.get(SHM_SIZE), what)
+        region.check(offset, size, what)
         return region, offset, size
 
     def _hold_region(self, name: str, request: InferenceRequest):
@@ -215,30 +217,34 @@ class InferenceService:
         held = request.held_regions
         if held is not None and name in held:
             return held[name][1]
-        for registry in (self.system_shm, self.cuda_shm):
+        registry = self.system_shm
+        region = registry.hold(name)
+        if region is None:
+            registry = self.cuda_shm
             region = registry.hold(name)
-            if region is not None:
-                if request.held_regions is None:
-                    request.held_regions = {}
-                request.held_regions[name] = (registry, region)
-                return region
-        raise not_found(f"Unable to find shared memory region: '{name}'")
+            if region is None:
+                raise not_found(f"Unable to find shared memory region: '{name}'")
+        if held is None:
+            held = request.held_regions = {}
+        held[name] = (registry, region)
+        return region
 
     def _output_transform(self, request: InferenceRequest, loaded: LoadedVersion):
         """A per-response step writing shared-memory outputs and classifying, or None."""
         plans = {}
         for output in request.outputs:
             params = output.parameters
-            if SHM_REGION in params or "classification" in params:
-                params = dict(params)  # kept intact in case the request is re-routed
-                shm = (self._shm_reference(params, f"output '{output.name}'", request)
-                       if SHM_REGION in params else None)
-                plans[output.name] = (params.get("classification"), shm)
-                if shm is not None and "classification" not in params \
+            if SHM_REGION in params:
+                shm = self._shm_output(params, f"output '{output.name}'", request)
+                classes = params.get("classification")
+                plans[output.name] = (classes, shm)
+                if "classification" not in params \
                         and hasattr(shm[0], "holds"):  # system memory: a worker may write it
                     if request.output_regions is None:
                         request.output_regions = {}
                     request.output_regions[output.name] = shm
+            elif "classification" in params:
+                plans[output.name] = (params["classification"], None)
         if not plans:
             return None
         batched = loaded.config.max_batch_size > 0
@@ -401,6 +407,20 @@ class InferenceService:
         except TritonError:
             raise invalid_arg(f"requested model version is not available for model '{name}'") \
                 from None
+
+
+def _shm_extent(offset, size, what: str) -> tuple[int, int]:
+    """A shared-memory reference's offset and byte size, integers (not booleans).
+    Both are plain ints from either front end's decoder: that is asked first."""
+    if size.__class__ is not int and not _integer(size):
+        raise invalid_arg(f"{what}: '{SHM_SIZE}' must be given with '{SHM_REGION}'")
+    if offset.__class__ is not int and not _integer(offset):
+        raise invalid_arg(f"{what}: '{SHM_OFFSET}' must be an integer")
+    return offset, size
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _apply_plan(tensor: Tensor, plan, loaded: LoadedVersion, batched: bool) -> Tensor:

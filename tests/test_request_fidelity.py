@@ -353,6 +353,20 @@ REGION = ("string_param", "r")
     (input_parameters(shared_memory_region=REGION, shared_memory_byte_size=("string_param", "8")),
      "invalid value type for 'shared_memory_byte_size' parameter for tensor 'INPUT0', expected "
      "int64_param."),
+    # Kinds the usual case's quick test must not take for int64_param.
+    (input_parameters(shared_memory_region=REGION, shared_memory_byte_size=("uint64_param", 8)),
+     "invalid value type for 'shared_memory_byte_size' parameter for tensor 'INPUT0', expected "
+     "int64_param."),
+    (input_parameters(shared_memory_region=REGION, shared_memory_byte_size=("int64_param", 8),
+                      shared_memory_offset=("uint64_param", 0)),
+     "invalid value type for 'shared_memory_offset' parameter for tensor 'INPUT0', expected "
+     "int64_param."),
+    (input_parameters(shared_memory_byte_size=("int64_param", 8)),
+     "'shared_memory_byte_size' can not be specified without 'shared_memory_region' parameter "
+     "for tensor 'INPUT0'"),
+    (output_parameters(shared_memory_region=REGION, shared_memory_byte_size=("bool_param", True)),
+     "invalid value type for 'shared_memory_byte_size' parameter for tensor 'OUTPUT0', expected "
+     "int64_param."),
     (contents_with_shared_memory,
      "unexpected 'content' provided when using shared memory for input tensor 'INPUT0' for "
      "model 'identity_fp32'"),

@@ -49,15 +49,19 @@ class Region:
     def holds(self, offset: int, array) -> bool:
         """Whether `array` (numpy) already is the contiguous data at `offset`
         (written in place by a model's worker)."""
+        # The address from the array interface (C), not `array.ctypes` (a Python
+        # object made per call).
         return isinstance(array, np.ndarray) and array.flags.c_contiguous \
-            and array.ctypes.data == self.address + offset
+            and array.__array_interface__["data"][0] == self.address + offset
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset,
                 "byte_size": self.byte_size}
 
     def check(self, offset: int, byte_size: int, what: str) -> None:
-        check_bounds(self.name, self.byte_size, offset, byte_size, what)
+        size = self.byte_size
+        if not (0 <= offset < size and 0 <= byte_size <= size - offset):  # not plainly inside
+            check_bounds(self.name, size, offset, byte_size, what)
 
     def read(self, offset: int, byte_size: int, what: str) -> memoryview:
         """A view of [offset, offset+byte_size) within the region (no copy)."""
@@ -84,7 +88,11 @@ class Region:
 
 def check_bounds(name: str, region_size: int, offset: int, byte_size: int, what: str) -> None:
     """INVALID_ARG unless [offset, offset+byte_size) lies inside the region, in
-    Triton's words (clients compare them); `what` is kept for the log."""
+    Triton's words (clients compare them); `what` is kept for the log.
+
+    A range within the region on its face (`0 <= offset < region_size` and `0 <=
+    byte_size <= region_size - offset`) always passes: callers on the request path
+    test that first and call this only otherwise."""
     if offset < 0 or offset >= region_size and byte_size > 0 or offset > region_size:
         raise invalid_arg(f"Invalid offset for shared memory region: '{name}'")
     if byte_size < 0 or offset + byte_size > region_size:

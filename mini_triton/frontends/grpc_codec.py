@@ -22,7 +22,8 @@ def read_parameters(parameters) -> dict:
     values = {}
     if not parameters:  # most requests, inputs and outputs have none
         return values
-    for key, parameter in parameters.items():
+    for key in parameters:  # not .items(): the map's is the Mapping ABC's, in Python
+        parameter = parameters[key]
         which = parameter.WhichOneof("parameter_choice")
         values[key] = getattr(parameter, which) if which else None
     return values

@@ -28,8 +28,13 @@ _TRITON_KEYS = ("triton_enable_empty_final_response",)
 _FREE_KINDS = ("int64_param", "bool_param", "string_param", "double_param")
 
 
+_CHOICE = "parameter_choice"  # the InferParameter oneof
+_REGION, _OFFSET, _SIZE = "shared_memory_region", "shared_memory_offset", \
+    "shared_memory_byte_size"
+
+
 def _kind(parameter) -> str | None:
-    return parameter.WhichOneof("parameter_choice")
+    return parameter.WhichOneof(_CHOICE)
 
 
 def check_request_parameters(parameters) -> None:
@@ -59,6 +64,22 @@ def check_shared_memory_parameters(tensor) -> bool:
     parameters = tensor.parameters
     if not parameters:  # most tensors have none
         return False
+    # The usual cases first, in a few lookups (C): none of the three keys, or a
+    # region with a byte size and an optional offset, each of its kind.
+    region, size = parameters.get(_REGION), parameters.get(_SIZE)
+    offset = parameters.get(_OFFSET)
+    if region is None:
+        if size is None and offset is None:
+            return False
+    elif size is not None and region.WhichOneof(_CHOICE) == "string_param" \
+            and size.WhichOneof(_CHOICE) == "int64_param" \
+            and (offset is None or offset.WhichOneof(_CHOICE) == "int64_param"):
+        return True
+    return _check_shared_memory_in_order(tensor, parameters)
+
+
+def _check_shared_memory_in_order(tensor, parameters) -> bool:
+    """`check_shared_memory_parameters` in Triton's order, naming the first fault."""
     has_region = "shared_memory_region" in parameters
     if has_region and _kind(parameters["shared_memory_region"]) != "string_param":
         raise invalid_arg("invalid value type for 'shared_memory_region' parameter for "
