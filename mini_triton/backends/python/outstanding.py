@@ -37,7 +37,7 @@ class Outstanding:
         """Send a model response (None: only the final flag) to the request(s) it answers."""
         if len(requests) == 1:  # no auto-stacking: one model request per server request
             request = requests[0]
-            self._respond(request, core_response(request, reply, final))
+            self.respond(request, core_response(request, reply, final))
             return
         try:
             replies = [reply] * len(requests) if reply is None or len(requests) == 1 \
@@ -45,11 +45,11 @@ class Outstanding:
         except TritonError as error:  # outputs that do not split into the requests' rows
             replies = [Reply([], (error.code.name, error.message))] * len(requests)
         for request, part in zip(requests, replies):
-            self._respond(request, core_response(request, part, final))
+            self.respond(request, core_response(request, part, final))
 
     def fail(self, requests: list, error: TritonError) -> None:
         for request in requests:
-            self._respond(request, request.error_response(error))
+            self.respond(request, request.error_response(error))
 
     def fail_open(self, error: TritonError) -> None:
         with self._lock:
@@ -74,7 +74,8 @@ class Outstanding:
                 self._idle_waiters -= 1
         return True
 
-    def _respond(self, request, response) -> None:
+    def respond(self, request, response) -> None:
+        """Send a server response to `request`, unless it has had its final one."""
         with self._lock:
             if request.completed:
                 return  # already finished (timed out, failed, or answered twice)

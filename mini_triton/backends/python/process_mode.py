@@ -25,7 +25,9 @@ import threading
 import time
 
 from ...core.errors import TritonError, internal, unavailable
+from ...core.request import InferenceResponse as CoreResponse
 from ...core.stats import ExecutionTiming
+from ...core.tensor import Tensor as CoreTensor
 from ..base import ModelInstance
 from . import convert
 from .outstanding import Outstanding, reschedule, stacked_outputs
@@ -55,6 +57,18 @@ def _describe_input(tensor, outgoing: Outgoing) -> tuple:
             return outgoing.in_region(tensor.name, tensor.datatype, array.shape, region,
                                       offset, array.nbytes)
     return outgoing.array(tensor.name, tensor.datatype, array.shape, array)
+
+
+def _final_response(request, message, encoded: tuple) -> CoreResponse:
+    """convert.core_response of a final reply as `put_reply` encoded it in `message`;
+    one that has no error nor parameters (most) in one step, its tensors read from
+    the message straight into the response."""
+    descriptors, error, parameters = encoded
+    if error is not None or parameters not in ("", "{}"):
+        return convert.core_response(request, get_reply(message, encoded), True)
+    array = message.array  # a descriptor's shape is its array's, as core_response takes it
+    return CoreResponse(request.model_name, request.model_version, request.id,
+                        [CoreTensor(d[0], d[1], d[2], array(d)) for d in descriptors], {})
 
 
 def _serving_loop(service) -> asyncio.AbstractEventLoop | None:
@@ -150,6 +164,9 @@ class ProcessInstance(ModelInstance):
         self.awaited: tuple[int, bool] | None = None
         self.process, self.link = spawn(instance_name, backend.environment)
         self.loop = _serving_loop(backend.bridge.service)
+        # Whether the whole server has had one request open at most since it was last
+        # asked (see `begin`); None where the service does not say: then it counts as so.
+        self.nearly_idle = getattr(backend.bridge.service, "nearly_idle", None)
         self.reader: threading.Thread | None = None
         self._start_reading()
         self._initialize(backend, args)
@@ -195,7 +212,7 @@ class ProcessInstance(ModelInstance):
         batch either, the worker may poll for its next batch, and the loop polls for
         this one's reply (wire.PollBudget): nothing else is there for it to do
         meanwhile."""
-        idle = light and self._server_nearly_idle()
+        idle = light and (self.nearly_idle is None or self.nearly_idle())
         batch = self._send(requests, on_end, self.settings.busy_poll_ns if idle else 0)
         if idle and batch is not None and self.reply_poll.limit_ns:
             self.loop.call_soon(self._poll_for_reply, batch)
@@ -206,10 +223,6 @@ class ProcessInstance(ModelInstance):
         timeout = self.settings.deadline_s(requests)
         if timeout is not None and not batch.ended:
             batch.timer = self.loop.call_later(timeout, self._overdue, batch, timeout)
-
-    def _server_nearly_idle(self) -> bool:
-        nearly_idle = getattr(self.bridge.service, "nearly_idle", None)
-        return nearly_idle is None or nearly_idle()
 
     def _poll_for_reply(self, batch: _Batch) -> None:
         """Wait for `batch`'s reply on the loop, polling within the budget (the loop
@@ -401,11 +414,13 @@ class ProcessInstance(ModelInstance):
         batch.infer_end = time.monotonic_ns()  # compute_output: the responses, as Triton's
         try:
             groups, replies = batch.groups, meta["replies"]
-            if len(groups) == 1 and meta["error"] is None and not meta["reschedule"] \
-                    and replies is not None and replies[0] is not None:
-                # Most batches: one request (or stacked group), answered by execute's
-                # return (`_answer_batch`'s first case, in fewer steps).
-                self.outstanding.deliver(groups[0], get_reply(message, replies[0]), True)
+            if len(groups) == 1 and len(groups[0]) == 1 and meta["error"] is None \
+                    and not meta["reschedule"] and replies is not None \
+                    and replies[0] is not None:
+                # Most batches: one request, answered by execute's return
+                # (`_answer_batch`'s first case, in fewer steps).
+                request = groups[0][0]
+                self.outstanding.respond(request, _final_response(request, message, replies[0]))
                 self.targets.pop((batch.id, 0), None)
             else:
                 self._answer_batch(message, batch)
