@@ -5,7 +5,8 @@ no server, no load, the same figure on every run.
 
 Two ways a request goes, as at concurrency 2 on one instance:
 - queued: the instance is busy; the request waits, and the batch that ends hands it
-  out (submit, queue, take, begin, end, answer);
+  out (submit, queue, take, begin, end, answer); also with 4 requests a batch, as
+  at higher concurrency;
 - immediate: the instance is idle and nothing is queued; the request starts at once.
 
     python perf/sched_counts.py .                    # this tree
@@ -90,7 +91,7 @@ def count(tree: Path, top: int) -> None:
         return InferenceRequest("m", "1", str(number), [Tensor("INPUT0", "FP32", (1, 16), data)],
                                 batch_size=1)
 
-    async def run(queued: bool) -> None:
+    async def run(queued: bool, per_batch: int = 1) -> None:
         loop = asyncio.get_running_loop()
         requests = [request(n) for n in range(REQUESTS + 1)]
         answers = {r.id: InferenceResponse("m", "1", r.id, []) for r in requests}
@@ -104,16 +105,18 @@ def count(tree: Path, top: int) -> None:
         sys.settrace(tracer)
         for n in range(1, REQUESTS + 1):
             scheduler.submit(requests[n])
-            instance.finish(n - 1 if queued else len(instance.begun) - 1)
+            if n % per_batch == 0:  # the batch running ends: what queued goes as one
+                instance.finish(len(instance.begun) - 1)
         sys.settrace(None)
-        assert scheduler.inflight() == (1 if queued else 0)
-        print(f"  {'queued' if queued else 'immediate'}: "
-              f"{sum(counts.values()) / REQUESTS:,.1f} bytecodes per request")
+        assert scheduler.inflight() == (per_batch if queued else 0)
+        way = f"queued, {per_batch} a batch" if queued else "immediate"
+        print(f"  {way}: {sum(counts.values()) / REQUESTS:,.1f} bytecodes per request")
         for name, value in counts.most_common(top):
             print(f"    {value / REQUESTS:7.1f}  {name}")
         counts.clear()
 
     asyncio.run(run(True))
+    asyncio.run(run(True, 4))
     asyncio.run(run(False))
 
 

@@ -168,8 +168,8 @@ def begin_batch(instance, requests: list, stats: ModelStats,
     taps = []
     for request in requests:
         request_tap = request.__dict__.get("respond")
-        if request_tap.__class__ is not Tap:
-            request_tap = tap(request)
+        if request_tap.__class__ is not Tap:  # `tap(request)` without its call and checks
+            request_tap = request.respond = Tap(request.respond)
         request_tap.hold = hold  # hold_final, for the whole batch at once
         taps.append(request_tap)
     start = time.monotonic_ns()

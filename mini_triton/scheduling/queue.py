@@ -175,9 +175,14 @@ class PriorityQueues:
         self.count -= count
         for level in self.levels:
             for queue in (level.waiting, level.delayed):
-                while count and queue:
+                if count >= len(queue):  # all of it (a batch that takes what waits)
+                    count -= len(queue)
+                    queue.clear()
+                    continue
+                while count:
                     queue.popleft()
                     count -= 1
+                return
             if not count:
                 return
 
