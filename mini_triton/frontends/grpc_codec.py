@@ -10,8 +10,8 @@ from ..core import datatypes
 from ..core.errors import invalid_arg
 from ..core.request import InferenceRequest, InferenceResponse
 from ..core.tensor import RequestedOutput, Tensor
-from .grpc_parameters import (check_output_parameters, check_request_parameters,
-                              check_shared_memory_parameters, model_version)
+from .grpc_parameters import (check_output_parameters, check_shared_memory_parameters,
+                              model_version, read_request_parameters)
 from .grpc_wire import ScatteredMessage
 
 FINAL_RESPONSE = "triton_final_response"
@@ -50,8 +50,7 @@ def decode_infer_request(message: pb.ModelInferRequest,
     """`raw_contents`: the message's raw_input_contents read apart (grpc_split.py)."""
     version = model_version(message.model_version)
     model, parameters = message.model_name, message.parameters
-    if parameters:
-        check_request_parameters(parameters)
+    parameters = read_request_parameters(parameters) if parameters else {}
     raw = _RawContents(message.raw_input_contents if raw_contents is None else raw_contents,
                        model)
     inputs = [_decode_input(item, raw, model) for item in message.inputs]
@@ -61,8 +60,7 @@ def decode_infer_request(message: pb.ModelInferRequest,
     for output in message.outputs:
         check_output_parameters(output)
         outputs.append(RequestedOutput(output.name, read_parameters(output.parameters)))
-    return InferenceRequest(model, version, message.id, inputs, outputs,
-                            read_parameters(parameters))
+    return InferenceRequest(model, version, message.id, inputs, outputs, parameters)
 
 
 class _RawContents:

@@ -37,10 +37,13 @@ def _kind(parameter) -> str | None:
     return parameter.WhichOneof(_CHOICE)
 
 
-def check_request_parameters(parameters) -> None:
-    """The request's `parameters` map."""
+def read_request_parameters(parameters) -> dict:
+    """The request's `parameters` map, checked, as plain Python values (as
+    grpc_codec.read_parameters reads them: checked and read in one pass)."""
+    values = {}
     for key, parameter in parameters.items():
-        kind = _kind(parameter)
+        kind = parameter.WhichOneof("parameter_choice")
+        values[key] = getattr(parameter, kind) if kind else None
         if key.startswith("triton_") and key not in _TRITON_KEYS:
             raise invalid_arg(
                 "parameter keys starting with 'triton_' are reserved for Triton usage. Only "
@@ -56,6 +59,7 @@ def check_request_parameters(parameters) -> None:
                               f"{' or '.join(expected)}.")
         elif key == "priority" and kind == "int64_param" and parameter.int64_param < 0:
             raise invalid_arg("invalid value for 'priority', expected value >= 0.")
+    return values
 
 
 def check_shared_memory_parameters(tensor) -> bool:

@@ -39,6 +39,10 @@ from .http2_upkeep import Http2Upkeep
 log = logging.getLogger("mini_triton.grpc")
 
 WINDOW_INCREMENT = struct.Struct(">I")
+# A frame header's first field (24-bit length, then type) when it is a WINDOW_UPDATE of
+# the size it must have: stock clients send two per call, told apart in one comparison.
+WINDOW_UPDATE_OF_4 = 4 << 8 | WINDOW_UPDATE
+WINDOW_UPDATE_SIZE = 9 + 4  # such a frame, header included
 # Received bytes are given back to the connection's window in steps this large.
 WINDOW_REFILL = 2**24
 # The HPACK table size the peer's encoder may use (SETTINGS_HEADER_TABLE_SIZE's default).
@@ -93,8 +97,10 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
         self.header_block = bytearray()
         self.refusing = False   # new streams are refused: a GOAWAY went either way
         self.ready: list = []   # unary calls to start once this read is parsed
-        self.quiet = 0          # frames in a row that carried no data (a flood's count)
-        self.quiet_mark = (0, 0)  # (responses sent, last stream id) when it was counted
+        # frames in a row that carried no data (a flood's count); set back to 0 when a
+        # stream opens, request data arrives or a response goes out
+        self.quiet = 0
+        self.max_quiet = limits.max_control_frames
         self.resets = ResetBudget(limits.reset_burst, limits.reset_rate, self.loop.time())
         self.pings = PingPolicy(limits)
         self.reads = self.frames = 0  # progress, read by the clocks
@@ -210,6 +216,15 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
             offset = self._data_piece(buffer, offset, size)
         while size - offset >= 9 and not self.write_paused:
             length_kind, flags, stream_id = FRAME_HEADER.unpack_from(buffer, offset)
+            if length_kind == WINDOW_UPDATE_OF_4 and self.headers_in_progress is None:
+                # stock clients send two per call: read in place, no _on_frame
+                if offset + WINDOW_UPDATE_SIZE > size:
+                    break
+                offset += WINDOW_UPDATE_SIZE
+                self.frames += 1
+                self._on_window_update(stream_id & MAX_WINDOW,
+                                       WINDOW_INCREMENT.unpack_from(buffer, offset - 4)[0])
+                continue
             length = length_kind >> 8
             if length > self.max_frame:
                 raise ProtocolError(FRAME_SIZE_ERROR, f"a frame of {length} bytes, more "
@@ -230,11 +245,7 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
                 self._on_padded_data(flags, stream_id & MAX_WINDOW, buffer, start, end)
                 continue
             self.frames += 1
-            if kind == WINDOW_UPDATE and length == 4 and self.headers_in_progress is None:
-                # stock clients send two per call: read in place, no _on_frame
-                self._on_window_update(stream_id & MAX_WINDOW,
-                                       WINDOW_INCREMENT.unpack_from(buffer, start)[0])
-            elif kind == HEADERS and self.headers_in_progress is None:  # once per call
+            if kind == HEADERS and self.headers_in_progress is None:  # once per call
                 self._on_headers(flags, stream_id & MAX_WINDOW, bytes(buffer[start:end]))
             else:
                 self._on_frame(kind, flags, stream_id & MAX_WINDOW, bytes(buffer[start:end]))
@@ -328,7 +339,10 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
     def _on_window_update(self, stream_id: int, field: int) -> None:
         """WINDOW_UPDATE, its 4-byte field read (the increment and a reserved bit)."""
         increment = field & MAX_WINDOW
-        self._quiet_frame()
+        if self.quiet < self.max_quiet:
+            self.quiet += 1  # _quiet_frame's count, inline: stock clients send two per call
+        else:
+            self._quiet_frame()  # the one past the limit
         if stream_id == 0:
             if increment == 0:  # RFC 9113 6.9: on the connection, a connection error
                 raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE with an increment of 0")
@@ -386,7 +400,7 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
         if stream is None:  # a new stream (inline: once per call)
             if stream_id % 2 == 0 or stream_id <= self.last_stream_id:
                 raise ProtocolError(PROTOCOL_ERROR, f"bad stream id {stream_id}")
-            self.last_stream_id = stream_id
+            self.last_stream_id, self.quiet = stream_id, 0  # a stream opened: not a flood
             stream = Stream(stream_id, self.peer_initial_window)
             if depends_on_itself:
                 stream.refused = PROTOCOL_ERROR
@@ -484,7 +498,9 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
                 or not self._take_whole_request(stream, buffer, start, end):
             return False
         # what _on_data and _data_piece would have counted
-        self._give_back(end - start)
+        self.received += end - start  # _give_back's count, inline (once per call)
+        if self.received >= WINDOW_REFILL:
+            self._give_back(0)
         self.quiet = 0
         self.frames += 1
         stream.received += end - start
@@ -596,12 +612,10 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
         """A frame that carried no data: settings, priorities, window updates, resets of
         closed streams, empty DATA or CONTINUATION, unknown types. More than
         max_control_frames of them with no stream opened, no request data read and no
-        response sent in between is a flood: GOAWAY ENHANCE_YOUR_CALM."""
-        mark = (self.sent, self.last_stream_id)  # a response sent or a stream opened since
-        if self.quiet_mark != mark:
-            self.quiet_mark, self.quiet = mark, 0
+        response sent in between is a flood: GOAWAY ENHANCE_YOUR_CALM. (Whatever opens
+        a stream, reads request data or sends a response sets `quiet` back to 0.)"""
         self.quiet += 1
-        if self.quiet > self.limits.max_control_frames:
+        if self.quiet > self.max_quiet:
             raise ProtocolError(ENHANCE_YOUR_CALM, "too many frames without data")
 
     def _fail_connection(self, error: Exception) -> None:

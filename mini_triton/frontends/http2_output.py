@@ -100,6 +100,7 @@ class Http2Output:
             return
         stream_id = stream.id
         self.sent += 1
+        self.quiet = 0  # a response went out: the frames before it are no flood
         stream.headers_sent = True
         stream.send_window -= size
         self.send_window -= size
@@ -121,6 +122,7 @@ class Http2Output:
         if self.held_back and message is not None and self._past_cutoff(stream, message):
             message, trailers = None, self._cut_off(stream, len(message))
         self.sent += 1
+        self.quiet = 0  # a response went out: the frames before it are no flood
         out = []
         if not stream.headers_sent:
             stream.headers_sent = True
@@ -217,6 +219,7 @@ class Http2Output:
                     self._close_stream(stream, out)
             if out:
                 self.sent += 1
+                self.quiet = 0  # output went out: the frames before it are no flood
                 self.outflow += 1
                 self.transport.writelines(out)
 
