@@ -41,8 +41,9 @@ def read_request_parameters(parameters) -> dict:
     """The request's `parameters` map, checked, as plain Python values (as
     grpc_codec.read_parameters reads them: checked and read in one pass)."""
     values = {}
-    for key, parameter in parameters.items():
-        kind = parameter.WhichOneof("parameter_choice")
+    for key in parameters:  # not .items(): the map's is the Mapping ABC's, in Python
+        parameter = parameters[key]
+        kind = parameter.WhichOneof(_CHOICE)
         values[key] = getattr(parameter, kind) if kind else None
         if key.startswith("triton_") and key not in _TRITON_KEYS:
             raise invalid_arg(
