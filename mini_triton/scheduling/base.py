@@ -48,21 +48,20 @@ class Tap:
     reads the statistics after its answer then always finds its request counted.
     """
 
-    __slots__ = ("deliver", "stages", "final_seen", "failed", "responses", "hold", "held")
+    # Until set on the instance: a tap is made for every request, and class defaults
+    # spare its __init__ four stores.
+    final_seen = False
+    failed = False
+    hold: threading.Lock | None = None  # set while the final response is held back
+    held: InferenceResponse | None = None
 
     def __init__(self, deliver: Callable[[InferenceResponse], None]):
         self.deliver = deliver
         self.stages: list[Callable] = []
-        self.final_seen = False
-        self.failed = False
-        self.responses = 0
-        self.hold: threading.Lock | None = None  # set while the final response is held back
-        self.held: InferenceResponse | None = None
 
     def __call__(self, response: InferenceResponse) -> None:
         if self.final_seen:
             return
-        self.responses += 1
         if response.final:
             self.final_seen = True
             self.failed = response.error is not None
@@ -207,7 +206,7 @@ def end_batch(instance, requests: list, taps: list, start: int, timing: Executio
         request.timing = timing  # before the answers: a request's trace reads it
         request_rows = request.batch_size or 1
         batch_rows += request_rows
-        if (request_tap.final_seen and request_tap.failed) or id(request) in nulls:
+        if (request_tap.final_seen and request_tap.failed) or (nulls and id(request) in nulls):
             continue
         if request.rescheduled:
             continue  # an iterative request counts once, in the execution that releases it
