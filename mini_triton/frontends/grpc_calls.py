@@ -348,9 +348,12 @@ class GrpcCalls:
         self._end_unary(stream, response)
 
     def _begin_unary(self, stream: Stream, message: bytes) -> None:
-        request = self._parse_request(stream, message)
-        if request is None:
-            return
+        if stream.method.request_type is RawRequest:
+            request = message  # its handler parses it (RawRequest.FromString, skipped)
+        else:
+            request = self._parse_request(stream, message)
+            if request is None:
+                return
         answered = False
 
         def reply(result) -> None:
@@ -368,14 +371,14 @@ class GrpcCalls:
 
     def _end_unary(self, stream: Stream, result) -> None:
         """Send a unary call's response message, or end it with the error raised."""
-        if isinstance(result, AbortError):
-            self._finish(stream, status_block(result.code, result.details))
-            return
         try:
             if isinstance(result, Exception):
                 raise result
             # a ScatteredMessage goes out as its pieces, never joined
             payload = result if type(result) is ScatteredMessage else result.SerializeToString()
+        except AbortError as error:
+            self._finish(stream, status_block(error.code, error.details))
+            return
         except Exception as error:  # a handler bug must fail only this call
             log.error("gRPC handler failed", exc_info=error)
             self._finish(stream, status_block(grpc.StatusCode.UNKNOWN,

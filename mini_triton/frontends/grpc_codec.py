@@ -58,8 +58,11 @@ def decode_infer_request(message: pb.ModelInferRequest,
         raw.check_consumed()
     outputs = []
     for output in message.outputs:
-        check_output_parameters(output)
-        outputs.append(RequestedOutput(output.name, read_parameters(output.parameters)))
+        if output.parameters:  # most have none: nothing to check or read
+            check_output_parameters(output)
+            outputs.append(RequestedOutput(output.name, read_parameters(output.parameters)))
+        else:
+            outputs.append(RequestedOutput(output.name, {}))
     return InferenceRequest(model, version, message.id, inputs, outputs, parameters)
 
 
