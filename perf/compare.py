@@ -12,6 +12,7 @@ results.json and plots into perf/results/<timestamp>/.
     python perf/compare.py --concurrency-range 1:16:x2 -p 3000 --tool loadgen
     python perf/compare.py --preset payloads    # 64 B, 588 KiB, 4 MiB x HTTP, gRPC,
                                                 # shared memory x c1-c16, with CPU (compare_table.py)
+    python perf/compare.py --preset payloads --sizes 16 --rounds 3   # medians of 3 rounds
 """
 
 from __future__ import annotations
@@ -344,6 +345,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "with CPU per inference (compare_table.py)")
     parser.add_argument("--sizes", default=",".join(map(str, compare_table.SIZES)),
                         help="--preset payloads: FP32 elements per request")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="--preset payloads: measure the table this many times over; "
+                             "each figure is the median of its rounds")
     parser.add_argument("--routes", default=",".join(compare_table.ROUTES),
                         help="--preset payloads: http, grpc, shm (gRPC), http-shm")
     args = parser.parse_args(argv)

@@ -3,13 +3,19 @@ concurrency, mini_triton and Triton measured alternately at every point, with th
 time each server's whole process tree (the server, its model workers or Python stubs)
 spends per inference.
 
+With `--rounds N` the whole table is measured N times over (each round alternating as
+above) and each server's figure at a point is the median of its N: on a shared machine
+one measurement of a point moves by 10-30%, and a slow moment then decides a ratio.
+
 Routes: `http` (binary tensors), `grpc` (raw contents), `shm` (gRPC with inputs and
 outputs in system shared memory that perf_analyzer registers), `http-shm`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import statistics
 import sys
 import urllib.request
 from dataclasses import dataclass
@@ -100,21 +106,41 @@ def measure(server, model: str, point: Point, args, out_dir: Path) -> Measuremen
 def run(servers: list, model_for, args, out_dir: Path) -> list[Measurement]:
     """Every point on every server, the order of the servers flipping at each point."""
     results, flip = [], False
-    for elements in args.sizes:
-        for route in args.routes:
-            for level in args.levels:
-                point = Point(elements, route, level)
-                order = list(reversed(servers)) if flip else servers
-                flip = not flip
-                for server in order:
-                    print(f"[compare] {server.name} {point.label()} ...", file=sys.stderr,
-                          flush=True)
-                    m = measure(server, model_for(server, args), point, args, out_dir)
-                    print(f"[compare]   {m.throughput:,.0f} infer/s, "
-                          f"{m.extra['cpu_us']:,.0f} us CPU/inference {m.note}",
-                          file=sys.stderr, flush=True)
-                    results.append(m)
+    for number in range(1, getattr(args, "rounds", 1) + 1):
+        for elements in args.sizes:
+            for route in args.routes:
+                for level in args.levels:
+                    point = Point(elements, route, level)
+                    order = list(reversed(servers)) if flip else servers
+                    flip = not flip
+                    for server in order:
+                        print(f"[compare] round {number}: {server.name} {point.label()} ...",
+                              file=sys.stderr, flush=True)
+                        m = measure(server, model_for(server, args), point, args, out_dir)
+                        m.extra["round"] = number
+                        print(f"[compare]   {m.throughput:,.0f} infer/s, "
+                              f"{m.extra['cpu_us']:,.0f} us CPU/inference {m.note}",
+                              file=sys.stderr, flush=True)
+                        results.append(m)
     return results
+
+
+def medians(results: list[Measurement]) -> list[Measurement]:
+    """One measurement per server and point: the median throughput and CPU per
+    inference of its rounds (failed rounds left out; a point that failed in every
+    round stays failed). One round: the measurements themselves."""
+    groups: dict = {}
+    for m in results:
+        key = (m.server, m.extra["elements"], m.extra["route"], m.level)
+        groups.setdefault(key, []).append(m)
+    summary = []
+    for rounds in groups.values():
+        good = [m for m in rounds if m.ok] or rounds
+        extra = dict(good[0].extra, cpu_us=statistics.median(m.extra["cpu_us"] for m in good),
+                     rounds=len(good))
+        summary.append(dataclasses.replace(
+            good[0], throughput=statistics.median(m.throughput for m in good), extra=extra))
+    return summary
 
 
 def _ratio(ours: float, theirs: float) -> str:
@@ -123,11 +149,30 @@ def _ratio(ours: float, theirs: float) -> str:
     return f"{ours / theirs:.2f}x"
 
 
+def round_ratios(results: list[Measurement]) -> dict:
+    """(elements, route, level) → ours / Triton throughput of each round, in order."""
+    by_round = {(m.server, m.extra["elements"], m.extra["route"], m.level,
+                 m.extra.get("round", 1)): m for m in results}
+    ratios: dict = {}
+    for (server, *key, number), m in sorted(by_round.items()):
+        theirs = by_round.get(("triton", *key, number))
+        if server == "mini_triton" and theirs is not None and m.ok and theirs.ok \
+                and theirs.throughput:
+            ratios.setdefault(tuple(key), []).append(m.throughput / theirs.throughput)
+    return ratios
+
+
 def table(results: list[Measurement]) -> str:
-    """One row per point: both servers' infer/s and CPU per inference, ours / Triton."""
+    """One row per point: both servers' infer/s and CPU per inference (the median of
+    the rounds), ours / Triton, and with several rounds each round's throughput ratio."""
+    per_round = round_ratios(results)
+    several = any(len(r) > 1 for r in per_round.values())
+    results = medians(results)
     by_key = {(m.server, m.extra["elements"], m.extra["route"], m.level): m for m in results}
     header = ["size", "route", "c", "Triton infer/s", "ours infer/s", "ours / Triton",
               "Triton CPU us/inf", "ours CPU us/inf", "CPU ours / Triton"]
+    if several:
+        header.append("each round, ours / Triton")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for m in results:
         if m.server != "mini_triton":
@@ -140,7 +185,8 @@ def table(results: list[Measurement]) -> str:
             size_label(key[0]), key[1], f"{m.level:g}",
             _figure(theirs), _figure(m), _ratio(m.throughput, theirs.throughput),
             f"{theirs.extra['cpu_us']:,.0f}", f"{m.extra['cpu_us']:,.0f}",
-            _ratio(m.extra["cpu_us"], theirs.extra["cpu_us"])]) + " |")
+            _ratio(m.extra["cpu_us"], theirs.extra["cpu_us"])]
+            + ([" ".join(f"{r:.2f}" for r in per_round.get(key, []))] if several else [])) + " |")
     return "\n".join(lines)
 
 
@@ -159,7 +205,8 @@ def plot(results: list[Measurement], out_dir: Path) -> list[str]:
     except ImportError:
         print("[compare] matplotlib is not installed: no plots", file=sys.stderr)
         return []
-    by_key = {(m.server, m.extra["elements"], m.extra["route"], m.level): m for m in results}
+    by_key = {(m.server, m.extra["elements"], m.extra["route"], m.level): m
+              for m in medians(results)}
     series: dict = {}
     for (server, elements, route, level), m in sorted(by_key.items()):
         theirs = by_key.get(("triton", elements, route, level))

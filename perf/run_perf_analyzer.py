@@ -30,7 +30,9 @@ from measurements import (  # noqa: E402
 
 PERF_ANALYZER = PERF_DIR / "perf_analyzer"
 # perf_analyzer reports failures on stdout and often still exits 0.
-_ERROR_LINE = re.compile(r"^(error|.*\bhad error\b|.*\bfailed\b|thread \[\d+\])", re.I | re.M)
+# Whole lines: the stability message below is told apart by its beginning.
+_ERROR_LINE = re.compile(r"^(?:error|.*\bhad error\b|.*\bfailed\b|thread \[\d+\]).*$",
+                         re.I | re.M)
 _LATENCY_COLUMNS = ("p50 latency", "p90 latency", "p95 latency", "p99 latency")
 
 
@@ -119,7 +121,7 @@ def run_point(opts: Options, protocol: str, mode: str, load: str, level: float,
     if "no stable measurement" in result.note:
         retry = dataclasses.replace(opts, max_trials=opts.max_trials * 2)
         result = _run_once(retry, protocol, mode, load, level, out_dir, server)
-        if result.ok:
+        if result.ok and "stable measurement" not in result.note:
             result.note = "stable on retry"
     return result
 
@@ -159,6 +161,8 @@ def _run_once(opts: Options, protocol: str, mode: str, load: str, level: float,
         errors=len(errors), **meta)
     if returncode != 0:
         measurement.note = f"exit {returncode}"
+    if "stable measurement" in output:  # figures of the last windows: tried once more
+        measurement.note = "no stable measurement in the last windows"
     if errors:
         measurement.note = errors[0][:80]
     measurement.extra = {k: v for k, v in row.items() if k not in _LATENCY_COLUMNS}

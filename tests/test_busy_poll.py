@@ -44,8 +44,8 @@ def test_the_budget_grows_to_cover_gaps_shorter_than_the_limit():
 
 def test_the_budget_never_exceeds_the_limit_and_a_zero_limit_never_polls():
     budget = PollBudget()
-    budget.limit_ns = UNIT
-    assert budget_after_wait(budget, UNIT - UNIT // 10) == UNIT  # 1.25 x 0.9 units, capped
+    budget.limit_ns = 10 * UNIT  # a gap just under it, with a whole unit to spare
+    assert budget_after_wait(budget, 9 * UNIT) == 10 * UNIT  # 1.25 x 9 units, capped
     budget.limit_ns = 0
     assert budget.deadline() == 0
 
