@@ -3,6 +3,7 @@ tensor extension. Pure translation: no I/O, no model lookups."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -63,7 +64,7 @@ def decode_infer_request(model: str, version: str, body: bytes,
     request, binary_output = _decode_document(_parse_json(header), model, version, view,
                                               header_length)
     if key is not None:
-        _DECODED.remember(key, request, binary_output)
+        _DECODED.remember(key, request, binary_output, header_length)
     return request, binary_output
 
 
@@ -102,12 +103,14 @@ class _DecodedHeader:
     """What a JSON header whose inputs are all binary (or in shared memory) decoded to,
     every check passed: a request with the same header bytes and as many binary bytes
     gets the same request, made afresh over its own body without parsing or checking
-    the header again."""
+    the header again. The same header bytes mean the same header length, so each
+    binary input's place in the body is known here once."""
 
     __slots__ = ("request_id", "parameters", "binary_output", "inputs", "outputs",
-                 "binary_size")
+                 "binary_size", "names", "datatypes", "shapes", "slices",
+                 "input_parameters", "output_names", "output_parameters")
 
-    def __init__(self, request: InferenceRequest, binary_output: bool):
+    def __init__(self, request: InferenceRequest, binary_output: bool, offset: int):
         self.request_id = request.id
         self.parameters = dict(request.parameters)
         self.binary_output = binary_output
@@ -116,13 +119,35 @@ class _DecodedHeader:
                              dict(t.parameters)) for t in request.inputs)
         self.outputs = tuple((o.name, dict(o.parameters)) for o in request.outputs)
         self.binary_size = sum(i[3] for i in self.inputs if i[3] is not None)
+        # The same, column by column, for requests made by map() (no Python loop):
+        # each input's slice of the body, None for one in shared memory.
+        self.names, self.datatypes, self.shapes, sizes, self.input_parameters = (
+            zip(*self.inputs) if self.inputs else ((),) * 5)
+        slices = []
+        for size in sizes:
+            slices.append(None if size is None else slice(offset, offset + size))
+            offset += size or 0
+        self.slices = None if None in slices else tuple(slices)
+        self.output_names = tuple(name for name, _ in self.outputs)
+        self.output_parameters = tuple(parameters for _, parameters in self.outputs)
 
     def request(self, model: str, version: str, view: memoryview, offset: int
                 ) -> InferenceRequest:
         """A new request over `view`, whose binary data begins at `offset` and is
         `binary_size` bytes long; every dict is its own (the server adds to them)."""
-        request = InferenceRequest(model, version, id=self.request_id,
-                                   parameters=dict(self.parameters))
+        if self.slices is None:
+            inputs = self._inputs_in_order(view, offset)
+        else:
+            inputs = list(map(Tensor, self.names, self.datatypes, self.shapes, _NO_DATA,
+                              map(view.__getitem__, self.slices),
+                              map(dict, self.input_parameters)))
+        return InferenceRequest(model, version, self.request_id, inputs,
+                                list(map(RequestedOutput, self.output_names,
+                                         map(dict, self.output_parameters))),
+                                dict(self.parameters))
+
+    def _inputs_in_order(self, view: memoryview, offset: int) -> list[Tensor]:
+        """The inputs of a header with some in shared memory (no bytes in the body)."""
         inputs = []
         for name, datatype, shape, size, parameters in self.inputs:
             tensor = Tensor(name, datatype, shape, parameters=dict(parameters))
@@ -131,10 +156,10 @@ class _DecodedHeader:
                 tensor.raw = view[offset:end]
                 offset = end
             inputs.append(tensor)
-        request.inputs = inputs
-        request.outputs = [RequestedOutput(name, dict(parameters))
-                           for name, parameters in self.outputs]
-        return request
+        return inputs
+
+
+_NO_DATA = itertools.repeat(None)  # Tensor's `data` for each input made from binary bytes
 
 
 class DecodedHeaders(dict):
@@ -148,12 +173,13 @@ class DecodedHeaders(dict):
     HEADER_BYTES = 1024  # a larger header is parsed every time
     ENTRIES = 256  # so at most 256 KiB of header bytes, and what they decoded to
 
-    def remember(self, key: bytes, request: InferenceRequest, binary_output: bool) -> None:
+    def remember(self, key: bytes, request: InferenceRequest, binary_output: bool,
+                 offset: int) -> None:
         if any(tensor.data is not None for tensor in request.inputs):
             return  # JSON data: a header of its own, seldom sent twice
         if len(self) >= self.ENTRIES:
             self.clear()
-        self[key] = _DecodedHeader(request, binary_output)
+        self[key] = _DecodedHeader(request, binary_output, offset)
 
 
 _DECODED = DecodedHeaders()
@@ -354,6 +380,55 @@ def encode_infer_response(response: InferenceResponse, request: InferenceRequest
     Triton's rule: an output the request lists is binary only if its own
     `binary_data` says so; `binary_default` (the request's `binary_data_output`)
     is for the outputs it does not list."""
+    outputs = response.outputs
+    if len(outputs) == 1 and not response.parameters:
+        # The common reply, one binary output, whose header repeats from one request
+        # to the next: written once per distinct header, then taken from _HEADERS.
+        tensor = outputs[0]
+        if tensor.region is None and not tensor.parameters:
+            name = tensor.name
+            binary = binary_default
+            for requested in request.outputs:
+                if requested.name == name:
+                    binary = requested.parameters.get("binary_data", False)
+            if binary:
+                raw = tensor.raw_bytes()
+                key = (response.model_name, response.model_version, response.id, name,
+                       tensor.datatype, tensor.shape, len(raw))
+                try:
+                    header = _HEADERS.get(key)
+                except TypeError:  # a shape that is not a tuple: written every time
+                    key, header = None, None
+                if header is None:
+                    header = _HEADERS.remember(key, _encode_document(response, request,
+                                                                     binary_default)[0])
+                return [header, raw], len(header)
+    chunks = _encode_document(response, request, binary_default)
+    return chunks, (len(chunks[0]) if len(chunks) > 1 else None)
+
+
+class ResponseHeaders(dict):
+    """JSON headers of one-binary-output replies already written, by what they hold:
+    (model name, model version, id, output name, datatype, shape, binary size). At
+    most ENTRIES of at most HEADER_BYTES each; the memo starts afresh when full."""
+
+    HEADER_BYTES = 1024  # a longer header (a long id) is written every time
+    ENTRIES = 256
+
+    def remember(self, key: tuple | None, header: bytes) -> bytes:
+        if key is not None and len(header) <= self.HEADER_BYTES:
+            if len(self) >= self.ENTRIES:
+                self.clear()
+            self[key] = header
+        return header
+
+
+_HEADERS = ResponseHeaders()
+
+
+def _encode_document(response: InferenceResponse, request: InferenceRequest,
+                     binary_default: bool) -> list:
+    """The JSON header, then each binary output's bytes."""
     wants_binary = {o.name: o.parameters.get("binary_data", False) for o in request.outputs}
     outputs, chunks = [], []
     for tensor in response.outputs:
@@ -376,10 +451,7 @@ def encode_infer_response(response: InferenceResponse, request: InferenceRequest
     if response.parameters:
         document["parameters"] = response.parameters
     document["outputs"] = outputs
-    header = dumps(document)
-    if not chunks:
-        return [header], None
-    return [header, *chunks], len(header)
+    return [dumps(document), *chunks]
 
 
 def array_to_json(tensor: Tensor) -> list:
