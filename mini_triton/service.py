@@ -138,12 +138,30 @@ class InferenceService:
         self._start_counted(request, endpoint, answer)
 
     def _start_counted(self, request: InferenceRequest, endpoint: str, stream) -> None:
-        """`_start`, counting the request in flight until `stream` settles."""
+        """Check, prepare and submit `request`, whose `stream` is set, counting it in
+        flight until `stream` settles. A unary `endpoint` cannot carry a decoupled
+        model's responses."""
         in_flight = self.requests_in_flight = self.requests_in_flight + 1
         if in_flight > self.peak_in_flight:
             self.peak_in_flight = in_flight
         try:
-            self._start(request, endpoint)
+            # One function, not a call per step: this runs once per inference.
+            if not self.accepting:
+                raise TritonError(Code.UNAVAILABLE,
+                                  "Server is stopping: no new requests accepted")
+            requested_version = request.model_version
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("infer request: model '%s' version '%s' id '%s' with %d inputs",
+                          request.model_name, requested_version, request.id,
+                          len(request.inputs))
+            loaded = self.manager.get(request.model_name, requested_version,
+                                      request.model_namespace)
+            if endpoint and loaded.decoupled:
+                raise unsupported(
+                    f"{endpoint} doesn't support models with decoupled transaction policy")
+            self._read_shared_memory_inputs(request)
+            self._prepare(request, loaded)
+            self._submit(request, loaded, requested_version)
         except BaseException:
             request.release_regions()
             stream.settle()  # refused: no response will come
@@ -160,24 +178,6 @@ class InferenceService:
         quiet = self.peak_in_flight <= 1
         self.peak_in_flight = self.requests_in_flight
         return quiet
-
-    def _start(self, request: InferenceRequest, endpoint: str) -> None:
-        """Check, prepare and submit `request`, whose `stream` is set. A unary
-        `endpoint` cannot carry a decoupled model's responses."""
-        if not self.accepting:
-            raise TritonError(Code.UNAVAILABLE, "Server is stopping: no new requests accepted")
-        requested_version = request.model_version
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("infer request: model '%s' version '%s' id '%s' with %d inputs",
-                      request.model_name, requested_version, request.id, len(request.inputs))
-        loaded = self.manager.get(request.model_name, requested_version,
-                                  request.model_namespace)
-        if endpoint and loaded.decoupled:
-            raise unsupported(
-                f"{endpoint} doesn't support models with decoupled transaction policy")
-        self._read_shared_memory_inputs(request)
-        self._prepare(request, loaded)
-        self._submit(request, loaded, requested_version)
 
     def _prepare(self, request: InferenceRequest, loaded: LoadedVersion) -> None:
         request.model_version = loaded.version_text
@@ -261,7 +261,11 @@ class InferenceService:
         lookup = self._cache_lookup(request, loaded) if self.response_cache is not None \
             else None
         parent = request.parent_trace
-        trace = parent.child() if parent is not None else self.tracer.sample(request.model_name)
+        if parent is not None:
+            trace = parent.child()
+        else:  # asked only while some trace level is on (most servers trace nothing)
+            tracer = self.tracer
+            trace = tracer.sample(request.model_name) if tracer.sampling else None
         request.trace = trace
         request.on_complete = _completion_recorder(loaded, trace, lookup)
         if lookup is not None and lookup.outputs is not None:  # answered from the cache

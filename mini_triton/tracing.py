@@ -143,6 +143,11 @@ def _text(item) -> str:
     return item.decode("utf-8", "replace") if isinstance(item, (bytes, bytearray)) else str(item)
 
 
+def _level_on(level) -> bool:
+    """Whether a trace_level setting (a list of levels; None: not set) traces."""
+    return bool(level) and level != ["OFF"]
+
+
 class Tracer:
     def __init__(self):
         self.global_settings = dict(DEFAULTS)
@@ -153,6 +158,9 @@ class Tracer:
         self.ids = itertools.count(1)
         self.started: set[str] = set()  # files written by this server: appended to
         self.batches: dict[str, _Batches] = {}  # by trace file, where log_frequency > 0
+        # Whether any setting, global or a model's, has a trace level on: while none
+        # has, no request is sampled and the service does not ask `sample`.
+        self.sampling = False
 
     def settings(self, model: str = "") -> dict:
         with self.lock:
@@ -173,13 +181,16 @@ class Tracer:
                     target[key] = value
             self.counters.clear()
             self.remaining.clear()
+            self.sampling = any(_level_on(settings.get("trace_level"))
+                                for settings in (self.global_settings,
+                                                 *self.model_settings.values()))
         return self.settings(model)
 
     def sample(self, model: str) -> Trace | None:
         """A Trace for this request when the model's settings pick it, else None."""
         settings = self.model_settings.get(model)
         level = (settings or {}).get("trace_level", self.global_settings["trace_level"])
-        if level == ["OFF"] or not level:
+        if not _level_on(level):
             return None
         merged = self.settings(model)
         with self.lock:

@@ -76,7 +76,7 @@ class ModelSignature:
     inputs: dict[str, InputSpec]
     outputs: frozenset[str]
     required: frozenset[str] = frozenset()  # the inputs that are not optional
-    # What requests that passed every check asked for (their _asked key) → their batch
+    # What requests that passed every check asked for (the key `normalize` makes) → their batch
     # size: a client sends the same inputs and outputs again and again, and they are
     # checked once. Keys are the model's own names and shapes of its inputs' rank, at
     # most CHECKED_ENTRIES of them (started afresh when full).
@@ -100,9 +100,19 @@ def normalize(request: InferenceRequest, model: ModelSignature) -> None:
             _deduce_raw_input(request, model)
         except TritonError as error:
             raise _naming_request(error, request)
-    _apply_control_parameters(request)
-    asked = _asked(request)
-    batch_size = model.checked.get(asked) if asked is not None else None
+    params = request.parameters
+    if not params or params.keys() <= _NO_CONTROL_PARAMETERS:
+        # most requests: no flags, the default priority, no timeout
+        request.flags = request.priority = request.timeout_us = 0
+    else:
+        _apply_control_parameters(request)
+    # What the checks read of a request besides its data and parameters (each input's
+    # name, datatype and shape, and the outputs' names): the key of `model.checked`.
+    asked = (tuple(map(_INPUT_ASKED, request.inputs)), tuple(map(_NAME, request.outputs)))
+    try:
+        batch_size = model.checked.get(asked)
+    except TypeError:  # a shape that is not hashable: checked afresh, not remembered
+        asked = batch_size = None
     if batch_size is None:
         batch_size = _check(request, model)
         if asked is not None:
@@ -119,17 +129,6 @@ def normalize(request: InferenceRequest, model: ModelSignature) -> None:
 CHECKED_ENTRIES = 256
 _INPUT_ASKED = attrgetter("name", "datatype", "shape")
 _NAME = attrgetter("name")
-
-
-def _asked(request: InferenceRequest) -> tuple | None:
-    """What the checks read of a request besides its data and parameters: each input's
-    name, datatype and shape, and the outputs' names (None if a shape is unhashable)."""
-    key = (tuple(map(_INPUT_ASKED, request.inputs)), tuple(map(_NAME, request.outputs)))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
 
 
 def _remember(checked: dict, asked: tuple, batch_size: int) -> None:
@@ -207,11 +206,9 @@ def _deduce_raw_input(request: InferenceRequest, model: ModelSignature) -> None:
 
 
 def _apply_control_parameters(request: InferenceRequest) -> None:
+    """The control parameters' flags, priority and timeout (`normalize` sets the
+    defaults itself for a request without any)."""
     params = request.parameters
-    if not params or params.keys() <= _NO_CONTROL_PARAMETERS:
-        # most requests: no flags, the default priority, no timeout
-        request.flags = request.priority = request.timeout_us = 0
-        return
     for key in params:
         if key.startswith("triton_") and key not in _ALLOWED_TRITON_PARAMETERS:
             raise invalid_arg(

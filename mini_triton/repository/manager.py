@@ -283,7 +283,9 @@ class ModelRepositoryManager:
     def get(self, name: str, version: str = "", namespace: str = "") -> LoadedVersion:
         """The version that serves `name`/`version` ('' = latest ready), with Triton's
         errors; `namespace` is where the caller stands (an ensemble's repository)."""
-        record = self.record(name, namespace)
+        record = self.records.get(name)
+        if record is None or namespace:  # else `record` would answer the same at once
+            record = self.record(name, namespace)
         if version:
             loaded = record.versions.get(_version_number(version, name))
             if loaded is None:
