@@ -9,6 +9,7 @@ outputs and reserved parameters. Raw wire bytes become numpy views here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import prod
 from operator import attrgetter
 
 import numpy as np
@@ -325,8 +326,27 @@ def _check_input(tensor: Tensor, spec: InputSpec, model: ModelSignature,
 
 
 def _fill(tensor: Tensor, spec: InputSpec, model: ModelSignature, batch_size: int) -> None:
-    """The input's data as the model takes it: a view of its bytes, reshaped."""
-    _materialize(tensor, spec, model.name)
+    """The input's data as the model takes it: a numpy view of its wire bytes (their
+    byte size checked first) or its decoded data checked against its shape, reshaped
+    as the config says. One function: it runs for each input of every inference."""
+    count = prod(map(int, tensor.shape))  # datatypes.element_count, without its call
+    if tensor.data is not None:
+        _check_array(tensor, count, model.name)
+    else:
+        raw = tensor.raw if tensor.raw is not None else b""
+        dtype = spec.wire_dtype
+        if dtype is None:
+            array = _string_array(tensor, raw, count, model.name)
+        else:
+            expected = count * dtype.itemsize
+            if len(raw) != expected:
+                raise invalid_arg(
+                    f"input byte size mismatch for input '{tensor.name}' for model "
+                    f"'{model.name}'. Expected {expected}, got {len(raw)}"
+                )
+            array = np.frombuffer(raw, dtype=dtype, count=count)
+        tensor.data = array.reshape(tensor.shape)
+        tensor.raw = None
     if spec.reshape is not None:
         prefix = (batch_size,) if model.max_batch_size > 0 else ()
         tensor.data = tensor.data.reshape(prefix + spec.reshape)
@@ -365,31 +385,15 @@ def _check_shape(tensor: Tensor, spec: InputSpec, model: ModelSignature) -> None
     raise invalid_arg(message)
 
 
-def _materialize(tensor: Tensor, spec: InputSpec, model: str) -> None:
-    """Turn wire bytes into a numpy view, checking the byte size first."""
-    count = datatypes.element_count(tensor.shape)
-    if tensor.data is not None:
-        _check_array(tensor, count, model)
-        return
-    raw = tensor.raw if tensor.raw is not None else b""
-    dtype = spec.wire_dtype
-    if dtype is None:
-        array = datatypes.deserialize_bytes(raw)
-        if len(array) != count:
-            raise invalid_arg(
-                f"expected {count} string elements for inference input '{tensor.name}' "
-                f"for model '{model}', got {len(array)}"
-            )
-    else:
-        expected = count * dtype.itemsize
-        if len(raw) != expected:
-            raise invalid_arg(
-                f"input byte size mismatch for input '{tensor.name}' for model '{model}'. "
-                f"Expected {expected}, got {len(raw)}"
-            )
-        array = np.frombuffer(raw, dtype=dtype, count=count)
-    tensor.data = array.reshape(tensor.shape)
-    tensor.raw = None
+def _string_array(tensor: Tensor, raw, count: int, model: str) -> np.ndarray:
+    """A BYTES input's wire bytes as its elements, `count` of them."""
+    array = datatypes.deserialize_bytes(raw)
+    if len(array) != count:
+        raise invalid_arg(
+            f"expected {count} string elements for inference input '{tensor.name}' "
+            f"for model '{model}', got {len(array)}"
+        )
+    return array
 
 
 def _check_array(tensor: Tensor, count: int, model: str) -> None:
