@@ -10,7 +10,7 @@ import asyncio
 import collections
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, ClassVar
 
 from .errors import Code, TritonError
@@ -189,8 +189,12 @@ class FinalAnswer:
             on_final(response)
 
 
-@dataclass
+@dataclass(init=False)
 class InferenceRequest:
+    """An inference request: the constructor takes each field below (model_name first,
+    then model_version, id, inputs, outputs, parameters by position or name, the rest by
+    name), as a dataclass's would."""
+
     model_name: str
     model_version: str = ""
     id: str = ""
@@ -242,6 +246,30 @@ class InferenceRequest:
     rescheduled: ClassVar[bool] = False
     iterations: ClassVar[int] = 0
 
+    def __init__(self, model_name: str, model_version: str = "", id: str = "",
+                 inputs: list[Tensor] | None = None,
+                 outputs: list[RequestedOutput] | None = None,
+                 parameters: dict | None = None, **given):
+        # One request per inference: only the fields every request has are stored here;
+        # the others keep their class-level defaults unless given (normalize and the
+        # service store the ones the request path reads before it reads them).
+        self.model_name = model_name
+        self.model_version = model_version
+        self.id = id
+        self.inputs = [] if inputs is None else inputs
+        self.outputs = [] if outputs is None else outputs
+        self.parameters = {} if parameters is None else parameters
+        self.arrival_ns = time.monotonic_ns()
+        if given:
+            self._set_given(given)
+
+    def _set_given(self, given: dict) -> None:
+        for name, value in given.items():
+            if name not in _BY_NAME_ONLY:
+                raise TypeError(
+                    f"InferenceRequest.__init__() got an unexpected keyword argument '{name}'")
+            setattr(self, name, value)
+
     def release_regions(self) -> None:
         """Let go of the held regions (once; safe to call again)."""
         held, self.held_regions = self.held_regions, None
@@ -289,3 +317,8 @@ class InferenceRequest:
 
     def error_response(self, error: TritonError) -> InferenceResponse:
         return InferenceResponse(self.model_name, self.model_version, self.id, error=error)
+
+
+# The fields InferenceRequest's constructor takes by name only.
+_BY_NAME_ONLY = frozenset(field.name for field in fields(InferenceRequest)) - {
+    "model_name", "model_version", "id", "inputs", "outputs", "parameters"}
