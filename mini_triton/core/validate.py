@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from . import datatypes
 from .errors import TritonError, invalid_arg
+from .memo import BoundedMemo
 from .request import InferenceRequest
 from .tensor import Tensor
 
@@ -63,6 +64,15 @@ class InputSpec:
                    dtype.numpy.newbyteorder("<") if dtype.byte_size else None)
 
 
+CHECKED_ENTRIES = 256
+
+
+class CheckedRequests(BoundedMemo):
+    """ModelSignature.checked: at most CHECKED_ENTRIES request shapes."""
+
+    ENTRIES = CHECKED_ENTRIES
+
+
 @dataclass(frozen=True)
 class ModelSignature:
     """What request checks read from a model's config, as plain Python values.
@@ -81,7 +91,8 @@ class ModelSignature:
     # size: a client sends the same inputs and outputs again and again, and they are
     # checked once. Keys are the model's own names and shapes of its inputs' rank, at
     # most CHECKED_ENTRIES of them (started afresh when full).
-    checked: dict = field(default_factory=dict, compare=False, repr=False)
+    checked: CheckedRequests = field(default_factory=CheckedRequests, compare=False,
+                                     repr=False)
 
     @classmethod
     def of(cls, config: mc.ModelConfig) -> "ModelSignature":
@@ -117,7 +128,7 @@ def normalize(request: InferenceRequest, model: ModelSignature) -> None:
     if batch_size is None:
         batch_size = _check(request, model)
         if asked is not None:
-            _remember(model.checked, asked, batch_size)
+            model.checked.remember(asked, batch_size)
     else:  # the same as a request that passed: only its data is left to read
         try:
             for tensor in request.inputs:
@@ -127,15 +138,8 @@ def normalize(request: InferenceRequest, model: ModelSignature) -> None:
     request.batch_size = batch_size
 
 
-CHECKED_ENTRIES = 256
 _INPUT_ASKED = attrgetter("name", "datatype", "shape")
 _NAME = attrgetter("name")
-
-
-def _remember(checked: dict, asked: tuple, batch_size: int) -> None:
-    if len(checked) >= CHECKED_ENTRIES:
-        checked.clear()
-    checked[asked] = batch_size
 
 
 def _check(request: InferenceRequest, model: ModelSignature) -> int:

@@ -8,6 +8,8 @@ import json
 
 import numpy as np
 
+from ..core.memo import BoundedMemo
+
 from ..core import datatypes
 from ..core.errors import TritonError, invalid_arg
 from ..core.request import InferenceRequest, InferenceResponse
@@ -64,7 +66,7 @@ def decode_infer_request(model: str, version: str, body: bytes,
     request, binary_output = _decode_document(_parse_json(header), model, version, view,
                                               header_length)
     if key is not None:
-        _DECODED.remember(key, request, binary_output, header_length)
+        _DECODED.keep(key, request, binary_output, header_length)
     return request, binary_output
 
 
@@ -162,7 +164,7 @@ class _DecodedHeader:
 _NO_DATA = itertools.repeat(None)  # Tensor's `data` for each input made from binary bytes
 
 
-class DecodedHeaders(dict):
+class DecodedHeaders(BoundedMemo):
     """JSON headers already decoded, by their bytes: clients such as perf_analyzer
     send the same header with every request, and parsing and checking it again cost
     more than the rest of the decoding. A header is remembered only when it is small
@@ -173,13 +175,12 @@ class DecodedHeaders(dict):
     HEADER_BYTES = 1024  # a larger header is parsed every time
     ENTRIES = 256  # so at most 256 KiB of header bytes, and what they decoded to
 
-    def remember(self, key: bytes, request: InferenceRequest, binary_output: bool,
-                 offset: int) -> None:
+    def keep(self, key: bytes, request: InferenceRequest, binary_output: bool,
+             offset: int) -> None:
+        """Remember what the header `key` decoded to, unless it carried tensor data."""
         if any(tensor.data is not None for tensor in request.inputs):
             return  # JSON data: a header of its own, seldom sent twice
-        if len(self) >= self.ENTRIES:
-            self.clear()
-        self[key] = _DecodedHeader(request, binary_output, offset)
+        self.remember(key, _DecodedHeader(request, binary_output, offset))
 
 
 _DECODED = DecodedHeaders()
@@ -407,7 +408,7 @@ def encode_infer_response(response: InferenceResponse, request: InferenceRequest
     return chunks, (len(chunks[0]) if len(chunks) > 1 else None)
 
 
-class ResponseHeaders(dict):
+class ResponseHeaders(BoundedMemo):
     """JSON headers of one-binary-output replies already written, by what they hold:
     (model name, model version, id, output name, datatype, shape, binary size). At
     most ENTRIES of at most HEADER_BYTES each; the memo starts afresh when full."""
@@ -417,9 +418,7 @@ class ResponseHeaders(dict):
 
     def remember(self, key: tuple | None, header: bytes) -> bytes:
         if key is not None and len(header) <= self.HEADER_BYTES:
-            if len(self) >= self.ENTRIES:
-                self.clear()
-            self[key] = header
+            super().remember(key, header)
         return header
 
 

@@ -7,6 +7,8 @@ import re
 from typing import TYPE_CHECKING, Callable
 from urllib.parse import unquote
 
+from ..core.memo import BoundedMemo
+
 if TYPE_CHECKING:
     from .http_protocol import Handler, HttpReply
 
@@ -18,21 +20,26 @@ def _placeholder(match: re.Match) -> str:
     return f"(?P<{name}>{'[0-9]+' if name == 'version' else '[^/]+'})"
 
 
+class _MatchedPaths(BoundedMemo):
+    """The paths a pattern matched → (methods, params): see Router."""
+
+    ENTRIES = 4096
+
+
 class Router:
     """Exact paths in a dict, parameterised paths as anchored regexes."""
 
     # Paths matched by a pattern are remembered (an inference path would otherwise be
-    # tried against several patterns per request), up to this many, and only paths up
-    # to this long: no model name is longer than 255 bytes, and long junk paths must
-    # not hold memory after their requests.
-    MATCHED_PATHS = 4096
+    # tried against several patterns per request), up to _MatchedPaths.ENTRIES of them,
+    # and only paths up to this long: no model name is longer than 255 bytes, and long
+    # junk paths must not hold memory after their requests.
     MATCHED_PATH_LENGTH = 512
 
     def __init__(self, not_found: Callable[[str], HttpReply]):
         self.exact: dict[str, dict[str, Handler]] = {}
         self.patterns: list[tuple[re.Pattern, dict[str, Handler]]] = []
         self.not_found = not_found
-        self.matched: dict[str, tuple[dict[str, Handler], dict]] = {}
+        self.matched = _MatchedPaths()  # path → (methods, params)
 
     def add(self, method: str, path: str, handler: Handler) -> None:
         if "{" not in path:
@@ -66,12 +73,8 @@ class Router:
             if match:
                 params = {k: unquote(v) for k, v in match.groupdict().items()}
                 if len(path) <= self.MATCHED_PATH_LENGTH:
-                    self._remember(path, methods, params)
+                    self.matched.remember(path, (methods, params))
                 return methods, params
         return None, {}
 
-    def _remember(self, path: str, methods: dict[str, Handler], params: dict) -> None:
-        if len(self.matched) >= self.MATCHED_PATHS:
-            self.matched.clear()
-        self.matched[path] = (methods, params)
 
