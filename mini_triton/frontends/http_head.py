@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import httptools
 
 from .. import SERVER_NAME, __version__
+from ..core.memo import BoundedMemo
 from .http_body import LARGE_BODY
 
 if TYPE_CHECKING:
@@ -42,10 +43,7 @@ class RequestHead:
             headers[raw[index].decode("latin-1").lower()] = raw[index + 1].decode("latin-1")
         self.headers = headers
         self.accept_encoding = headers.get("accept-encoding", "")
-        encoding = headers["content-encoding"].lower() if "content-encoding" in headers \
-            else ""
-        # A body to inflate before the request starts ("" when there is none).
-        self.content_encoding = "" if encoding == "identity" else encoding
+        self.content_encoding = body_encoding(headers)
         # Neither framing by Transfer-Encoding nor an Expect: the head needs nothing but
         # its Content-Length read (when it has one).
         self.plain = "transfer-encoding" not in headers and "expect" not in headers
@@ -64,6 +62,18 @@ def path_of(head: RequestHead) -> str:
     return path
 
 
+def raw_fields(headers: dict[str, str]) -> list[bytes]:
+    """Decoded headers as raw fields again (names and values, alternately)."""
+    return [text.encode("latin-1") for field in headers.items() for text in field]
+
+
+def body_encoding(headers: dict[str, str]) -> str:
+    """The Content-Encoding a request's body is to be inflated from before the request
+    starts ("" when there is none, or it is `identity`)."""
+    encoding = headers["content-encoding"].lower() if "content-encoding" in headers else ""
+    return "" if encoding == "identity" else encoding
+
+
 def declared_length(headers: dict[str, str]) -> int:
     try:
         return int(headers.get("content-length", "0"))
@@ -71,21 +81,12 @@ def declared_length(headers: dict[str, str]) -> int:
         return 0  # llhttp has refused a malformed one already; chunked bodies have none
 
 
-class HeadMemo(dict):
+class HeadMemo(BoundedMemo):
     """Heads already decoded, by their raw fields, URL and method (see RequestHead).
-    A head is remembered only when its counted size is at most HEAD_BYTES; the memo
-    holds at most ENTRIES heads and starts afresh when full (a client sending ever-new
-    heads costs itself a little time, never the server more memory)."""
+    A head is remembered only when its counted size is at most HEAD_BYTES; at most
+    ENTRIES (256) of them, so about 1 MiB of raw heads, and as much decoded."""
 
     HEAD_BYTES = 4096
-    ENTRIES = 256  # so at most about 1 MiB of raw heads, and as much decoded
-
-    def remember(self, key: tuple, value):
-        """`value`, remembered for `key` (the memo starts afresh when full)."""
-        if len(self) >= self.ENTRIES:
-            self.clear()
-        self[key] = value
-        return value
 
     def decode(self, raw: tuple, size: int) -> RequestHead:
         """The head `raw` (not remembered yet), whose counted size is `size` bytes."""

@@ -34,8 +34,8 @@ import httptools
 
 from .http_body import BodyReceiver
 from .http_encoding import InflatedTooLarge, compress, inflate
-from .http_head import (HEADS, REPLY_HEADS, RequestHead, declared_length, head_bytes,
-                        length_head, path_of)
+from .http_head import (HEADS, REPLY_HEADS, RequestHead, body_encoding, head_bytes,
+                        length_head, path_of, raw_fields)
 from .http_exchange import (App, BodyStream, Exchange, Handler, HttpReply,  # noqa: F401
                             HttpRequest, serve_async)
 from .http_limits import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,  # noqa: F401
@@ -43,7 +43,6 @@ from .http_limits import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE, 
 from .http_router import Router  # noqa: F401 (where it used to live)
 
 log = logging.getLogger("mini_triton.http")
-
 
 
 # After a refusal the connection is closed for writing at once, while what the client
@@ -251,20 +250,22 @@ class HttpProtocol(asyncio.Protocol):
             head = HEADS.decode(raw, self._header_bytes + len(self._url))
         self._head = head
         self._fields = []  # for trailers
-        if head.plain:
-            if head.large_body:
-                self._body.expect(head.declared_length)
-            return
+        if not head.plain:
+            self._check_head(head)
+        if head.large_body:
+            self._body.expect(head.declared_length)
+
+    def _check_head(self, head: RequestHead) -> None:
+        """A head with Transfer-Encoding or Expect: its framing checked, and a client
+        that waits for 100 Continue told to send its body (or refused at once)."""
         headers = head.headers
         if "transfer-encoding" in headers:
             self._check_framing(headers)
         if "expect" in headers and headers["expect"].lower() == "100-continue":
             # A body that will be refused is not asked for.
-            if declared_length(headers) > self.max_body:
+            if head.declared_length > self.max_body:
                 raise _Refusal(413, self._body_too_large())
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if "transfer-encoding" not in headers and "content-length" in headers:
-            self._body.expect(declared_length(headers))
 
     def on_chunk_header(self) -> None:
         # Trailers may follow (after the last chunk's size line): count until data.
@@ -278,11 +279,9 @@ class HttpProtocol(asyncio.Protocol):
         self._in_fields = self._in_message = False  # the trailers, if any, have ended
         head = self._head
         if self._fields:  # trailers: they join the headers, as later duplicates
-            head = RequestHead((*_head_fields(head.headers), *self._fields, self._url,
+            head = RequestHead((*raw_fields(head.headers), *self._fields, self._url,
                                 head.method.encode()))
-        method, path = head.method, head.path
-        if path is None:
-            path = path_of(head)
+        method, path = head.method, path_of(head)
         keep_alive = self.parser.should_keep_alive() and not self._last_request
         exchange = Exchange(self, method, path, keep_alive, head.accept_encoding,
                             self.parser.get_http_version() != "1.0")
@@ -298,11 +297,8 @@ class HttpProtocol(asyncio.Protocol):
                 self._hold(request, exchange)
             elif head.content_encoding:
                 self._start(request, exchange)
-            else:  # _start's common case, without its call
-                try:
-                    self.app(request, exchange)
-                except Exception as error:
-                    exchange.fail(error)
+            else:  # nothing to inflate first
+                self._run(request, exchange)
         if self._last_request:
             raise _LastRequest
 
@@ -316,13 +312,16 @@ class HttpProtocol(asyncio.Protocol):
     # --- starting requests ---
 
     def _start(self, request: HttpRequest, exchange: Exchange) -> None:
-        if "content-encoding" in request.headers:
-            encoding = request.headers["content-encoding"].lower()
-            if encoding and encoding != "identity":
-                body = self._decoded(request.body, encoding, exchange)
-                if body is None:
-                    return
-                request.body = body
+        """Inflate the request's body if it is compressed, then run it."""
+        encoding = body_encoding(request.headers)
+        if encoding:
+            body = self._decoded(request.body, encoding, exchange)
+            if body is None:
+                return
+            request.body = body
+        self._run(request, exchange)
+
+    def _run(self, request: HttpRequest, exchange: Exchange) -> None:
         try:
             self.app(request, exchange)
         except Exception as error:
@@ -598,12 +597,5 @@ class HttpProtocol(asyncio.Protocol):
         return True
 
 
-
-
 class _LastRequest(Exception):
     """Raised after the connection's last request to stop parsing what follows."""
-
-
-def _head_fields(headers: dict[str, str]) -> list[bytes]:
-    """Decoded headers as raw fields again (names and values, alternately)."""
-    return [text.encode("latin-1") for field in headers.items() for text in field]

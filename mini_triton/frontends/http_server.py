@@ -379,22 +379,23 @@ V2_REPLIES = InferReplies(lambda error: error_reply(http_status(error.code), err
 def _answer_infer(exchange: Exchange, request, binary_output: bool, replies: InferReplies,
                   response) -> None:
     """Answer with the HTTP reply of an inference's final response."""
+    exchange.answer(_infer_reply(response, request, binary_output, replies))
+
+
+def _infer_reply(response, request, binary_output: bool, replies: InferReplies) -> HttpReply:
+    """The HTTP reply of an inference's final response."""
     if response.error is not None:
-        exchange.answer(replies.error(response.error))
-        return
+        return replies.error(response.error)
     try:
         chunks, json_length = http_codec.encode_infer_response(response, request,
                                                                binary_output)
     except TritonError as error:
-        exchange.answer(replies.error(error))
-        return
+        return replies.error(error)
     except Exception as error:  # a bug here must not reach the model's scheduler
         log.exception("cannot encode the response of model '%s'", request.model_name)
-        exchange.answer(error_reply(500, f"internal error: {error}"))
-        return
+        return error_reply(500, f"internal error: {error}")
     content_type, headers = replies.binary_headers(json_length)
-    exchange.answer(HttpReply(200, chunks, content_type, headers,
-                              compressible=replies.compressible))
+    return HttpReply(200, chunks, content_type, headers, compressible=replies.compressible)
 
 
 def _json_body(request: HttpRequest) -> dict:
