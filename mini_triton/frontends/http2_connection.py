@@ -498,9 +498,7 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
                 or not self._take_whole_request(stream, buffer, start, end):
             return False
         # what _on_data and _data_piece would have counted
-        self.received += end - start  # _give_back's count, inline (once per call)
-        if self.received >= WINDOW_REFILL:
-            self._give_back(0)
+        self._give_back(end - start)
         self.quiet = 0
         self.frames += 1
         stream.received += end - start

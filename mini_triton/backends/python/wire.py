@@ -31,7 +31,7 @@ import weakref
 import numpy as np
 
 from ...core import datatypes
-from .arena import ALIGN, Arena, PeerSegments, aligned
+from .arena import Arena, PeerSegments, aligned
 from .convert import Reply
 
 SHARED_THRESHOLD = 64 * 1024  # bytes; smaller tensors travel inline
@@ -99,12 +99,8 @@ class Outgoing:
         if 0 < nbytes < SHARED_THRESHOLD and array.flags.c_contiguous:
             # Most tensors: `_placed`'s inline case for one contiguous array, in one step.
             offset = self.inline_size
-            buffers = self.buffers
-            buffers.append(array)  # its bytes as they lie (sendmsg takes any buffer)
-            padded = (offset + nbytes + ALIGN - 1) // ALIGN * ALIGN  # arena.aligned
-            if padded > offset + nbytes:
-                buffers.append(bytes(padded - offset - nbytes))
-            self.inline_size = padded
+            self.buffers.append(array)  # its bytes as they lie (sendmsg takes any buffer)
+            self._end_inline(offset + nbytes)
             return (name, datatype, tuple(map(int, shape)), INLINE, offset, nbytes)
         return self._placed(name, datatype, shape, [array], nbytes)
 
@@ -128,12 +124,15 @@ class Outgoing:
             else:
                 self.buffers.append(memoryview(np.ascontiguousarray(part).reshape(-1)
                                                .view(np.uint8)))
-        end = offset + nbytes
+        self._end_inline(offset + nbytes)
+        return (name, datatype, shape, INLINE, offset, nbytes)
+
+    def _end_inline(self, end: int) -> None:
+        """The inline tensors now end at `end`: pad them to the next tensor's alignment."""
         padded = aligned(end)
         if padded > end:
             self.buffers.append(bytes(padded - end))
         self.inline_size = padded
-        return (name, datatype, shape, INLINE, offset, nbytes)
 
     def fill(self, block: np.ndarray) -> None:
         """Copy the large tensors into `block` (uint8, `shared_size` bytes or more):
