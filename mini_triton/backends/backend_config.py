@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..config.coverage import HONOURED
+from ..triton_flags import NOT_APPLICABLE  # a setting's status, as for a flag
 
 GLOBAL = ""  # the backend name of a setting for every backend
 FLAG = "--backend-config"
@@ -70,9 +71,6 @@ def _not_empty(setting: str, value: str) -> None:
 def _non_negative(setting: str, value: str) -> None:
     if _whole(setting, value) < 0:
         raise ValueError(f"{setting} must be >= 0, got {value}")
-
-
-NOT_APPLICABLE = "not applicable"
 
 
 @dataclass(frozen=True)

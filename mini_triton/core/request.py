@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Callable, ClassVar
 
 from .errors import Code, TritonError
+from .loop_thread import on_loop_thread
 from .tensor import RequestedOutput, Tensor
 
 
@@ -64,11 +65,7 @@ class ResponseStream:
         """Thread-safe: hand a response to the reader on the loop."""
         if self._loop.is_closed():
             return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
+        if on_loop_thread(self._loop):
             self._push(response)
         else:
             self._loop.call_soon_threadsafe(self._push, response)

@@ -25,6 +25,7 @@ import time
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.errors import TritonError, internal, invalid_arg, unavailable
+from ..core.loop_thread import on_loop_thread
 from ..core.request import InferenceRequest, InferenceResponse
 from ..core.stats import ExecutionTiming, ModelStats
 from ..core.tensor import RequestedOutput, Tensor
@@ -72,11 +73,7 @@ class EnsembleScheduler:
             self.active += 1
             self.runs.add(run)
         loop = self.service.loop
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
+        if on_loop_thread(loop):
             loop.create_task(run.execute())
         else:
             asyncio.run_coroutine_threadsafe(run.execute(), loop)

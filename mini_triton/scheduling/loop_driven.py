@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import threading
 import time
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.errors import internal, unavailable
+from ..core.loop_thread import on_loop_thread
 from ..core.stats import ExecutionTiming, ModelStats
 from .base import begin_batch, end_batch, fail
 from .dynamic import STOPPING_MESSAGE, QueuedScheduler, fail_dropped
@@ -45,7 +45,6 @@ class LoopScheduler(QueuedScheduler):
                  loop: asyncio.AbstractEventLoop, backend_batches: bool = True):
         super().__init__(config, stats, backend_batches)
         self.loop = loop
-        self.loop_thread: int | None = None  # the loop's thread, once seen running there
         self.instances = instances
         self.idle = list(reversed(instances))  # popped from the end: the first goes first
         self.timer: asyncio.TimerHandle | None = None
@@ -59,7 +58,7 @@ class LoopScheduler(QueuedScheduler):
     def submit(self, request) -> None:
         """Skip the queue when the batcher could only send the request alone, now
         (it saves the queue's bookkeeping on every request of a lightly loaded model)."""
-        on_loop = self._on_loop()
+        on_loop = on_loop_thread(self.loop)
         # On the loop only the loop changes `idle`: with none idle (a busy model, most
         # requests then) the request queues without asking under the lock.
         if self.immediate and on_loop and self.idle:
@@ -88,7 +87,7 @@ class LoopScheduler(QueuedScheduler):
         with self.condition:
             self.stopping = True
             while (self.queues.count or self.executing) and time.monotonic() < deadline \
-                    and not self._on_loop():
+                    and not on_loop_thread(self.loop):
                 self.condition.wait(max(0.0, min(0.05, deadline - time.monotonic())))
             left = self._take_leftovers()
         for request in left:  # the time to drain is over: these will not run
@@ -103,20 +102,6 @@ class LoopScheduler(QueuedScheduler):
             instance.finalize()
 
     # --- on the loop ---
-
-    def _on_loop(self) -> bool:
-        """Whether the caller runs on the loop (on its thread, while it runs).
-
-        Asked for every request and batch: a thread-id comparison, once the loop
-        has been seen running on its thread (`asyncio.get_running_loop()` makes a
-        getpid system call each time in Python 3.11). The server's loop runs on one
-        thread all its life."""
-        if threading.get_ident() == self.loop_thread and self.loop.is_running():
-            return True
-        if asyncio._get_running_loop() is not self.loop:
-            return False
-        self.loop_thread = threading.get_ident()
-        return True
 
     def _dispatch(self) -> None:
         """Hand batches to idle instances while there are both."""
@@ -177,7 +162,7 @@ class LoopScheduler(QueuedScheduler):
 
     def _ended(self, instance, batch: list, taps: list, start: int,
                timing: ExecutionTiming | None) -> None:
-        if not self._on_loop() and not self.loop.is_closed():
+        if not on_loop_thread(self.loop) and not self.loop.is_closed():
             # The worker died and a thread noticed: account on the loop like the others.
             self.loop.call_soon_threadsafe(self._ended, instance, batch, taps, start, timing)
             return

@@ -18,13 +18,12 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
-import os
 import select
-import socket
 import threading
 import time
 
 from ...core.errors import TritonError, internal, unavailable
+from ...core.loop_thread import on_loop_thread
 from ...core.request import InferenceResponse as CoreResponse
 from ...core.stats import ExecutionTiming
 from ...core.tensor import Tensor as CoreTensor
@@ -78,17 +77,10 @@ def _serving_loop(service) -> asyncio.AbstractEventLoop | None:
     return loop
 
 
-def _in_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
-
-
 def _on_loop(loop: asyncio.AbstractEventLoop, function, *args) -> None:
     """Call `function` on the loop's thread and wait for it (the loop's selector is not
     thread-safe)."""
-    if _in_loop_thread(loop):
+    if on_loop_thread(loop):
         function(*args)
         return
     done = concurrent.futures.Future()
@@ -519,7 +511,7 @@ class ProcessInstance(ModelInstance):
             self.calls[call_id] = future
         try:
             self.link.send({**meta, "call": call_id})
-            if self.loop is not None and _in_loop_thread(self.loop):
+            if self.loop is not None and on_loop_thread(self.loop):
                 self._read_until(future, timeout)  # the loop cannot read for us: it is us
             return future.result(timeout)
         except OSError:
