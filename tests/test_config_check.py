@@ -28,16 +28,19 @@ def configs(tmp_path):
     return good, bad
 
 
-def test_good_config_prints_json_as_parsed(configs, capsys):
+def test_good_config_prints_its_completed_json(configs, capsys):
+    """What GET /v2/models/NAME/config gives once it loads: every field, defaults filled."""
     good, _ = configs
     assert main([str(good)]) == 0
     out, err = capsys.readouterr()
-    assert json.loads(out) == {
-        "name": "good",
-        "backend": "identity",
-        "max_batch_size": 8,
-        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1]}],
-    }
+    printed = json.loads(out)
+    assert (printed["name"], printed["backend"], printed["max_batch_size"]) == (
+        "good", "identity", 8)
+    assert [(t["name"], t["data_type"], t["dims"]) for t in printed["input"]] == [
+        ("x", "TYPE_FP32", [-1])]
+    assert printed["output"] == []
+    assert printed["version_policy"] == {"latest": {"num_versions": 1}}
+    assert [group["kind"] for group in printed["instance_group"]] == ["KIND_CPU"]
     assert err == ""
 
 
@@ -80,7 +83,7 @@ def test_a_repository_is_every_model_in_it(tmp_path, capsys):
         (tmp_path / name / "config.pbtxt").write_text(text)
     assert main([str(tmp_path)]) == 2
     out, err = capsys.readouterr()
-    assert json.loads(out) == {"backend": "identity"}
+    assert json.loads(out)["name"] == "a"
     assert err == (f"{tmp_path / 'b' / 'config.pbtxt'}:1:21: model 'b' breaks rule "
                    "max_batch_size_non_negative: 'max_batch_size' must be non-negative value "
                    "for b\n")
@@ -97,6 +100,31 @@ def test_a_version_folder_without_its_model_file_is_reported(tmp_path, capsys):
 def test_no_paths_is_a_usage_error(capsys):
     assert main([]) == 2
     assert "usage: mini-triton check-config" in capsys.readouterr().err
+
+
+def test_an_unknown_flag_is_a_usage_error(configs, capsys):
+    good, _ = configs
+    assert main(["--no-such-flag", str(good)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "usage: mini-triton check-config" in err
+    assert "unrecognized arguments: --no-such-flag" in err
+
+
+def test_a_bad_backend_config_is_a_usage_error(configs, capsys):
+    good, _ = configs
+    assert main(["--backend-config=,x=1", str(good)]) == 2
+    assert "No backend specified" in capsys.readouterr().err
+
+
+def test_an_unknown_backend_is_refused_as_loading_refuses_it(tmp_path, capsys):
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.pbtxt").write_text('backend: "warp_drive"')
+    assert main([str(tmp_path / "m")]) == 2
+    assert capsys.readouterr().err == (
+        f"{tmp_path / 'm' / 'config.pbtxt'}: model 'm' breaks rule backend_auto_complete: "
+        "unable to find backend library for backend 'warp_drive', try specifying runtime on "
+        "the model configuration. Known backends: ensemble, identity, onnxruntime, python, "
+        "tensorrt\n")
 
 
 def test_check_config_in_a_fresh_process(configs):

@@ -86,6 +86,12 @@ class Backend:
     def auto_complete(cls, config: mc.ModelConfig, context: ModelContext) -> None:
         """Fill what the config leaves out from the model itself (Triton's auto-complete)."""
 
+    @classmethod
+    def check_model_file(cls, config: mc.ModelConfig, context: ModelContext) -> None:
+        """Raise, with the message loading gives, where the completed `config` disagrees
+        with the model file of `context`'s version; no instance is started
+        (`mini-triton check-config`). Loading makes the same check as instances start."""
+
     def create_instance(self, index: int, kind: str, device_id: int) -> ModelInstance:
         raise NotImplementedError
 

@@ -3,8 +3,8 @@ server-side auto-complete and normalisation, ValidateModelConfig (and the
 inputs and outputs when auto-complete is off), the name check, the backend's
 auto-complete, normalisation again, and every rule on the completed config.
 
-The loader (repository/model_config.py) and `mini-triton check-config` both
-call `complete_config`; only the loader has a backend to auto-complete with.
+The loader (repository/model_config.py) calls `complete_config` with the
+backend's auto-complete, and `mini-triton check-config` calls the loader's.
 """
 
 from __future__ import annotations

@@ -22,20 +22,14 @@ def read_config(name: str, folder: Path, options, server=None,
                 override: mc.ModelConfig | None = None) -> mc.ModelConfig:
     """The completed config of a model folder (an override, else config.pbtxt, then
     auto-complete), checked by Triton's config rules."""
-    config_path = scan.config_path(folder, options.model_config_name)
     source = None
     try:
         if override is not None:
             config = mc.ModelConfig()
             config.CopyFrom(override)
-        elif config_path.exists():
-            config = parse_config_file(config_path)
-            source = config_path
-        elif options.disable_auto_complete:
-            raise unavailable(f"model configuration file {config_path} does not exist "
-                              "(auto-complete is disabled)")
         else:
-            config = mc.ModelConfig()
+            config, source = config_in_folder(
+                scan.config_path(folder, options.model_config_name), options)
         return complete_config(name, folder, config, options, server)
     except ConfigError as error:
         raise unavailable(str(error)) from error
@@ -43,6 +37,18 @@ def read_config(name: str, folder: Path, options, server=None,
         raise invalid_arg(str(error)) from error
     except RuleError as error:
         raise located(error, source) from None
+
+
+def config_in_folder(config_path: Path, options) -> tuple[mc.ModelConfig, Path | None]:
+    """(config, the file it was read from): `config_path` parsed, or an empty config to
+    auto-complete where there is no such file; raises ConfigError for a file that does
+    not parse, OSError for one that cannot be read."""
+    if config_path.exists():
+        return parse_config_file(config_path), config_path
+    if options.disable_auto_complete:
+        raise unavailable(f"model configuration file {config_path} does not exist "
+                          "(auto-complete is disabled)")
+    return mc.ModelConfig(), None
 
 
 def complete_config(name: str, folder: Path, config: mc.ModelConfig, options,

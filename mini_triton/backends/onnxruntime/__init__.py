@@ -33,6 +33,11 @@ class OnnxRuntimeBackend(Backend):
         path = sessions.model_path(config, context.version_dir)
         auto_complete(config, inspect(config, path), _default_max_batch_size(context))
 
+    @classmethod
+    def check_model_file(cls, config: mc.ModelConfig, context: ModelContext) -> None:
+        path = sessions.model_path(config, context.version_dir)
+        check_against_model(config, inspect(config, path))
+
     def __init__(self, context: ModelContext):
         super().__init__(context)
         self.path = sessions.model_path(self.config, context.version_dir)
