@@ -6,6 +6,11 @@ A traced request's entries are Triton's: its model, then one object per timestam
 (steady-clock ns) in the order tritonserver lists them: REQUEST_START, QUEUE_START,
 INFER_RESPONSE_COMPLETE, COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START,
 COMPUTE_END, REQUEST_END; the TENSORS level adds the inputs and outputs after QUEUE_START.
+A request whose front end stamps it (FrontEndStamps) also carries Triton's front-end
+timestamps where tritonserver writes them: HTTP_RECV_* first and HTTP_SEND_* where the
+reply went out (before or after the request's release); the GRPC_* ones after the core's,
+INFER_RESPONSE_COMPLETE among them. A step of an ensemble reaches no front end: its trace
+has no INFER_RESPONSE_COMPLETE, as in tritonserver.
 
 `log_frequency` as in tritonserver: N > 0 writes every N traces to a file of
 their own, `<trace_file>.0`, `<trace_file>.1`, ... (what is left at shutdown
@@ -16,6 +21,7 @@ so it can be read while the server runs (tritonserver writes it at exit).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -37,6 +43,10 @@ class Trace:
     each input (TENSOR_QUEUE_INPUT) and each output of its final response
     (TENSOR_BACKEND_OUTPUT), in the order Triton records them."""
 
+    # The front end's timestamps of the request, when it took them (FrontEndStamps):
+    # the trace is written once both the request and its reply are done.
+    front: "FrontEndStamps | None" = None
+
     def __init__(self, tracer: "Tracer", trace_id: int, file: str, frequency: int,
                  levels: tuple[str, ...] = ("TIMESTAMPS",), parent_id: int = 0):
         self.tracer, self.id, self.file, self.frequency = tracer, trace_id, file, frequency
@@ -52,6 +62,16 @@ class Trace:
 
     def finish(self, request, response=None) -> None:
         marks = _marks(request)
+        if self.parent_id:  # Triton's front ends stamp INFER_RESPONSE_COMPLETE, and a
+            # step's response reaches none
+            marks = [mark for mark in marks if mark[0] != _COMPLETE]
+        if self.front is None:
+            self.tracer.write(self.file, self._entries(request, response, marks),
+                              self.frequency)
+        else:  # written once the front end has written the reply too
+            self.front.request_done(request, response, marks)
+
+    def _entries(self, request, response, marks: list) -> list[dict]:
         entries: list[dict] = []
         if self.timestamps:
             entries.append(self._model_entry(request))
@@ -64,7 +84,7 @@ class Trace:
             # Triton reports the compute timestamps when the request is released,
             # after its response: they follow INFER_RESPONSE_COMPLETE in its files.
             entries += [self._stamp(name, ns) for name, ns in marks if name not in _QUEUED]
-        self.tracer.write(self.file, entries, self.frequency)
+        return entries
 
     def _model_entry(self, request) -> dict:
         entry = {"id": self.id, "model_name": request.model_name,
@@ -87,6 +107,102 @@ class Trace:
 
 # The timestamps Triton records before the request's inputs are traced (at enqueue).
 _QUEUED = ("REQUEST_START", "QUEUE_START")
+
+
+class FrontEnd:
+    """Where a front end's timestamps sit in Triton's trace: `before` the model's
+    entry, or after the core's timestamps, joined by INFER_RESPONSE_COMPLETE where
+    the front end keeps that one with its own (`keeps_complete`)."""
+
+    def __init__(self, received: tuple[str, str], sent: tuple[str, str],
+                 before: bool, keeps_complete: bool = False):
+        self.received, self.sent = received, sent
+        self.before, self.keeps_complete = before, keeps_complete
+
+
+# tritonserver 2.51: its HTTP server stamps a request as its trace starts (received)
+# and as its reply is sent; its gRPC server keeps its stamps in the call's state and
+# hands them to the trace when the call ends.
+HTTP = FrontEnd(("HTTP_RECV_START", "HTTP_RECV_END"), ("HTTP_SEND_START", "HTTP_SEND_END"),
+                before=True)
+GRPC = FrontEnd(("GRPC_WAITREAD_START", "GRPC_WAITREAD_END"),
+                ("GRPC_SEND_START", "GRPC_SEND_END"), before=False, keeps_complete=True)
+_COMPLETE = "INFER_RESPONSE_COMPLETE"
+
+
+class FrontEndStamps:
+    """What a front end saw of one request, taken only while some trace level is on:
+    when it received the request's first and last bytes, when the final response
+    reached it (Triton's front ends stamp INFER_RESPONSE_COMPLETE), and when it began
+    and finished writing the reply (steady-clock ns). If the service traces the request
+    (Tracer.sample under `Tracer.receiving`), the trace is written once both the
+    request is done (`request_done`) and its reply written (`timed`), in either order,
+    from either thread; a request not traced leaves the stamps unused."""
+
+    __slots__ = ("front_end", "received", "trace", "_lock", "_done", "_sent", "_sent_first")
+
+    def __init__(self, front_end: FrontEnd, first_byte_ns: int, last_byte_ns: int):
+        self.front_end = front_end
+        self.received = (first_byte_ns, last_byte_ns)
+        self.trace: Trace | None = None
+        self._lock = threading.Lock()
+        self._done: tuple | None = None
+        self._sent: tuple[int, int, int] | None = None
+        self._sent_first = False  # the reply was written before the request was done
+
+    def timed(self, write):
+        """`write`, the call that writes the reply of the final response, stamped: the
+        response complete and SEND_START before it, SEND_END once it returns."""
+        def stamped(*args) -> None:
+            complete = start = time.monotonic_ns()
+            try:
+                write(*args)
+            finally:
+                self._reply_written(complete, start, time.monotonic_ns())
+        return stamped
+
+    def _reply_written(self, complete_ns: int, start_ns: int, end_ns: int) -> None:
+        with self._lock:
+            self._sent = (complete_ns, start_ns, end_ns)
+            ready = self._done is not None
+            self._sent_first = not ready
+        if ready:
+            self._write()
+
+    def request_done(self, request, response, marks: list) -> None:
+        """The traced request is done: its response and its core timestamps."""
+        with self._lock:
+            self._done = (request, response, marks)
+            ready = self._sent is not None
+        if ready:
+            self._write()
+
+    def _write(self) -> None:
+        trace, front_end = self.trace, self.front_end
+        request, response, marks = self._done
+        complete_ns, *sent_ns = self._sent
+        marks = [(name, complete_ns if name == _COMPLETE else ns) for name, ns in marks]
+        kept = []
+        if front_end.keeps_complete:
+            kept = [trace._stamp(name, ns) for name, ns in marks if name == _COMPLETE]
+            marks = [mark for mark in marks if mark[0] != _COMPLETE]
+        entries = trace._entries(request, response, marks)
+        received = [trace._stamp(name, ns)
+                    for name, ns in zip(front_end.received, self.received)]
+        sent = [trace._stamp(name, ns) for name, ns in zip(front_end.sent, sent_ns)]
+        if front_end.before:
+            # Where it happened: tritonserver's HTTP server stamps the reply as it goes
+            # out, before or after the model releases the request (which reports the
+            # compute timestamps and REQUEST_END).
+            at = len(entries)
+            if self._sent_first:
+                at = 1 + next((i for i, entry in enumerate(entries)
+                               if entry.get("timestamps", [{}])[0].get("name") == _COMPLETE),
+                              at - 1)
+            entries = received + entries[:at] + sent + entries[at:]
+        else:
+            entries = entries + received + kept + sent
+        trace.tracer.write(trace.file, entries, trace.frequency)
 
 
 def _marks(request) -> list[tuple[str, int]]:
@@ -161,6 +277,9 @@ class Tracer:
         # Whether any setting, global or a model's, has a trace level on: while none
         # has, no request is sampled and the service does not ask `sample`.
         self.sampling = False
+        # The front end's stamps of the request being started on this thread, and the
+        # thread (see `receiving`).
+        self._arriving: tuple[int, FrontEndStamps] | None = None
 
     def settings(self, model: str = "") -> dict:
         with self.lock:
@@ -203,8 +322,24 @@ class Tracer:
             if left > 0:
                 self.remaining[model] = left - 1
             trace_id = next(self.ids)
-        return Trace(self, trace_id, merged["trace_file"], int(merged["log_frequency"]),
-                     tuple(merged["trace_level"]))
+        trace = Trace(self, trace_id, merged["trace_file"], int(merged["log_frequency"]),
+                      tuple(merged["trace_level"]))
+        arriving = self._arriving
+        if arriving is not None and arriving[0] == threading.get_ident():
+            self._arriving = None  # the request being started: its first sample
+            if trace.timestamps:  # Triton's front ends stamp only at TIMESTAMPS
+                trace.front, arriving[1].trace = arriving[1], trace
+        return trace
+
+    @contextlib.contextmanager
+    def receiving(self, stamps: FrontEndStamps):
+        """While a front end starts the request it stamped (on this thread): the trace
+        `sample` gives it, if any, is written with those stamps."""
+        self._arriving = (threading.get_ident(), stamps)
+        try:
+            yield
+        finally:
+            self._arriving = None
 
     def next_id(self) -> int:
         with self.lock:
@@ -257,8 +392,11 @@ def _append_to_array(path: str, entries: list, fresh: bool) -> None:
     only its closing bracket: the cost of a trace does not grow with the file."""
     items = ",".join(json.dumps(entry) for entry in entries)
     if fresh or not os.path.exists(path):
-        with open(path, "w", encoding="utf-8") as handle:
+        # Written aside and moved in place: a reader never finds the file empty.
+        fresh_path = f"{path}.{os.getpid()}.new"
+        with open(fresh_path, "w", encoding="utf-8") as handle:
             handle.write(f"[{items}]")
+        os.replace(fresh_path, path)
         return
     with open(path, "r+b") as handle:
         handle.seek(-1, os.SEEK_END)  # the closing bracket

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
+import time
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from .. import tracing
+from ..tracing import FrontEndStamps
 from .grpc_hpack import MALFORMED, RequestHead, trailers_problem
 from .grpc_wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, UNPARSEABLE_CODE,
                         UNPARSEABLE_MESSAGE, WINDOW_BITS, MessageTooLarge, ScatteredMessage,
@@ -198,6 +203,8 @@ class GrpcCalls:
             return
         stream.method = method
         stream.context = CallContext(head.metadata)
+        if self.server.tracer.sampling and method.begin is not None:  # Triton's GRPC_*
+            stream.method = _stamped(method, self.server.tracer, time.monotonic_ns())
         if method.compress_responses:  # set only when the server's level is not none
             stream.compress = response_encoding(self.server.response_compression,
                                                 head.accepted)
@@ -461,6 +468,27 @@ class GrpcCalls:
             self.streams.pop(stream.id, None)
         else:
             self._reset(stream, INTERNAL_ERROR)
+
+
+def _stamped(method: Method, tracer, headers_ns: int) -> Method:
+    """`method` for one unary call that came while some trace level is on: if the call
+    is traced, its trace gets Triton's gRPC front-end timestamps (GRPC_WAITREAD_START:
+    `headers_ns`, when its HEADERS frame was parsed; docs/observability.md, Traces)."""
+    return dataclasses.replace(method, begin=partial(_begin_stamped, method.begin, tracer,
+                                                     headers_ns))
+
+
+def _begin_stamped(begin, tracer, headers_ns: int, request, context, reply):
+    """`begin`, stamped: its request message has come whole (GRPC_WAITREAD_END), and
+    its reply is timed as it is written, whether its call is answered or refused."""
+    stamps = FrontEndStamps(tracing.GRPC, headers_ns, time.monotonic_ns())
+    reply = stamps.timed(reply)
+    with tracer.receiving(stamps):
+        try:
+            return begin(request, context, reply)
+        except Exception as error:  # refused: answered as _begin_unary would
+            reply(error)
+            return None
 
 
 # A unary request message this large is handed to its handler as a view of the stream's

@@ -409,7 +409,8 @@ async def start_server(service: InferenceService, address: str, port: int,
         for path in COMPRESSED_RPCS:  # as Triton: only inference responses are compressed
             methods[path] = dataclasses.replace(methods[path], compress_responses=True)
     server = grpc_transport.GrpcServer(methods, max_receive_message_size, limits,
-                                       frontend.options.response_compression)
+                                       frontend.options.response_compression,
+                                       service.tracer)
     context = server_context(tls, ["h2"]) if tls is not None else None
     try:
         bound = await server.listen(address, port, context, reuse_port)

@@ -39,6 +39,15 @@ log = logging.getLogger("mini_triton.grpc")
 MAX_MESSAGE_SIZE = 2**31 - 1
 
 
+class _NotTracing:
+    """The tracer of a server made without one (tests, benchmarks): it never samples."""
+
+    sampling = False
+
+
+_NOT_TRACING = _NotTracing()
+
+
 class GrpcConnection(GrpcCalls, Http2Connection):
     """One client connection: frames in, calls dispatched, frames out."""
 
@@ -48,8 +57,11 @@ class GrpcServer:
 
     def __init__(self, methods: dict[bytes, Method],
                  max_receive_message_size: int = MAX_MESSAGE_SIZE,
-                 limits: Http2Limits | None = None, response_compression: str = "none"):
+                 limits: Http2Limits | None = None, response_compression: str = "none",
+                 tracer=None):
         self.methods = methods
+        # Whose `sampling` says whether calls are stamped for traces (tracing.Tracer).
+        self.tracer = tracer or _NOT_TRACING
         self.max_receive_message_size = max_receive_message_size
         # a COMPRESSION_LEVELS name: the Methods that compress_responses (none are
         # marked when it is "none") do at it

@@ -302,6 +302,12 @@ class HttpProtocol(asyncio.Protocol):
         if self._last_request:
             raise _LastRequest
 
+    def received_ns(self, request: HttpRequest) -> tuple[int, int]:
+        """When the request's first and last bytes came (monotonic ns): the reads
+        that carried them, asked while the request starts (or as _hold saw them)."""
+        began, ended = request.__dict__.get("received", (self._head_began, self._moved))
+        return int(began * 1e9), int(ended * 1e9)
+
     def close_when_replied(self) -> None:
         """Close now if no reply is under way, else once the last one is written (a
         request answered while the server stops must still reach its client)."""
@@ -331,6 +337,7 @@ class HttpProtocol(asyncio.Protocol):
         """Keep a parsed request (still compressed, if it is) until one under way is
         written, and read nothing more meanwhile: the client's own socket buffers
         fill, and it waits."""
+        request.received = (self._head_began, self._moved)  # for received_ns, later
         self._held.append((request, exchange))
         if not self._reading_paused:
             self._reading_paused = True

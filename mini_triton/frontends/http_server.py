@@ -15,9 +15,11 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import tracing
 from ..config.json_format import config_to_json
 from ..core.errors import TritonError, invalid_arg
 from ..service import InferenceService
+from ..tracing import FrontEndStamps
 from . import http_codec, http_parameters
 from .errors import http_status
 from .header_forward import forward_headers
@@ -333,6 +335,9 @@ class HttpFrontend:
             exchange.answer(self._undecodable(model, version, error, replies))
             return
         service = self.service
+        if service.tracer.sampling:  # the plain path's only question about traces
+            self._start_stamped(request, infer_request, exchange, binary_output, replies)
+            return
         try:  # partial, not closures: fewer steps per request
             service.start_unary(infer_request, "HTTP end point",
                                 partial(_answer_infer, exchange, infer_request, binary_output,
@@ -340,6 +345,26 @@ class HttpFrontend:
         except TritonError as error:
             exchange.answer(replies.error(error))
             return
+        if exchange.reply is None:
+            exchange.cancel = partial(service.cancel, infer_request)
+
+    def _start_stamped(self, request: HttpRequest, infer_request, exchange: Exchange,
+                       binary_output: bool, replies: "InferReplies") -> None:
+        """start_infer's end while some trace level is on: a traced request carries
+        Triton's HTTP front-end timestamps (docs/observability.md says what each is)."""
+        service = self.service
+        stamps = FrontEndStamps(tracing.HTTP, *exchange.protocol.received_ns(request))
+        send = stamps.timed(exchange.answer)
+
+        def answer(response) -> None:
+            send(_infer_reply(response, infer_request, binary_output, replies))
+
+        with service.tracer.receiving(stamps):
+            try:
+                service.start_unary(infer_request, "HTTP end point", answer)
+            except TritonError as error:
+                send(replies.error(error))
+                return
         if exchange.reply is None:
             exchange.cancel = partial(service.cancel, infer_request)
 
