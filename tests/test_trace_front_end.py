@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import requests
 from tritonclient.utils import InferenceServerException
 
 from conftest import DEFAULT_REPOSITORY, STATUS, connect, server_settings
@@ -151,3 +152,19 @@ def test_a_refused_request_is_answered_as_when_nothing_is_traced(protocol_name, 
         infer(protocol)  # and the next request is traced as usual
         traces = written_traces(trace_file, 1)
     assert shape_of(traces) in triton_orders(protocol_name)
+
+
+def test_generate_carries_triton_s_http_front_end_timestamps(tmp_path):
+    """tritonserver 2.51 stamps a generate request as an inference (its HTTP_SEND_* are 0
+    there: its HTTP library does not time a reply sent in chunks; here they are times)."""
+    trace_file = tmp_path / "generate.json"
+    with traced(trace_file, "http") as protocol:
+        trace_on(protocol, "identity_fp32")
+        reply = requests.post(f"http://{protocol.url}/v2/models/identity_fp32/generate",
+                              json={"INPUT0": [1.0, 2.0]}, timeout=30)
+        assert reply.json()["OUTPUT0"] == [1.0, 2.0]
+        traces = written_traces(trace_file, 1)
+    assert shape_of(traces) in triton_orders("http")
+    stamps = stamps_of(traces)
+    times = [stamps[name] for name in TIMELINE["http"]]
+    assert times == sorted(times)

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from .. import tracing
 from ..core.errors import TritonError
 from ..service import InferenceService
+from ..tracing import FrontEndStamps
 from . import generate
 from .errors import http_status
 from .http_exchange import Exchange, HttpReply, HttpRequest
@@ -38,7 +40,25 @@ class GenerateEndpoints:
         self.stream_limit = stream_limit  # responses waiting for the client, in bytes
 
     def generate(self, request: HttpRequest, exchange: Exchange) -> None:
+        if self.service.tracer.sampling:  # the plain path's only question about traces
+            self._generate_stamped(request, exchange)
+            return
         exchange.run(self._generate, request)
+
+    def _generate_stamped(self, request: HttpRequest, exchange: Exchange) -> None:
+        """`generate` while some trace level is on: a traced request carries Triton's
+        HTTP front-end timestamps, as an inference does (docs/observability.md)."""
+        stamps = FrontEndStamps(tracing.HTTP, *exchange.protocol.received_ns(request))
+        tracer = self.service.tracer
+
+        def start(request: HttpRequest):
+            with tracer.receiving(stamps):
+                return self._start(request)
+
+        async def answer(request: HttpRequest) -> None:
+            stamps.timed(exchange.answer)(await self._generate(request, start))
+
+        exchange.run(answer, request)
 
     def generate_stream(self, request: HttpRequest, exchange: Exchange) -> None:
         exchange.run(lambda r: self._generate_stream(r, exchange), request)
@@ -54,11 +74,12 @@ class GenerateEndpoints:
         return infer_request, self.service.infer(infer_request, self.stream_limit,
                                                  STREAM_LIMIT_FLAG)
 
-    async def _generate(self, request: HttpRequest) -> HttpReply:
+    async def _generate(self, request: HttpRequest, start=None) -> HttpReply:
         """One response, or Triton's error for a model that gives another number of
-        them; a second response cancels the rest of the work."""
+        them; a second response cancels the rest of the work. `start`: what starts the
+        inference, if not `_start`."""
         try:
-            infer_request, stream = self._start(request)
+            infer_request, stream = (start or self._start)(request)
         except TritonError as error:
             return error_reply(http_status(error.code), error.message)
         first = None
