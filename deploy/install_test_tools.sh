@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install what tests/test_deploy.py runs for real: docker-compose (to render
+# Install what tests/test_deploy_*.py run for real: docker-compose (to render
 # and check docker-compose.yml), Prometheus and promtool (to check the config
 # and to scrape a live server), kubernetes-validate (Kubernetes schemas) and
 # hatchling (to build the wheel from the Docker build context); and the

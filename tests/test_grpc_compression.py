@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 
 from serverproc import ServerProcess
-from test_grpc_transport import H2, INFER, LIVE, infer_request, start
+from h2_client import H2, INFER, LIVE, infer_request, start
 
 pytestmark = pytest.mark.timeout(120)
 

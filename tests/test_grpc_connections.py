@@ -25,9 +25,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from test_grpc_transport import (H2, HEADERS, INFER, SLOW, VALUES, infer_request,
+from h2_client import (H2, HEADERS, INFER, SLOW, VALUES, infer_request,
                                  serve_cleanly, start)
-from test_http2_limits import (CUT_OFF, REFUSED_STREAM, goaway_of, graceful_goaway, read_until,
+from h2_attacks import (CUT_OFF, REFUSED_STREAM, goaway_of, graceful_goaway, read_until,
                                reset_of, victim_succeeds)
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,7 +10,7 @@ import pytest
 
 from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Stream
 from mini_triton.frontends.grpc_wire import OK_TRAILERS
-from test_grpc_transport import HEADERS, RecordingTransport, frames_in
+from h2_client import HEADERS, RecordingTransport, frames_in
 
 
 @pytest.mark.parametrize("case", ["usual", "half open", "compressed", "table update",
@@ -55,7 +55,7 @@ def _small_request_cases() -> dict:
     import gzip
     import struct
 
-    from test_grpc_transport import END_STREAM, grpc_message
+    from h2_client import END_STREAM, grpc_message
 
     one = grpc_message(b"\x0a\x01m")
     # a large message whose last small frame looks like a whole message of its own
@@ -99,7 +99,7 @@ def test_a_small_request_read_whole_is_taken_as_the_general_path_takes_it(case):
     from mini_triton.frontends.grpc_transport import Method, RawRequest
     from mini_triton.frontends.http2_limits import Http2Limits
     from test_grpc_receive import frame, read_in_pieces
-    from test_grpc_transport import DATA, END_HEADERS, INFER, PREFACE, SETTINGS
+    from h2_client import DATA, END_HEADERS, INFER, PREFACE, SETTINGS
 
     more_headers, frames, options = _small_request_cases()[case]
 

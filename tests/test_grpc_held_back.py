@@ -24,9 +24,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
-from test_grpc_transport import (DATA, END_HEADERS, END_STREAM, H2, HEADERS, INFER,
+from h2_client import (DATA, END_HEADERS, END_STREAM, H2, HEADERS, INFER,
                                  RST_STREAM, SLOW, WINDOW_UPDATE, grpc_message, serve_cleanly)
-from test_http2_limits import INITIAL_WINDOW_SIZE, cut_off, victim_succeeds
+from h2_attacks import INITIAL_WINDOW_SIZE, cut_off, victim_succeeds
 from test_security_grpc import peak_memory, reset_peak_memory
 
 pytestmark = pytest.mark.timeout(120)

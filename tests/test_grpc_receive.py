@@ -17,7 +17,7 @@ import hpack
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from test_grpc_transport import (DATA, END_HEADERS, END_STREAM, HEADERS, INFER, PREFACE,
+from h2_client import (DATA, END_HEADERS, END_STREAM, HEADERS, INFER, PREFACE,
                                  SETTINGS, RecordingTransport, frames_in, grpc_message)
 
 MIB = 1 << 20

@@ -1,7 +1,7 @@
 """The count of frames without data (the flood rule, --grpc-http2-max-control-frames,
 1000 by default) starts again whenever a stream opens or a response goes out, not only
 when request data arrives: a client that sends window updates while it waits for its
-answers is no flood, one that sends more than the limit in a row is (test_http2_limits).
+answers is no flood, one that sends more than the limit in a row is (test_http2_limits_floods).
 Raw sockets on 127.0.0.1, bounded counts."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import struct
 
 import pytest
 
-from test_grpc_transport import (END_HEADERS, H2, HEADERS, INFER, LIVE, VALUES, WINDOW_UPDATE,
+from h2_client import (END_HEADERS, H2, HEADERS, INFER, LIVE, VALUES, WINDOW_UPDATE,
                                  infer_request)
-from test_http2_limits import defaults, raw, send_quietly  # noqa: F401 (a fixture)
+from h2_attacks import defaults, raw, send_quietly  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import server_settings
 from mini_triton.server import ServerThread
-from test_python_backend import write_model
+from python_backend_models import write_model
 
 IO = """
 input [ { name: "IN", data_type: TYPE_INT32, dims: [ 1 ] } ]

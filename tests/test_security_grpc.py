@@ -32,7 +32,7 @@ from mini_triton.frontends.grpc_hpack import HeaderDecoder
 from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, methods_of
 from mini_triton.frontends.grpc_wire import MessageTooLarge, inflate
 from mini_triton.frontends.http2_limits import Http2Limits
-from test_grpc_transport import (CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY,
+from h2_client import (CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY,
                                  H2, HEADERS, INFER, INITIAL_WINDOW_SIZE, LIVE, MAX_FRAME_SIZE,
                                  PING, PREFACE, RST_STREAM, SETTINGS, SLOW, VALUES, WAIT,
                                  WINDOW_UPDATE, RecordingTransport, Response, assert_identity,
@@ -432,7 +432,7 @@ def test_header_decoder_dies_with_its_connection(run):
     collector off, the connection and its decoder are freed by reference counting
     (no cycle keeps them), on either event loop, and a normal call on a fresh
     connection goes on. (The server allows such blocks here: by default a header list
-    past 16 KiB is refused, test_http2_limits.py.)"""
+    past 16 KiB is refused, test_http2_limits_floods.py.)"""
     async def scenario():
         server = GrpcServer(methods_of(Servicer(),
                                        pb.DESCRIPTOR.services_by_name["GRPCInferenceService"],
