@@ -181,3 +181,14 @@ def _spec(name: str):
         return importlib.util.find_spec(name)
     except ModuleNotFoundError:
         return None
+
+
+def stop_emulator(proc: subprocess.Popen, log) -> None:
+    """End an emulator a module's tests started, and close its log."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_repositories import _spec, clients, start_failure
+from cloud_repositories import _spec, clients, start_failure, stop_emulator
 from cloud_repositories import mount  # noqa: F401 (a fixture)
 from conftest import free_port
 from serverproc import ServerProcess
@@ -64,13 +64,7 @@ def azurite(tmp_path_factory):
                 raise RuntimeError("azurite did not start") from None
             time.sleep(0.05)
     yield endpoint
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
+    stop_emulator(proc, log)
 
 
 def azure_connection(endpoint: str, key: str = AZURITE_KEY) -> str:

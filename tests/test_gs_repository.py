@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_repositories import _spec, cache_of, clients, start_failure
+from cloud_repositories import _spec, cache_of, clients, start_failure, stop_emulator
 from cloud_repositories import mount  # noqa: F401 (a fixture)
 from conftest import free_port
 from serverproc import ServerProcess
@@ -65,13 +65,7 @@ def gcs_emulator(tmp_path_factory):
                 raise RuntimeError("gcs emulator did not start") from None
             time.sleep(0.05)
     yield url
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
+    stop_emulator(proc, log)
 
 
 def gcs_env(emulator: str, mount: Path | None = None) -> dict:
