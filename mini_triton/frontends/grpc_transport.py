@@ -13,7 +13,10 @@ Cut by concern, as HTTP/2 libraries are:
 - http2_limits.py: every limit, its default, and the reset and ping policies (pure);
 - grpc_hpack.py, grpc_wire.py: header blocks in and their checks; gRPC's prefix,
   timeout, statuses;
-- http2_connection.py: one connection's frames in, settings, receive windows, errors;
+- http2_connection.py: one connection's reads, its frames parsed and handed on;
+- http2_control.py: control frames in (settings, pings, window updates, resets) and
+  the rules frames are judged by;
+- http2_receive.py: a call's HEADERS and DATA in, receive windows given back;
 - http2_output.py: frames out, flow control, backpressure;
 - http2_upkeep.py: the clocks: timeouts, keepalive, connection age, graceful GOAWAY;
 - grpc_calls.py: a stream's call: routing, messages, handlers, deadlines, statuses;

@@ -1,8 +1,9 @@
-"""One HTTP/2 connection on an asyncio Protocol, frames in: parsing, settings, pings,
-header blocks, DATA read in place, receive windows, and the RFC 9113 errors for frames
-that break its rules. Frames out are http2_output.py's, clocks http2_upkeep.py's; what
-a stream's headers and body mean is the call layer's (grpc_calls.GrpcCalls), reached
-through `_on_stream_headers`, `_on_body` and `_cancel_call`.
+"""One HTTP/2 connection on an asyncio Protocol, frames in: the socket's reads into one
+buffer, the connection preface, and frames parsed from it and handed on by type. Control
+frames are http2_control.py's, a call's HEADERS and DATA http2_receive.py's, frames out
+http2_output.py's, clocks http2_upkeep.py's; what a stream's headers and body mean is the
+call layer's (grpc_calls.GrpcCalls), reached through `_on_stream_headers`, `_on_body` and
+`_cancel_call`.
 
 Every limit here is a few integer comparisons per frame: the fast path of a unary call
 (HEADERS, DATA, one write) stays what it was.
@@ -14,26 +15,25 @@ import asyncio
 import logging
 import struct
 
-import grpc
 import hpack
 from hpack.exceptions import OversizedHeaderListError
 
 from .grpc_calls import Stream
 from .grpc_hpack import HeaderDecoder
-from .grpc_wire import MESSAGE_PREFIX, status_block
-from .http2_frames import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_FRAME_SIZE,
-                           DEFAULT_WINDOW, END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM,
-                           FIXED_SIZES, FLOW_CONTROL_ERROR, FRAME_HEADER, FRAME_SIZE_ERROR,
-                           GOAWAY, HEADERS, INTERNAL_ERROR, MAX_FRAME_SIZE, MAX_WINDOW, PADDED,
-                           PING, PREFACE, PRIORITY, PRIORITY_FLAG, PROTOCOL_ERROR, PUSH_PROMISE,
-                           REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ENABLE_PUSH,
-                           SETTINGS_HEADER_TABLE_SIZE, SETTINGS_INITIAL_WINDOW_SIZE,
-                           SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_MAX_FRAME_SIZE,
-                           SETTINGS_MAX_HEADER_LIST_SIZE, STREAM_CLOSED, WINDOW_UPDATE,
-                           ProtocolError, frame, padded_bounds, strip_padding)
-from .http2_bodies import LARGE_BODY, BodyInto, BodyPool
+from .grpc_wire import MESSAGE_PREFIX
+from .http2_bodies import LARGE_BODY, BodyPool
+from .http2_control import Http2Control
+from .http2_frames import (COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_FRAME_SIZE,
+                           DEFAULT_WINDOW, END_STREAM, ENHANCE_YOUR_CALM, FIXED_SIZES,
+                           FRAME_HEADER, FRAME_SIZE_ERROR, GOAWAY, HEADERS, INTERNAL_ERROR,
+                           MAX_WINDOW, PADDED, PING, PREFACE, PRIORITY, PROTOCOL_ERROR,
+                           PUSH_PROMISE, RST_STREAM, SETTINGS, SETTINGS_HEADER_TABLE_SIZE,
+                           SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS,
+                           SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE,
+                           WINDOW_UPDATE, ProtocolError, frame)
 from .http2_limits import PingPolicy, ResetBudget
 from .http2_output import Http2Output
+from .http2_receive import Http2Receive
 from .http2_upkeep import Http2Upkeep
 
 log = logging.getLogger("mini_triton.grpc")
@@ -43,8 +43,6 @@ WINDOW_INCREMENT = struct.Struct(">I")
 # the size it must have: stock clients send two per call, told apart in one comparison.
 WINDOW_UPDATE_OF_4 = 4 << 8 | WINDOW_UPDATE
 WINDOW_UPDATE_SIZE = 9 + 4  # such a frame, header included
-# Received bytes are given back to the connection's window in steps this large.
-WINDOW_REFILL = 2**24
 # The HPACK table size the peer's encoder may use (SETTINGS_HEADER_TABLE_SIZE's default).
 TABLE_SIZE = 4096
 # The read buffer: FIRST_READ_SIZE bytes, READ_SIZE (uvloop's own reads) once a read
@@ -55,14 +53,12 @@ READ_SIZE = 256 * 1024
 MIN_READ = 16 * 1024
 # What "no limit" on the held-back output is: more than any process could hold.
 MAX_HELD_BACK = 2**62
-# The RST_STREAM code of no stream: its call is answered that the server has too many
-# connections (a refusal code, never sent).
-OVER_LIMIT = -1
 # Seconds a connection past max_connections is kept for its first call (to answer why).
 OVER_LIMIT_LINGER = 5.0
 
 
-class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
+class Http2Connection(Http2Receive, Http2Control, Http2Output, Http2Upkeep,
+                      asyncio.BufferedProtocol):
     """The HTTP/2 half of a gRPC connection."""
 
     def __init__(self, server):
@@ -288,334 +284,6 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
         else:
             self._quiet_frame()  # an unknown type: ignored, as RFC 9113 asks, and counted
 
-    def _on_connection_frame(self, kind: int, flags: int, stream_id: int,
-                             payload: bytes) -> None:
-        """SETTINGS, PING and GOAWAY: stream 0 only (RFC 9113 §6.5, 6.7, 6.8)."""
-        if stream_id:
-            raise ProtocolError(PROTOCOL_ERROR, f"frame type {kind} on stream {stream_id}")
-        if kind == PING:
-            if flags & ACK:
-                self._on_ping_ack(payload)
-            elif self.pings.received(self.loop.time(), bool(self.streams), self.sent):
-                self.transport.write(frame(PING, ACK, 0, payload))
-            else:
-                raise ProtocolError(ENHANCE_YOUR_CALM, "too_many_pings")  # grpc core's words
-        elif kind == SETTINGS:
-            if len(payload) % 6 or flags & ACK and payload:
-                raise ProtocolError(FRAME_SIZE_ERROR, f"SETTINGS of {len(payload)} bytes")
-            self._quiet_frame()
-            if not flags & ACK:
-                self._on_settings(payload)
-            else:
-                self.settings_acked = True
-        else:
-            if len(payload) < 8:
-                raise ProtocolError(FRAME_SIZE_ERROR, f"GOAWAY of {len(payload)} bytes")
-            self.refusing = True  # the client opens no more streams
-
-    def _on_settings(self, payload: bytes) -> None:
-        for offset in range(0, len(payload), 6):
-            key, value = struct.unpack_from(">HI", payload, offset)
-            if key == SETTINGS_INITIAL_WINDOW_SIZE:
-                if value > MAX_WINDOW:
-                    raise ProtocolError(FLOW_CONTROL_ERROR, "initial window too large")
-                delta = value - self.peer_initial_window
-                self.peer_initial_window = value
-                for stream in self.streams.values():
-                    stream.send_window += delta
-            elif key == SETTINGS_MAX_FRAME_SIZE:
-                # out of range is a PROTOCOL_ERROR (RFC 9113 6.5.2); 0 would split our
-                # DATA into empty frames forever
-                if not DEFAULT_FRAME_SIZE <= value <= MAX_FRAME_SIZE:
-                    raise ProtocolError(PROTOCOL_ERROR, f"max frame size {value} out of range")
-                self.peer_frame_size = value
-            elif key == SETTINGS_HEADER_TABLE_SIZE:
-                self._peer_table_size(value)
-            elif key == SETTINGS_ENABLE_PUSH and value > 1:
-                raise ProtocolError(PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH of {value}")
-        self.transport.write(frame(SETTINGS, ACK, 0))
-        self._flush_blocked()
-
-    def _on_window_update(self, stream_id: int, field: int) -> None:
-        """WINDOW_UPDATE, its 4-byte field read (the increment and a reserved bit)."""
-        increment = field & MAX_WINDOW
-        if self.quiet < self.max_quiet:
-            self.quiet += 1  # _quiet_frame's count, inline: stock clients send two per call
-        else:
-            self._quiet_frame()  # the one past the limit
-        if stream_id == 0:
-            if increment == 0:  # RFC 9113 6.9: on the connection, a connection error
-                raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE with an increment of 0")
-            self.send_window += increment
-            if self.send_window > MAX_WINDOW:
-                raise ProtocolError(FLOW_CONTROL_ERROR, "connection window above 2^31-1")
-        else:
-            stream = self.streams.get(stream_id)
-            if stream is None:
-                self._check_not_idle(stream_id, "WINDOW_UPDATE")
-                return  # a closed stream's: ignored
-            if increment == 0:  # on a stream, that stream's error
-                self._reset(stream, PROTOCOL_ERROR)
-                return
-            stream.send_window += increment
-            if stream.send_window > MAX_WINDOW:
-                self._reset(stream, FLOW_CONTROL_ERROR)
-                return
-        if self.blocked:
-            self._flush_blocked()
-
-    def _on_reset(self, stream_id: int) -> None:
-        """RST_STREAM: the stream's call is stopped. Resets of open streams are counted
-        (rapid reset, CVE-2023-44487), beyond the budget GOAWAY ENHANCE_YOUR_CALM."""
-        stream = self.streams.pop(stream_id, None)
-        if stream is None:
-            self._check_not_idle(stream_id, "RST_STREAM")
-            self._quiet_frame()  # a closed stream's: nothing to do, counted
-            return
-        self._cancel_call(stream)
-        if not self.resets.take(self.loop.time()):
-            raise ProtocolError(ENHANCE_YOUR_CALM, "too many stream resets")
-        self._closed_one()
-
-    def _on_priority(self, stream_id: int, payload: bytes) -> None:
-        """Priorities are not used (RFC 9113 §5.3.2), but their errors are errors."""
-        self._quiet_frame()
-        if stream_id == 0:
-            raise ProtocolError(PROTOCOL_ERROR, "PRIORITY on stream 0")
-        if len(payload) != 5:
-            self._stream_error(stream_id, FRAME_SIZE_ERROR, f"PRIORITY of {len(payload)} bytes")
-        elif struct.unpack_from(">I", payload)[0] & MAX_WINDOW == stream_id:
-            self._stream_error(stream_id, PROTOCOL_ERROR, "a stream depending on itself")
-
-    def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if flags & PADDED:
-            payload = strip_padding(flags, payload)
-        depends_on_itself = False
-        if flags & PRIORITY_FLAG:
-            if len(payload) < 5:
-                raise ProtocolError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
-            depends_on_itself = struct.unpack_from(">I", payload)[0] & MAX_WINDOW == stream_id
-            payload = payload[5:]
-        stream = self.streams.get(stream_id)
-        if stream is None:  # a new stream (inline: once per call)
-            if stream_id % 2 == 0 or stream_id <= self.last_stream_id:
-                raise ProtocolError(PROTOCOL_ERROR, f"bad stream id {stream_id}")
-            self.last_stream_id, self.quiet = stream_id, 0  # a stream opened: not a flood
-            stream = Stream(stream_id, self.peer_initial_window)
-            if depends_on_itself:
-                stream.refused = PROTOCOL_ERROR
-            elif len(self.streams) >= self.max_streams or self.held_back > self.max_held_back \
-                    or self.refusing:
-                # refused (RST_STREAM REFUSED_STREAM once its header block is decoded,
-                # which HPACK needs): past SETTINGS_MAX_CONCURRENT_STREAMS, while output
-                # held back by flow control is over its limit, or after a GOAWAY
-                stream.refused = OVER_LIMIT if self.over_limit else REFUSED_STREAM
-            else:
-                self.streams[stream_id] = stream
-        elif stream.ended:
-            stream.refused = STREAM_CLOSED  # HEADERS after END_STREAM (RFC 9113 §5.1)
-        elif depends_on_itself or not flags & END_STREAM:
-            stream.refused = PROTOCOL_ERROR  # trailers end the stream (RFC 9113 §8.1)
-        elif stream.into is not None:  # trailers inside the message: judged as any body
-            stream.into, stream.body = None, stream.into.received()
-        if flags & END_STREAM:
-            stream.ended = True
-        if flags & END_HEADERS:
-            self._on_header_block(stream, payload)
-        else:
-            if len(payload) > self.decoder.decoder.max_header_list_size:
-                raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
-            if not payload:
-                self._quiet_frame()
-            self.headers_in_progress = stream
-            self.header_block = bytearray(payload)
-
-    def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
-        stream = self.headers_in_progress
-        if stream is None or stream.id != stream_id:
-            raise ProtocolError(PROTOCOL_ERROR, "unexpected CONTINUATION")
-        self.header_block += payload
-        # counted across CONTINUATION frames (CVE-2024-27316): the block is not kept
-        # past SETTINGS_MAX_HEADER_LIST_SIZE, nor are empty frames taken without end
-        if len(self.header_block) > self.decoder.decoder.max_header_list_size:
-            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
-        if flags & END_HEADERS:
-            block, self.header_block = bytes(self.header_block), bytearray()
-            self.headers_in_progress = None
-            self._on_header_block(stream, block)
-        elif not payload:
-            self._quiet_frame()
-
-    def _on_header_block(self, stream: Stream, block: bytes) -> None:
-        # its errors are the connection's
-        headers, problem, head = self.decoder.decode_request(block)
-        if stream.refused:
-            if stream.refused == OVER_LIMIT:
-                self._refuse_over_limit(stream)
-            elif self.streams.get(stream.id) is stream:
-                self._reset(stream, stream.refused)
-            else:
-                self._send_reset(stream.id, stream.refused)
-            return
-        self._on_stream_headers(stream, headers, problem, head)
-
-    def _on_data(self, flags: int, stream_id: int, length: int, payload: int = -1) -> None:
-        """A DATA frame of `length` bytes begins; its payload (`payload` bytes of it,
-        all unless padded) follows in pieces, as it is read (_data_piece)."""
-        if self.headers_in_progress is not None:
-            raise ProtocolError(PROTOCOL_ERROR, "expected CONTINUATION")
-        self._give_back(length)
-        self.data_left, self.data_flags, self.data_stream = length, flags, None
-        if payload < 0:
-            payload = length
-        if payload:
-            self.quiet = 0
-        elif not flags & END_STREAM:
-            self._quiet_frame()
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            self._check_not_idle(stream_id, "DATA")
-            return  # a stream we reset or finished: its data is dropped
-        if stream.ended:  # DATA after END_STREAM (RFC 9113 §5.1)
-            self._reset(stream, STREAM_CLOSED)
-            return
-        stream.received += length
-        if stream.received > self.window:  # beyond the window we gave it
-            self._reset(stream, FLOW_CONTROL_ERROR)
-            return
-        self.data_stream = stream
-
-    def _on_whole_data(self, stream_id: int, buffer: bytearray, start: int, end: int) -> bool:
-        """A small DATA frame with END_STREAM, whole in `buffer[start:end]`: when it is
-        the entire request of a unary call that is waiting for it (its window kept), the
-        call takes it as one message (_take_whole_request) and True; else False, and the
-        frame goes the general way (_on_data), which judges everything else."""
-        stream = self.streams.get(stream_id)
-        # (a stream with a body, or with a large message under way `into`, has had DATA)
-        if stream is None or stream.ended or stream.body or stream.into is not None \
-                or self.headers_in_progress is not None \
-                or stream.received + end - start > self.window \
-                or not self._take_whole_request(stream, buffer, start, end):
-            return False
-        # what _on_data and _data_piece would have counted
-        self._give_back(end - start)
-        self.quiet = 0
-        self.frames += 1
-        stream.received += end - start
-        return True
-
-    def _data_piece(self, buffer: bytearray, offset: int, size: int) -> int:
-        """What `buffer[offset:size]` holds of the current DATA frame's payload, into
-        its stream's body (one copy); returns the offset after it."""
-        taken = min(self.data_left, size - offset)
-        self.data_left -= taken
-        stream = self.data_stream
-        if stream is not None and not stream.closed:
-            ended = not self.data_left and self.data_flags & END_STREAM
-            into = stream.into
-            if into is not None and not into.add(buffer, offset, taken):
-                stream.into, stream.body = None, into.received()  # past its message
-                into = None
-            if into is None:
-                self._add_to_body(stream, buffer, offset, taken, ended)
-            elif into.complete() or ended:  # the message, or the request ending inside it
-                stream.into = None
-                stream.body = into.target if into.complete() else into.received()
-                self._on_body(stream, ended, into.filled - taken)
-            if not self.data_left and stream.received - stream.queued >= self.window_step:
-                self._give_back_stream(stream)
-        if not self.data_left:
-            self.data_stream = None
-            self.frames += 1
-        return offset + taken
-
-    def _add_to_body(self, stream: Stream, buffer: bytearray, offset: int, size: int,
-                     ended: bool) -> None:
-        body = stream.body
-        before = len(body)
-        if size:
-            with memoryview(buffer) as view:
-                body += view[offset:offset + size]
-        if size or ended:
-            self._on_body(stream, ended, before)
-            if before < MESSAGE_PREFIX.size <= len(body) and not ended:
-                self._receive_into(stream)
-
-    def _receive_into(self, stream: Stream) -> None:
-        """A unary call's message prefix has just arrived: one large uncompressed
-        message goes on into a buffer of its size from the connection's pool."""
-        compressed, length = MESSAGE_PREFIX.unpack_from(stream.body)
-        size = MESSAGE_PREFIX.size + length
-        if compressed or stream.closed or stream.inbox is not None \
-                or not LARGE_BODY <= size <= self.max_unary_body or len(stream.body) >= size:
-            return
-        target = self.bodies.take(size)
-        if target is not None:
-            stream.into, stream.body = BodyInto(target, stream.body), bytearray()
-
-    def _on_padded_data(self, flags: int, stream_id: int, buffer: bytearray, start: int,
-                        end: int) -> None:
-        """A PADDED DATA frame, whole in `buffer[start:end]` (clients do not pad)."""
-        first, last = padded_bounds(buffer, start, end)
-        self._on_data(flags, stream_id, end - start, last - first)
-        self.data_left = last - first
-        self._data_piece(buffer, first, last)
-
-    def _give_back(self, size: int) -> None:
-        """Refill the client's connection window in large steps as we take its bytes
-        (what a stream may hold is bounded by the stream's window)."""
-        self.received += size
-        if self.received >= WINDOW_REFILL:
-            self.transport.write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.received)))
-            self.received = 0
-
-    def _give_back_stream(self, stream: Stream) -> None:
-        """Refill a stream's window by what its call has taken: all of a unary call's
-        body (bounded by the message size), and of a streaming call's what its handler
-        has taken from its queue."""
-        free = stream.received - stream.queued
-        if free <= 0 or stream.ended or stream.closed or self.transport.is_closing():
-            return
-        stream.received = stream.queued
-        self.transport.write(frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">I", free)))
-
-    def _refuse_over_limit(self, stream: Stream) -> None:
-        """A call on a connection past the server's max_connections: UNAVAILABLE with
-        why, and after the calls of this read, GOAWAY and close."""
-        limit = self.limits.max_connections
-        self._send(stream, None, status_block(
-            grpc.StatusCode.UNAVAILABLE, f"the server has its limit of {limit} gRPC "
-            "connections open (--grpc-max-connections); try again later"))
-        if not self.refusing:
-            self.refusing = True
-            self.loop.call_soon(self._finish_go_away)
-
-    # --- rules ---
-
-    def _check_not_idle(self, stream_id: int, kind: str) -> None:
-        """A frame on a stream never opened is a connection error (RFC 9113 §5.1);
-        on a closed one it is ignored, as frames may cross our RST_STREAM."""
-        if stream_id == 0 or stream_id > self.last_stream_id or not stream_id & 1:
-            raise ProtocolError(PROTOCOL_ERROR, f"{kind} on idle stream {stream_id}")
-
-    def _stream_error(self, stream_id: int, code: int, reason: str) -> None:
-        """A stream error: RST_STREAM on an open stream; on another, where no
-        RST_STREAM may go (an idle stream), the connection's error."""
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            raise ProtocolError(code, reason)
-        self._reset(stream, code)
-
-    def _quiet_frame(self) -> None:
-        """A frame that carried no data: settings, priorities, window updates, resets of
-        closed streams, empty DATA or CONTINUATION, unknown types. More than
-        max_control_frames of them with no stream opened, no request data read and no
-        response sent in between is a flood: GOAWAY ENHANCE_YOUR_CALM. (Whatever opens
-        a stream, reads request data or sends a response sets `quiet` back to 0.)"""
-        self.quiet += 1
-        if self.quiet > self.max_quiet:
-            raise ProtocolError(ENHANCE_YOUR_CALM, "too many frames without data")
-
     def _fail_connection(self, error: Exception) -> None:
         """An unexpected error where the connection's state is unknown (a bug): GOAWAY
         with INTERNAL_ERROR and close, logged once, never a silent abort."""
@@ -623,4 +291,3 @@ class Http2Connection(Http2Output, Http2Upkeep, asyncio.BufferedProtocol):
             return  # already going: what still arrives is not answered, nor logged again
         log.error("gRPC connection failed; closing it", exc_info=error)
         self._send_go_away(INTERNAL_ERROR, "internal error")
-

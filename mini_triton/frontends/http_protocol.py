@@ -8,6 +8,8 @@ connections alive, answers pipelined requests in order, handles
 `Expect: 100-continue`, chunked bodies, gzip/deflate request bodies and
 response compression when the client accepts it. A reply may also be streamed
 (chunked, written as it is produced, at the pace the client reads: http_exchange.py).
+This module reads requests and starts them; replies go out through http_output.py, and
+the connection's clocks are http_timers.py's.
 
 Every buffer a client fills is bounded (see http_limits.py and `max_body`): a head must
 arrive within the header timeout; a connection's requests under way are capped, and
@@ -23,9 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
-import socket
-import struct
 import time
 import zlib
 from typing import Callable
@@ -33,28 +32,16 @@ from typing import Callable
 import httptools
 
 from .http_body import BodyReceiver
-from .http_encoding import InflatedTooLarge, compress, inflate
-from .http_head import (HEADS, REPLY_HEADS, RequestHead, body_encoding, head_bytes,
-                        length_head, path_of, raw_fields)
+from .http_encoding import InflatedTooLarge, inflate
+from .http_head import HEADS, RequestHead, body_encoding, path_of, raw_fields
 from .http_exchange import (App, BodyStream, Exchange, Handler, HttpReply,  # noqa: F401
                             HttpRequest, serve_async)
 from .http_limits import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,  # noqa: F401
                           DEFAULT_MAX_URL_SIZE, ConnectionLimits, HeadLimits)
+from .http_output import HttpOutput
 from .http_router import Router  # noqa: F401 (where it used to live)
+from .http_timers import CLOSED_PROBE, HttpTimers
 
-log = logging.getLogger("mini_triton.http")
-
-
-# After a refusal the connection is closed for writing at once, while what the client
-# still sends is read and dropped for up to this long: closing a socket with unread
-# data resets the connection, and the reset can destroy the refusal before the
-# client reads it.
-LINGER_SECS = 2.0
-# A client that closes for good after its requests sends the same FIN as one that only
-# closed its side: an interim reply tells them apart (a closed socket answers it with a
-# reset), looked for this long after it was sent, then assumed half-closed.
-_CLOSED_PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_CLOSED_PROBE_CHECKS = (0.01, 0.1, 1.0)
 # Each header line costs its name, its value and ": " CRLF (the counted size).
 _HEADER_LINE_FRAMING = 4
 # The raw bytes of a head may exceed URL and headers by the method, the version and
@@ -70,7 +57,7 @@ class _Refusal(Exception):
         self.status = status
 
 
-class HttpProtocol(asyncio.Protocol):
+class HttpProtocol(HttpOutput, HttpTimers, asyncio.Protocol):
     """One connection; requests are answered in the order they arrived."""
 
     def __init__(self, app: App, router_error: Callable[[int, str], HttpReply],
@@ -145,7 +132,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
-            return  # read and dropped while the refusal goes out (see LINGER_SECS)
+            return  # read and dropped while the refusal goes out (http_output.LINGER_SECS)
         self._moved = time.monotonic()
         try:
             self.parser.feed_data(data)
@@ -183,7 +170,7 @@ class HttpProtocol(asyncio.Protocol):
         if head is not None and type(head.body) is BodyStream:
             return True  # a body under way: its own chunks find a closed socket out
         if self.parser.get_http_version() != "1.0":  # no 1xx to HTTP/1.0 (RFC 9110 15.2)
-            transport.write(_CLOSED_PROBE)
+            transport.write(CLOSED_PROBE)
             self._look_for_reset(0)
         return True
 
@@ -201,18 +188,6 @@ class HttpProtocol(asyncio.Protocol):
                 exchange.cancel()
             if exchange.reply is not None and type(exchange.reply.body) is BodyStream:
                 exchange.reply.body.lose()
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        exchanges = self._exchanges
-        if exchanges and exchanges[0].reply is not None \
-                and type(exchanges[0].reply.body) is BodyStream:
-            exchanges[0].reply.body.wake()  # the reply being streamed may go on
-        if self._held:
-            self._start_held()
 
     # --- httptools callbacks ---
 
@@ -288,7 +263,8 @@ class HttpProtocol(asyncio.Protocol):
         exchanges = self._exchanges
         exchanges.append(exchange)
         if self._last_request:
-            self._refused = True  # what follows is read and dropped (see LINGER_SECS)
+            # what follows is read and dropped (see http_output.LINGER_SECS)
+            self._refused = True
         if self._body.too_large:
             exchange.answer(self.router_error(413, self._body_too_large()))
         else:
@@ -402,102 +378,6 @@ class HttpProtocol(asyncio.Protocol):
         if self._raw_field_bytes > self.max_head_bytes:
             self._refuse(431, self._headers_too_large())
 
-    def _time_this_head(self) -> None:
-        """The head just begun gets a timer when none runs; the first head of a
-        connection replaces the one armed when the connection opened, so a fresh
-        connection's head (the slowloris case) is cut off one timeout after its first
-        byte."""
-        if not self.header_timeout:
-            return
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-        self._arm_head_timer()
-
-    def _arm_head_timer(self, delay: float | None = None) -> None:
-        self._head_timer = asyncio.get_running_loop().call_later(
-            self.header_timeout if delay is None else delay, self._head_deadline,
-            self._heads_begun)
-
-    def _head_deadline(self, heads_begun_when_armed: int) -> None:
-        """One timer per connection, not one per request: armed when a head begins
-        (or the connection opens) with no timer running, it finds here whether that
-        same head is still open. A later head still open gets the rest of its own
-        period (from the read it began in), so every head is cut off one timeout after
-        its first byte. A head the server is not reading (requests held) is not the
-        client's delay."""
-        self._head_timer = None
-        if self._refused or self.transport is None:
-            return
-        if self._heads_begun == 0:
-            self.transport.close()  # not a byte of a request since the connection opened
-        elif self._head_open and self._heads_begun == heads_begun_when_armed \
-                and not self._reading_paused:
-            self._refuse(408, f"request head not received within {self.header_timeout:g} s "
-                              f"(--http-header-timeout-secs)")
-        elif self._head_open:
-            left = self._head_began + self.header_timeout - time.monotonic()
-            self._arm_head_timer(left if left > 0 else None)
-        # else between requests: the next head arms the timer again
-
-    def _arm_watch(self, delay: float | None = None) -> None:
-        self._watch_timer = asyncio.get_running_loop().call_later(
-            self.keepalive_timeout if delay is None else delay, self._watch)
-
-    def _watch(self) -> None:
-        """The keep-alive timeout, one timer per connection, re-armed for what is left
-        of the timeout since bytes last moved: a connection with nothing received or
-        sent for the timeout is closed when idle, answered 408 when a request of it
-        stopped arriving, and reset when its client read nothing of the replies waiting
-        for it. A request the server is still working on keeps its connection."""
-        self._watch_timer = None
-        transport = self.transport
-        if transport is None or self._linger_timer is not None:
-            return  # closing already
-        now, unsent = time.monotonic(), transport.get_write_buffer_size()
-        if unsent < self._unsent:
-            self._moved = now  # the client read some of its replies
-        self._unsent = unsent
-        left = self._moved + self.keepalive_timeout - now
-        if left > 0:
-            self._arm_watch(left)
-        elif unsent:
-            self._reset(f"its client read nothing of its replies for "
-                        f"{self.keepalive_timeout:g} s")
-        elif self._in_message and not self._reading_paused:
-            self._refuse(408, f"request not received in full: nothing arrived for "
-                              f"{self.keepalive_timeout:g} s (--http-keepalive-timeout-secs)")
-        elif not self._exchanges:
-            transport.close()  # idle
-        else:
-            self._arm_watch()  # a request the server is still working on
-
-    def _look_for_reset(self, check: int) -> None:
-        self._probe_timer = asyncio.get_running_loop().call_later(
-            _CLOSED_PROBE_CHECKS[check], self._reset_seen, check)
-
-    def _reset_seen(self, check: int) -> None:
-        """Whether the client answered the probe with a reset (it closed for good)."""
-        self._probe_timer = None
-        transport = self.transport
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        if sock is None:
-            return
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            transport.abort()  # connection_lost cancels what it asked for
-        elif check + 1 < len(_CLOSED_PROBE_CHECKS):
-            self._look_for_reset(check + 1)
-
-    def _reset(self, why: str) -> None:
-        """Drop the connection and what waits unsent for it (in the kernel, too)."""
-        log.info("closing an HTTP connection: %s (--http-keepalive-timeout-secs)", why)
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None:
-            try:  # a reset, not a FIN after data the client will never read
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except OSError:
-                pass
-        self.transport.abort()
-
     def _headers_too_large(self) -> str:
         return (f"request header fields are larger than the limit of {self.max_headers} "
                 f"bytes (--http-max-header-size)")
@@ -519,89 +399,6 @@ class HttpProtocol(asyncio.Protocol):
         exchange = Exchange(self, "", "", False, "")
         self._exchanges.append(exchange)
         exchange.answer(self.router_error(status, message))
-
-    def _end_connection(self) -> None:
-        """Close after the last reply; after a refusal, close for writing now and
-        fully once the client has read (or LINGER_SECS passed). A reply that closes
-        the connection while the refusal waits behind it closes it at once: the
-        client asked to close, and the refusal is of what it sent after asking."""
-        transport = self.transport
-        if self._refused and not self._exchanges and transport.can_write_eof():
-            transport.write_eof()
-            self._linger_timer = asyncio.get_running_loop().call_later(LINGER_SECS,
-                                                                       transport.close)
-        else:
-            transport.close()
-
-    # --- replies ---
-
-    def _flush(self) -> None:
-        """Write the replies that are ready, in order, up to the first that is not;
-        then start what was held for want of room."""
-        exchanges = self._exchanges
-        while exchanges:
-            exchange = exchanges[0]
-            reply = exchange.reply
-            if reply is None:
-                break
-            if type(reply.body) is BodyStream:
-                if not self._write_stream(exchange, reply.body):
-                    break  # the replies after it wait until its body ends
-                continue
-            exchanges.popleft()
-            self._write(reply, exchange.keep_alive, exchange.accept_encoding)
-        if self._held:
-            self._start_held()
-        if self._closing and not exchanges and self.transport is not None:
-            self.transport.close()
-
-    def _write(self, reply: HttpReply, keep_alive: bool, accept_encoding: str) -> None:
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        self._moved = time.monotonic()
-        body = reply.body
-        chunks = body if type(body) is list else [body]
-        length = sum(map(len, chunks))
-        extra = reply.headers
-        if reply.compressible and accept_encoding and length:
-            chunks, applied = compress(chunks, accept_encoding)
-            if applied:
-                extra = {**extra, "Content-Encoding": applied}
-                length = sum(map(len, chunks))
-        key = (reply.status, reply.content_type, keep_alive, *extra.items())
-        head = REPLY_HEADS.get(key)
-        if head is None:
-            head = REPLY_HEADS.remember(key, length_head(reply, extra, keep_alive))
-        transport.writelines([head % length, *chunks])
-        if not keep_alive:
-            self._end_connection()
-
-    def _write_stream(self, exchange: Exchange, body: BodyStream) -> bool:
-        """Write what the streamed reply first in line has ready (its head first); True
-        once its body has ended and the exchange is done."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            self._exchanges.popleft()
-            body.lose()
-            return True
-        self._moved = time.monotonic()
-        # Without chunked coding (HTTP/1.0) the body ends when the connection closes.
-        keep_alive = exchange.keep_alive and exchange.chunked
-        if not body.started:
-            body.started = True
-            framing = "Transfer-Encoding: chunked\r\n" if exchange.chunked else ""
-            transport.write(head_bytes(exchange.reply, framing, exchange.reply.headers,
-                                       keep_alive))
-        transport.writelines(body.written())
-        if not body.ended:
-            if not self._write_paused:
-                body.wake()
-            return False
-        self._exchanges.popleft()
-        if not keep_alive:
-            self._end_connection()
-        return True
 
 
 class _LastRequest(Exception):
