@@ -15,8 +15,9 @@ has no INFER_RESPONSE_COMPLETE, as in tritonserver.
 `log_frequency` as in tritonserver: N > 0 writes every N traces to a file of
 their own, `<trace_file>.0`, `<trace_file>.1`, ... (what is left at shutdown
 goes to the next one); 0 writes to `<trace_file>` itself. There each trace is
-appended as it finishes, keeping the file one valid JSON array throughout,
-so it can be read while the server runs (tritonserver writes it at exit).
+appended as it finishes by one write that replaces the closing bracket, so the
+file is one valid JSON array between appends and can be read while the server runs
+(tritonserver writes it at exit).
 """
 
 from __future__ import annotations
