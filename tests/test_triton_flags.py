@@ -189,7 +189,10 @@ def test_trace_flags_write_the_trace_file(tmp_path):
         assert client.get_trace_settings()["trace_level"] == ["TIMESTAMPS"]
         client.close()
     entries = json.loads(trace.read_text())
-    assert entries[0]["model_name"] == "m"
+    # As tritonserver writes an HTTP request: its front end's stamps, then the model's entry.
+    assert [e["timestamps"][0]["name"] for e in entries[:2]] == ["HTTP_RECV_START",
+                                                                 "HTTP_RECV_END"]
+    assert entries[2]["model_name"] == "m"
 
 
 @pytest.mark.parametrize("flags, message", [
