@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import queue
 import time
 
 import numpy as np
@@ -168,3 +169,188 @@ def test_generate_carries_triton_s_http_front_end_timestamps(tmp_path):
     stamps = stamps_of(traces)
     times = [stamps[name] for name in TIMELINE["http"]]
     assert times == sorted(times)
+
+
+GRPC_STREAM_STAMPS = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE"]
+
+
+def stream_infer(protocol, requests_: list[tuple[str, str, np.ndarray]], responses: int):
+    """Send `requests_` (model, input name, data) on one ModelStreamInfer stream, as
+    stock tritonclient does, and wait for `responses` responses."""
+    answers: queue.Queue = queue.Queue()
+    client = protocol.client
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    for model, input_name, data in requests_:
+        tensor = protocol.module.InferInput(input_name, list(data.shape),
+                                            "FP32" if data.dtype == np.float32 else "INT32")
+        tensor.set_data_from_numpy(data)
+        client.async_stream_infer(model, [tensor])
+    got = [answers.get(timeout=30) for _ in range(responses)]
+    client.stop_stream()
+    assert [error for _, error in got] == [None] * responses
+
+
+def by_trace(traces: list[dict]) -> list[list[dict]]:
+    """The file's entries per trace, in the order the traces were sampled."""
+    grouped: dict[int, list[dict]] = {}
+    for entry in traces:
+        grouped.setdefault(entry["id"], []).append(entry)
+    return [grouped[key] for key in sorted(grouped)]
+
+
+def test_each_request_of_a_stream_is_its_own_trace_with_triton_s_grpc_timestamps(tmp_path):
+    """As tritonserver 2.51 writes a ModelStreamInfer request of a model that is not
+    decoupled: the core's timestamps, then the stream's (those of ModelInfer). Its
+    GRPC_WAITREAD_START is when the stream began waiting for the request: the next
+    request's comes once the previous one was handed to its model."""
+    trace_file = tmp_path / "stream.json"
+    with traced(trace_file, "grpc") as protocol:
+        trace_on(protocol, "identity_fp32")
+        data = np.ones((1, 4), np.float32)
+        stream_infer(protocol, [("identity_fp32", "INPUT0", data)] * 2, responses=2)
+        traces = written_traces(trace_file, 2)
+    first, second = by_trace(traces)
+    for trace in (first, second):
+        assert shape_of(trace) in triton_orders("grpc")
+        stamps = stamps_of(trace)
+        times = [stamps[name] for name in TIMELINE["grpc"]]
+        assert times == sorted(times)
+    assert stamps_of(first)["REQUEST_START"] <= stamps_of(second)["GRPC_WAITREAD_START"]
+
+
+def test_a_decoupled_stream_request_has_one_send_pair_per_response(tmp_path):
+    """tritonserver 2.51 stamps the first response's INFER_RESPONSE_COMPLETE and each
+    written response's GRPC_SEND_START/END; its stamps come after the core's, or before
+    the release's (COMPUTE_* and REQUEST_END) when the last response went out first."""
+    trace_file = tmp_path / "decoupled.json"
+    with traced(trace_file, "grpc") as protocol:
+        trace_on(protocol, "repeat_decoupled")
+        stream_infer(protocol, [("repeat_decoupled", "IN", np.array([4, 5, 6], np.int32))],
+                     responses=3)
+        traces = written_traces(trace_file, 1)
+    front = [*GRPC_STREAM_STAMPS, *["GRPC_SEND_START", "GRPC_SEND_END"] * 3]
+    core = ["MODEL", "REQUEST_START", "QUEUE_START"]
+    assert shape_of(traces) in [core + RELEASED + front, core + front + RELEASED]
+    stamps = [t["timestamps"][0] for t in traces if "timestamps" in t]
+    sends = [stamp["ns"] for stamp in stamps if stamp["name"].startswith("GRPC_SEND")]
+    assert sends == sorted(sends)
+    named = stamps_of(traces)
+    assert named["GRPC_WAITREAD_END"] <= named["REQUEST_START"]
+    assert named["INFER_RESPONSE_COMPLETE"] <= sends[0]
+
+
+def test_a_stream_request_not_traced_is_answered_as_usual(tmp_path):
+    """While some level is on, a stream's request for a model that is not traced is
+    stamped but not written, and its responses go out as usual."""
+    trace_file = tmp_path / "untraced.json"
+    with traced(trace_file, "grpc") as protocol:
+        trace_on(protocol, "identity_fp32")
+        stream_infer(protocol, [("repeat_decoupled", "IN", np.array([1, 2], np.int32)),
+                                ("identity_fp32", "INPUT0", np.ones((1, 4), np.float32))],
+                     responses=3)
+        traces = written_traces(trace_file, 1)
+    assert [t["model_name"] for t in traces if "model_name" in t] == ["identity_fp32"]
+    assert shape_of(traces) in triton_orders("grpc")
+
+
+def generate_stream(protocol, model: str, body: dict) -> list[str]:
+    reply = requests.post(f"http://{protocol.url}/v2/models/{model}/generate_stream",
+                          json=body, stream=True, timeout=30)
+    assert reply.status_code == 200
+    return [line for line in reply.iter_lines() if line.startswith(b"data:")]
+
+
+def test_generate_stream_carries_triton_s_http_front_end_timestamps(tmp_path):
+    """As tritonserver 2.51 stamps generate_stream's one response of a model that is
+    not decoupled: as an inference (its HTTP_SEND_* are 0 there, times here)."""
+    trace_file = tmp_path / "generate_stream.json"
+    with traced(trace_file, "http") as protocol:
+        trace_on(protocol, "identity_fp32")
+        assert len(generate_stream(protocol, "identity_fp32", {"INPUT0": [1.0, 2.0]})) == 1
+        traces = written_traces(trace_file, 1)
+    assert shape_of(traces) in triton_orders("http")
+    stamps = stamps_of(traces)
+    times = [stamps[name] for name in TIMELINE["http"]]
+    assert times == sorted(times)
+
+
+def test_generate_stream_stamps_each_event_of_a_decoupled_model(tmp_path):
+    """tritonserver 2.51 stamps INFER_RESPONSE_COMPLETE as each response comes and
+    HTTP_SEND_START/END as its event is written; the release's timestamps fall among
+    them where the model released the request."""
+    trace_file = tmp_path / "decoupled_stream.json"
+    with traced(trace_file, "http") as protocol:
+        trace_on(protocol, "repeat_decoupled")
+        assert len(generate_stream(protocol, "repeat_decoupled", {"IN": [4, 5, 6]})) == 3
+        traces = written_traces(trace_file, 1)
+    shape = shape_of(traces)
+    events = ["INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END"] * 3
+    assert [name for name in shape if name not in RELEASED] == [
+        "HTTP_RECV_START", "HTTP_RECV_END", "MODEL", "REQUEST_START", "QUEUE_START", *events]
+    at = shape.index(RELEASED[0])
+    assert shape[at:at + len(RELEASED)] == RELEASED
+    stamps = [t["timestamps"][0] for t in traces if "timestamps" in t]
+    front = [stamp["ns"] for stamp in stamps if stamp["name"] not in RELEASED]
+    assert front == sorted(front)
+
+
+def test_a_stream_request_cut_short_is_written_with_the_replies_that_went_out(tmp_path):
+    """As Triton writes what it has of a request as its stream ends: the client cancels
+    the stream after the first of three responses."""
+    trace_file = tmp_path / "cut.json"
+    with traced(trace_file, "grpc") as protocol:
+        trace_on(protocol, "repeat_decoupled")
+        answers: queue.Queue = queue.Queue()
+        client, module = protocol.client, protocol.module
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        inputs = [module.InferInput("IN", [3], "INT32"), module.InferInput("DELAY", [3], "UINT32")]
+        inputs[0].set_data_from_numpy(np.array([1, 2, 3], np.int32))
+        inputs[1].set_data_from_numpy(np.array([0, 1000, 1000], np.uint32))
+        client.async_stream_infer("repeat_decoupled", inputs)
+        assert answers.get(timeout=30)[1] is None
+        client.stop_stream(cancel_requests=True)
+        traces = written_traces(trace_file, 1)
+    shape = shape_of(traces)
+    assert [name for name in shape if name not in RELEASED] == [
+        "MODEL", "REQUEST_START", "QUEUE_START", *GRPC_STREAM_STAMPS,
+        "GRPC_SEND_START", "GRPC_SEND_END"]
+    assert "REQUEST_END" in shape
+
+
+IDENTITY = '''
+backend: "identity"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+'''
+
+
+def test_a_stream_request_whose_reply_never_went_out_is_written_as_the_stream_ends(tmp_path):
+    """A quick request's reply waits behind a slow one's (requests of models that are not
+    decoupled are answered in order); the client cancels the stream meanwhile. As
+    Triton writes what it has of a request as its stream ends: no GRPC_SEND_*."""
+    for name, delay in (("fast", 0), ("slow", 60_000)):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(IDENTITY + (
+            f'parameters {{ key: "execute_delay_ms" value {{ string_value: "{delay}" }} }}'))
+    trace_file = tmp_path / "ended.json"
+    settings = server_settings(tmp_path, trace_settings={"trace_file": str(trace_file)},
+                               exit_timeout_secs=1)
+    with ServerThread(settings) as running:
+        protocol = connect("grpc", running)
+        trace_on(protocol, "fast")
+        client, module = protocol.client, protocol.module
+        client.start_stream(callback=lambda result, error: None)
+        for model in ("slow", "fast"):
+            tensor = module.InferInput("INPUT0", [2], "FP32")
+            tensor.set_data_from_numpy(np.ones(2, np.float32))
+            client.async_stream_infer(model, [tensor])
+        deadline = time.monotonic() + 30
+        while not client.get_inference_statistics("fast").model_stats[0].inference_count:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        client.stop_stream(cancel_requests=True)
+        traces = written_traces(trace_file, 1)
+        client.close()
+    assert shape_of(traces) == ["MODEL", "REQUEST_START", "QUEUE_START", *RELEASED,
+                                *GRPC_STREAM_STAMPS]

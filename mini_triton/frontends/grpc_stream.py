@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 
 import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
+from .. import tracing
 from ..core.errors import Code, TritonError
 from . import grpc_codec
 from .errors import grpc_status
@@ -51,6 +53,7 @@ DEFAULT_STREAM_MAX_QUEUED_BYTES = 32 << 20
 # tiny responses are bounded too: 32 MiB holds at most 32,768 of them.
 RESPONSE_OVERHEAD = 1024
 GRPC_ERROR_HEADER = "triton_grpc_error"  # Triton's header; only "true" turns it on
+RESPONSE = pb.ModelStreamInferResponse
 
 
 def has_metadata(context, key: str, value: str) -> bool:
@@ -148,19 +151,28 @@ async def stream_responses(service, request_messages, context, decode, limit: in
     still in flight are cancelled. With `max_in_flight` requests under way, the next is
     not read until one ends (read_requests)."""
     outbox = StreamOutbox(limit)
+    traced: set = set()  # the stamps of its traced requests whose traces are not written
     reader = asyncio.create_task(read_requests(service, request_messages, decode, outbox,
-                                               wants_grpc_errors(context), max_in_flight))
+                                               wants_grpc_errors(context), max_in_flight,
+                                               traced))
     outbox.on_overflow = reader.cancel
     try:
         while True:
             message = await outbox.get()
-            if message is None:
-                break
-            if isinstance(message, AbortError):
-                await context.abort(message.code, message.details)
+            if message.__class__ is not RESPONSE:  # the end, a status, a traced reply
+                if message is None:
+                    break
+                if isinstance(message, AbortError):
+                    await context.abort(message.code, message.details)
+                start = time.monotonic_ns()
+                yield message.message  # a StampedReply: back here once it is written
+                message.stamps.reply_written(start, time.monotonic_ns())
+                continue
             yield message
     finally:
         reader.cancel()
+        for stamps in list(traced):  # responses not written will not be (Triton writes
+            stamps.stream_ended()    # what it has of a request as its stream ends)
     if outbox.overflow is not None:
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, outbox.overflow)
 
@@ -198,12 +210,17 @@ class ResponseOrder:
 
 
 async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
-                        grpc_errors: bool = False, max_in_flight: int = 0) -> None:
+                        grpc_errors: bool = False, max_in_flight: int = 0,
+                        traced: set | None = None) -> None:
     """Start each request of the stream as it is read, at most `max_in_flight` at once
     (0: no limit): past it the next message is not taken, so its bytes stay out of the
     stream's flow-control window and the client waits, as HTTP's pipelined requests do."""
     forwarders: set[asyncio.Task] = set()
     order = ResponseOrder(outbox)
+    tracer = service.tracer
+    # When the stream began waiting for its next request (Triton's GRPC_WAITREAD_START),
+    # kept only while some trace level is on.
+    waiting = [time.monotonic_ns() if tracer.sampling else 0]
     try:
         async for raw in request_messages:
             message = _parse(raw)
@@ -213,10 +230,13 @@ async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
                     return
                 order.fill(order.reserve(), stream_error(None, message))
                 continue
-            infer_request = None
+            infer_request = stamps = None
+            if tracer.sampling:  # the only question about traces per request
+                stamps = _received(waiting)
             try:
                 infer_request = decode(message)
-                stream = service.infer(infer_request)
+                stream = service.infer(infer_request) if stamps is None \
+                    else _infer_stamped(service, infer_request, stamps, waiting, traced)
             except TritonError as error:  # refused before a model: in the stream, always
                 answer = stream_error(message, error)
                 if infer_request is not None and infer_request.decoupled:
@@ -226,7 +246,7 @@ async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
                 continue
             slot = None if infer_request.decoupled else order.reserve()
             task = asyncio.create_task(forward(service, message, infer_request, stream,
-                                               outbox, grpc_errors, order, slot))
+                                               outbox, grpc_errors, order, slot, stamps))
             forwarders.add(task)
             task.add_done_callback(forwarders.discard)
             while max_in_flight and len(forwarders) >= max_in_flight:
@@ -249,9 +269,10 @@ def _parse(raw: bytes) -> pb.ModelInferRequest | TritonError:
 
 async def forward(service, message, request, stream, outbox: StreamOutbox,
                   grpc_errors: bool, order: ResponseOrder | None = None,
-                  slot: list | None = None) -> None:
+                  slot: list | None = None, stamps=None) -> None:
     """One request's responses to the outbox (`message`: the request as sent); a
-    non-decoupled request's one response through its `slot` in `order`."""
+    non-decoupled request's one response through its `slot` in `order`. `stamps`: the
+    front end's timestamps of a traced request (tracing.FrontEndStamps)."""
     empty_final_wanted = bool(request.parameters.get("triton_enable_empty_final_response"))
 
     def send(answer) -> None:
@@ -262,6 +283,8 @@ async def forward(service, message, request, stream, outbox: StreamOutbox,
             order.fill(slot, answer)
             slot = None
 
+    if stamps is not None:  # traced: its replies are stamped as they are written
+        send = _stamped_send(send, stamps)
     try:
         async for response in stream:
             if response.error is not None:
@@ -280,6 +303,67 @@ async def forward(service, message, request, stream, outbox: StreamOutbox,
     finally:
         if slot is not None:  # no response to send: the requests after it go on
             order.fill(slot, ResponseOrder.SKIP)
+        if stamps is not None:
+            send(None)  # all sent: the trace waits for those queued to be written
+
+
+# --- traced requests (only while some trace level is on) ---
+
+class StampedReply:
+    """A traced request's reply on its way through the outbox: stream_responses times
+    its writing for the request's trace."""
+
+    __slots__ = ("message", "stamps")
+
+    def __init__(self, message, stamps: tracing.FrontEndStamps):
+        self.message, self.stamps = message, stamps
+
+    def ByteSize(self) -> int:  # what the outbox counts
+        return self.message.ByteSize()
+
+
+def _received(waiting: list) -> tracing.FrontEndStamps:
+    """The stamps of the request message just taken: GRPC_WAITREAD_START when the
+    stream began waiting for it (the call's start, or the previous request handed to
+    its model), GRPC_WAITREAD_END now."""
+    now = time.monotonic_ns()
+    return tracing.FrontEndStamps(tracing.GRPC_STREAM, waiting[0] or now, now)
+
+
+def _infer_stamped(service, infer_request, stamps: tracing.FrontEndStamps, waiting: list,
+                   traced: set | None):
+    """service.infer, with the stamps handed to the request's trace, if it is traced
+    (then kept in `traced` until that is written); the stream waits for its next
+    request from here on."""
+    try:
+        with service.tracer.receiving(stamps):
+            stream = service.infer(infer_request)
+        if stamps.trace is not None and traced is not None:
+            traced.add(stamps)
+            stamps.forget = traced.discard
+        return stream
+    finally:
+        waiting[0] = time.monotonic_ns()
+
+
+def _stamped_send(send, stamps: tracing.FrontEndStamps):
+    """`send` for a traced request: its replies are StampedReply; its first response
+    reaching the front end is Triton's INFER_RESPONSE_COMPLETE (the stream's handler
+    stamps the first only); send(None) says its responses are all sent."""
+    if stamps.trace is None:  # not sampled: only the end is not to be sent
+        return lambda answer: None if answer is None else send(answer)
+    count = 0
+
+    def stamped(answer) -> None:
+        nonlocal count
+        if answer is None:
+            stamps.replies_counted(count)
+            return
+        stamps.response_reached()
+        count += 1
+        send(StampedReply(answer, stamps))
+
+    return stamped
 
 
 def stream_error(message, error: TritonError) -> pb.ModelStreamInferResponse:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from .. import tracing
 from ..core.errors import TritonError
@@ -61,7 +62,42 @@ class GenerateEndpoints:
         exchange.run(answer, request)
 
     def generate_stream(self, request: HttpRequest, exchange: Exchange) -> None:
+        if self.service.tracer.sampling:  # the plain path's only question about traces
+            self._generate_stream_stamped(request, exchange)
+            return
         exchange.run(lambda r: self._generate_stream(r, exchange), request)
+
+    def _generate_stream_stamped(self, request: HttpRequest, exchange: Exchange) -> None:
+        """`generate_stream` while some trace level is on: a traced request carries
+        Triton's HTTP front-end timestamps, INFER_RESPONSE_COMPLETE and HTTP_SEND_* for
+        each event (docs/observability.md). Its trace is written once its stream ends."""
+        stamps = FrontEndStamps(tracing.HTTP_STREAM, *exchange.protocol.received_ns(request))
+        tracer = self.service.tracer
+        sent = 0
+
+        def start(request: HttpRequest):
+            with tracer.receiving(stamps):
+                return self._start(request)
+
+        def timed(send):
+            async def stamped(event: bytes) -> bool:
+                nonlocal sent
+                began = time.monotonic_ns()
+                try:
+                    return await send(event)
+                finally:
+                    sent += 1
+                    stamps.reply_written(began, time.monotonic_ns())
+            return stamped
+
+        async def answer(request: HttpRequest):
+            try:
+                return await self._generate_stream(request, exchange, start, timed)
+            finally:  # its events are all written, or will not be (the client left)
+                if stamps.trace is not None:
+                    stamps.replies_counted(sent)
+
+        exchange.run(answer, request)
 
     def _start(self, request: HttpRequest):
         """Look the model up (an unknown model is 404 whatever the body), decode the
@@ -100,9 +136,12 @@ class GenerateEndpoints:
             return error_reply(http_status(first.error.code), first.error.message)
         return HttpReply(200, _encoded(first), compressible=True)
 
-    async def _generate_stream(self, request: HttpRequest, exchange: Exchange):
+    async def _generate_stream(self, request: HttpRequest, exchange: Exchange,
+                               start=None, timed=None):
+        """`start`: what starts the inference, if not `_start`; `timed`: what stamps
+        the sending of the events (a traced request's)."""
         try:
-            infer_request, stream = self._start(request)
+            infer_request, stream = (start or self._start)(request)
         except TritonError as error:
             return error_reply(http_status(error.code), error.message)
         body = None
@@ -113,7 +152,8 @@ class GenerateEndpoints:
                 if body is None:
                     status = 200 if response.error is None else http_status(response.error.code)
                     body = exchange.begin_stream(status, EVENT_STREAM, STREAM_HEADERS)
-                if not await body.send(generate.event(_encoded(response))):
+                    send = body.send if timed is None else timed(body.send)
+                if not await send(generate.event(_encoded(response))):
                     self.service.cancel(infer_request)  # the client is gone
                     break
         except asyncio.CancelledError:
