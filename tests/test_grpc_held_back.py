@@ -232,30 +232,40 @@ def test_answers_held_behind_a_slow_request_count_against_the_bound(stream_limit
 
 
 
-@pytest.fixture(scope="module", params=["native", "grpcio"])
+# What the transport itself may read of a stream ahead of the handler: on the grpcio
+# transport, grpc core's flow-control window, which its BDP estimator grows with what it
+# measures (40 MiB of growth was seen once on a loaded machine); on the native transport
+# the window is the server's own setting, counted in the 24 MiB.
+READ_AHEAD = {"native": 0, "grpcio": 24 * MIB}
+
+
+@pytest.fixture(scope="module", params=sorted(READ_AHEAD))
 def in_flight_limited(repository, request):
-    yield from serve_cleanly("--model-repository", str(repository),
-                             f"--grpc-transport={request.param}",
-                             "--grpc-stream-max-requests-in-flight=2")
+    for server in serve_cleanly("--model-repository", str(repository),
+                                f"--grpc-transport={request.param}",
+                                "--grpc-stream-max-requests-in-flight=2"):
+        server.transport = request.param
+        yield server
 
 
 def test_a_stream_has_at_most_its_limit_of_requests_under_way(in_flight_limited):
-    """48 requests of 1 MiB for a 3 s model on one stream: the server takes two and
-    leaves the rest to the client's flow control, instead of reading and queueing
-    48 MiB."""
+    """Requests of 1 MiB for a 3 s model on one stream, twice as many as the bound:
+    the server takes two and leaves the rest to the client's flow control, instead of
+    reading and queueing them all."""
     client = grpcclient.InferenceServerClient(in_flight_limited.grpc_url)
     pid = in_flight_limited.proc.pid
+    bound = 24 * MIB + READ_AHEAD[in_flight_limited.transport]
     reset_peak_memory(pid)
     before = peak_memory(pid)
     try:
         client.start_stream(callback=lambda result, error: None)
         big = grpcclient.InferInput("INPUT0", [MIB // 4], "FP32")
         big.set_data_from_numpy(np.ones(MIB // 4, np.float32))
-        for index in range(48):
+        for index in range(2 * bound // MIB):
             client.async_stream_infer("slow", [big], request_id=str(index))
         time.sleep(2.0)  # what the server would read meanwhile
         grown = peak_memory(pid) - before
         client.stop_stream(cancel_requests=True)
     finally:
         client.close()
-    assert grown < 24 * MIB, grown
+    assert grown < bound, grown
