@@ -279,6 +279,8 @@ class InferenceService:
             if current is None:
                 self._refused(request, error)
                 raise
+            if parent is not None:  # the step is traced anew where it goes
+                trace.abandon()
             # A reload swapped in a new version between lookup and submit: go there.
             self._prepare(request, current)
             self._submit(request, current, requested_version)
@@ -291,6 +293,8 @@ class InferenceService:
         failure, with its reason."""
         if error.code is Code.INVALID_ARG:
             request.release_regions()
+            if request.parent_trace is not None:  # an ensemble's step: its collection
+                request.trace.abandon()           # does not wait for it
         else:
             request.on_complete(request, request.error_response(error))
 

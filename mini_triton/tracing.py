@@ -34,8 +34,9 @@ import numpy as np
 
 from .core import datatypes
 
-DEFAULTS = {"trace_file": "", "trace_level": ["OFF"], "trace_rate": "1000",
-            "trace_count": "-1", "log_frequency": "0", "trace_mode": "triton"}
+# In the order Triton's trace extension lists them.
+DEFAULTS = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
+            "log_frequency": "0", "trace_file": "", "trace_mode": "triton"}
 _LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 
 
@@ -50,17 +51,43 @@ class Trace:
     front: "FrontEndStamps | None" = None
 
     def __init__(self, tracer: "Tracer", trace_id: int, file: str, frequency: int,
-                 levels: tuple[str, ...] = ("TIMESTAMPS",), parent_id: int = 0):
+                 levels: tuple[str, ...] = ("TIMESTAMPS",), parent_id: int = 0,
+                 root: "Trace | None" = None):
         self.tracer, self.id, self.file, self.frequency = tracer, trace_id, file, frequency
         self.levels, self.parent_id = levels, parent_id
         self.timestamps = "TIMESTAMPS" in levels
         self.tensors = "TENSORS" in levels
+        # Triton writes a trace and those it spawned (an ensemble's steps, theirs) as one
+        # collection, once the last is released: one of log_frequency's N, in one file.
+        self.root = root or self
+        self._held: list[dict] = []  # (the root's) entries of its traces written so far
+        self._open = 1  # (the root's) traces of its collection not written yet
 
     def child(self) -> "Trace":
         """The trace of a request this one spawns (an ensemble step), as Triton spawns
         child traces: traced whatever the step model's own settings, with `parent_id`."""
+        root = self.root
+        with self.tracer.lock:
+            root._open += 1
         return Trace(self.tracer, self.tracer.next_id(), self.file, self.frequency,
-                     self.levels, self.id)
+                     self.levels, self.id, root)
+
+    def record(self, entries: list[dict]) -> None:
+        """This trace's entries, written with the rest of its collection once all of its
+        traces are in."""
+        root = self.root
+        with self.tracer.lock:
+            root._held += entries
+            root._open -= 1
+            if root._open:
+                return
+            entries, root._held = root._held, []
+        self.tracer.write(self.file, entries, self.frequency)
+
+    def abandon(self) -> None:
+        """A child trace whose request never ran (its scheduler refused it): nothing of
+        it to write, and its collection no longer waits for it."""
+        self.record([])
 
     def finish(self, request, response=None) -> None:
         marks = _marks(request)
@@ -68,8 +95,7 @@ class Trace:
             # step's response reaches none
             marks = [mark for mark in marks if mark[0] != _COMPLETE]
         if self.front is None:
-            self.tracer.write(self.file, self._entries(request, response, marks),
-                              self.frequency)
+            self.record(self._entries(request, response, marks))
         else:  # written once the front end has written the reply too
             self.front.request_done(request, response, marks)
 
@@ -161,7 +187,7 @@ class FrontEndStamps:
     the trace waits for as many as `replies_counted` says, or for its stream's end."""
 
     __slots__ = ("front_end", "received", "trace", "forget", "_lock", "_done", "_complete_ns",
-                 "_sent", "_replies", "_ended", "_sent_first", "_written")
+                 "_sent", "_replies", "_ended", "_sent_first", "_written", "_empty_ns")
 
     def __init__(self, front_end: FrontEnd, first_byte_ns: int, last_byte_ns: int):
         self.front_end = front_end
@@ -176,6 +202,7 @@ class FrontEndStamps:
         self._ended = False  # its stream ended: no more replies will be written
         self._sent_first = False  # the replies were written before the request was done
         self._written = False
+        self._empty_ns: int | None = None  # (generate_stream) the empty final response
 
     def timed(self, write):
         """`write`, the call that writes the reply of the final response, stamped: the
@@ -212,6 +239,13 @@ class FrontEndStamps:
             ready = self._settled()
         if ready:
             self._write()
+
+    def empty_final_reached(self) -> None:
+        """(generate_stream) A decoupled model's empty final response reached the front
+        end: no event goes out for it, but tritonserver stamps its INFER_RESPONSE_COMPLETE
+        (after those of the events written)."""
+        with self._lock:
+            self._empty_ns = time.monotonic_ns()
 
     def replies_counted(self, count: int) -> None:
         """The request will have `count` replies written (its responses are all out)."""
@@ -265,7 +299,7 @@ class FrontEndStamps:
         if front_end.complete_each:  # one per reply instead
             kept = []
         entries = trace._entries(request, response, marks)
-        trace.tracer.write(trace.file, self._placed(entries, kept), trace.frequency)
+        trace.record(self._placed(entries, kept))
 
     def _placed(self, entries: list[dict], kept: list[dict]) -> list[dict]:
         """`entries` (the model's, the core's) with the front end's stamps where
@@ -281,6 +315,8 @@ class FrontEndStamps:
             if front_end.complete_each:
                 sent.append(trace._stamp(_COMPLETE, reached))
             sent += [trace._stamp(name, ns) for name, ns in zip(front_end.sent, sent_ns)]
+        if self._empty_ns is not None:
+            sent.append(trace._stamp(_COMPLETE, self._empty_ns))
         if front_end.before and not front_end.keeps_complete:  # HTTP, one reply
             at = len(entries)
             if self._sent_first:
@@ -435,6 +471,17 @@ class Tracer:
             if trace.timestamps:  # Triton's front ends stamp only at TIMESTAMPS
                 trace.front, arriving[1].trace = arriving[1], trace
         return trace
+
+    def refused(self, model: str, received: tuple[int, int]) -> None:
+        """An HTTP request for `model` that its front end refused (its body did not
+        decode) after tritonserver 2.51's would have sampled it: when sampled, its trace
+        holds HTTP_RECV_START and HTTP_RECV_END alone (the core never had the request, so
+        no model entry), as tritonserver writes it."""
+        trace = self.sample(model)
+        if trace is not None and trace.timestamps:
+            self.write(trace.file, [trace._stamp(name, ns)
+                                    for name, ns in zip(HTTP.received, received)],
+                       trace.frequency)
 
     @contextlib.contextmanager
     def receiving(self, stamps: FrontEndStamps):

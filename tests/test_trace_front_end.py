@@ -276,8 +276,9 @@ def test_generate_stream_carries_triton_s_http_front_end_timestamps(tmp_path):
 
 def test_generate_stream_stamps_each_event_of_a_decoupled_model(tmp_path):
     """tritonserver 2.51 stamps INFER_RESPONSE_COMPLETE as each response comes and
-    HTTP_SEND_START/END as its event is written; the release's timestamps fall among
-    them where the model released the request."""
+    HTTP_SEND_START/END as its event is written, and INFER_RESPONSE_COMPLETE for the
+    model's empty final response, which sends no event; the release's timestamps fall
+    among them where the model released the request."""
     trace_file = tmp_path / "decoupled_stream.json"
     with traced(trace_file, "http") as protocol:
         trace_on(protocol, "repeat_decoupled")
@@ -286,7 +287,8 @@ def test_generate_stream_stamps_each_event_of_a_decoupled_model(tmp_path):
     shape = shape_of(traces)
     events = ["INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END"] * 3
     assert [name for name in shape if name not in RELEASED] == [
-        "HTTP_RECV_START", "HTTP_RECV_END", "MODEL", "REQUEST_START", "QUEUE_START", *events]
+        "HTTP_RECV_START", "HTTP_RECV_END", "MODEL", "REQUEST_START", "QUEUE_START", *events,
+        "INFER_RESPONSE_COMPLETE"]
     at = shape.index(RELEASED[0])
     assert shape[at:at + len(RELEASED)] == RELEASED
     stamps = [t["timestamps"][0] for t in traces if "timestamps" in t]
@@ -354,3 +356,38 @@ def test_a_stream_request_whose_reply_never_went_out_is_written_as_the_stream_en
         client.close()
     assert shape_of(traces) == ["MODEL", "REQUEST_START", "QUEUE_START", *RELEASED,
                                 *GRPC_STREAM_STAMPS]
+
+
+def traces_of_receipt(trace_file) -> list[list[str]]:
+    """The shape of each trace that has no model entry, once the next request's trace is
+    written (the traces are written in the order of their requests)."""
+    traces = written_traces(trace_file, 1)
+    return [shape_of(trace) for trace in by_trace(traces)
+            if not any("model_name" in entry for entry in trace)]
+
+
+@pytest.mark.parametrize("model, path, body", [
+    ("identity_fp32", "infer", "{not json"),
+    ("identity_fp32", "infer", json.dumps({"inputs": [{
+        "name": "INPUT0", "shape": [1, 4], "datatype": "NOPE", "data": [1, 2, 3, 4]}]})),
+    ("identity_fp32", "generate", json.dumps({"OTHER": [1.0]})),
+    ("identity_fp32", "generate_stream", "{not json"),
+    # refused by the core's checks (an input missing): for generate, Triton writes it too
+    ("add_sub", "generate", json.dumps({"INPUT0": [1.0, 2.0, 3.0, 4.0]})),
+])
+def test_a_request_its_front_end_refuses_leaves_a_trace_of_its_receipt(model, path, body,
+                                                                        tmp_path):
+    """tritonserver 2.51 samples an HTTP request for a model it serves before decoding
+    its body: one it refuses then (the core never has it) is written with its two
+    HTTP_RECV_* stamps alone. A request for an unknown model is not sampled."""
+    trace_file = tmp_path / "receipt.json"
+    with traced(trace_file, "http") as protocol:
+        trace_on(protocol, model)
+        trace_on(protocol, "identity_fp32")
+        url = f"http://{protocol.url}/v2/models"
+        refused = requests.post(f"{url}/{model}/{path}", data=body, timeout=30)
+        assert refused.status_code == 400
+        assert requests.post(f"{url}/no_such_model/{path}", data=body,
+                             timeout=30).status_code == 404
+        infer(protocol)
+        assert traces_of_receipt(trace_file) == [["HTTP_RECV_START", "HTTP_RECV_END"]]

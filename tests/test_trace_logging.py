@@ -317,3 +317,28 @@ def test_bad_log_settings_are_triton_s_messages(server, key, json_value, grpc_ki
 def test_a_null_log_setting_changes_nothing(server):
     http = connect("http", server)
     assert http.client.update_log_settings({"log_info": None, "log_file": None})["log_info"]
+
+
+def test_trace_settings_are_listed_in_triton_s_order(server):
+    """tritonserver 2.51's trace extension lists trace_file after log_frequency (it
+    differed here once a trace file was set)."""
+    settings = connect("http", server).client.get_trace_settings()
+    assert list(settings) == ["trace_level", "trace_rate", "trace_count", "log_frequency",
+                                  "trace_file", "trace_mode"]
+
+
+def test_an_ensemble_and_its_steps_are_one_trace_of_log_frequency(tmp_path):
+    """tritonserver 2.51 collects a trace with those it spawned and writes them together:
+    with log_frequency 1, an ensemble request's trace and its three steps' share a file."""
+    trace_file = tmp_path / "trace.json"
+    with traced(trace_file, log_frequency="1") as protocol:
+        protocol.client.update_trace_settings(model_name="ensemble_fan_out", settings={
+            "trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+        tensor = protocol.module.InferInput("IN", [1, 3], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 3), dtype=np.float32))
+        protocol.client.infer("ensemble_fan_out", [tensor])
+        infer(protocol)  # not traced
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["trace.json.0"]
+    traces = json.loads((tmp_path / files[0]).read_text())
+    assert len({t["id"] for t in traces if "model_name" in t}) == 4

@@ -50,11 +50,7 @@ class GenerateEndpoints:
         """`generate` while some trace level is on: a traced request carries Triton's
         HTTP front-end timestamps, as an inference does (docs/observability.md)."""
         stamps = FrontEndStamps(tracing.HTTP, *exchange.protocol.received_ns(request))
-        tracer = self.service.tracer
-
-        def start(request: HttpRequest):
-            with tracer.receiving(stamps):
-                return self._start(request)
+        start = self._stamped_start(stamps)
 
         async def answer(request: HttpRequest) -> None:
             stamps.timed(exchange.answer)(await self._generate(request, start))
@@ -72,12 +68,8 @@ class GenerateEndpoints:
         Triton's HTTP front-end timestamps, INFER_RESPONSE_COMPLETE and HTTP_SEND_* for
         each event (docs/observability.md). Its trace is written once its stream ends."""
         stamps = FrontEndStamps(tracing.HTTP_STREAM, *exchange.protocol.received_ns(request))
-        tracer = self.service.tracer
+        start = self._stamped_start(stamps)
         sent = 0
-
-        def start(request: HttpRequest):
-            with tracer.receiving(stamps):
-                return self._start(request)
 
         def timed(send):
             async def stamped(event: bytes) -> bool:
@@ -89,6 +81,7 @@ class GenerateEndpoints:
                     sent += 1
                     stamps.reply_written(began, time.monotonic_ns())
             return stamped
+        timed.empty_final_reached = stamps.empty_final_reached
 
         async def answer(request: HttpRequest):
             try:
@@ -109,6 +102,42 @@ class GenerateEndpoints:
                                                 generate.input_specs(config))
         return infer_request, self.service.infer(infer_request, self.stream_limit,
                                                  STREAM_LIMIT_FLAG)
+
+    def _decoded(self, request: HttpRequest):
+        """`_start`'s decoding, for the stamped path (inline there: the plain path pays
+        no call more)."""
+        model, version = request.params["model"], request.params.get("version", "")
+        config = self.service.model_config(model, version)
+        document = generate.parse_body(request.body)
+        return generate.decode_request(model, version, document, generate.input_specs(config))
+
+    def _stamped_start(self, stamps: FrontEndStamps):
+        """`_start` for a request stamped by the front end: the service samples it as it
+        starts. tritonserver samples a generate request before decoding it, and writes
+        the trace of one refused after that (its body, or the core's checks) with the
+        stamps of its receipt alone: a request refused for a model that is there, before
+        the service sampled it, leaves such a trace (Tracer.refused)."""
+        tracer = self.service.tracer
+
+        def start(request: HttpRequest):
+            try:
+                infer_request = self._decoded(request)
+                with tracer.receiving(stamps):
+                    return infer_request, self.service.infer(
+                        infer_request, self.stream_limit, STREAM_LIMIT_FLAG)
+            except TritonError:
+                if stamps.trace is None:
+                    self._refused(request, stamps)
+                raise
+        return start
+
+    def _refused(self, request: HttpRequest, stamps: FrontEndStamps) -> None:
+        model = request.params["model"]
+        try:
+            self.service.model_config(model, request.params.get("version", ""))
+        except TritonError:  # Triton samples only a request for a model it serves
+            return
+        self.service.tracer.refused(model, stamps.received)
 
     async def _generate(self, request: HttpRequest, start=None) -> HttpReply:
         """One response, or Triton's error for a model that gives another number of
@@ -139,7 +168,8 @@ class GenerateEndpoints:
     async def _generate_stream(self, request: HttpRequest, exchange: Exchange,
                                start=None, timed=None):
         """`start`: what starts the inference, if not `_start`; `timed`: what stamps
-        the sending of the events (a traced request's)."""
+        the sending of the events (a traced request's), and the empty final response
+        (`timed.empty_final_reached`)."""
         try:
             infer_request, stream = (start or self._start)(request)
         except TritonError as error:
@@ -148,6 +178,8 @@ class GenerateEndpoints:
         try:
             async for response in stream:
                 if response.empty:
+                    if timed is not None:  # no event, but Triton stamps it
+                        timed.empty_final_reached()
                     continue
                 if body is None:
                     status = 200 if response.error is None else http_status(response.error.code)

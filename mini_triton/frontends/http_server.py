@@ -309,7 +309,8 @@ class HttpFrontend:
                 header_length = int(value)  # its range is the codec's to check
             except ValueError:
                 error = invalid_arg(f"invalid {http_codec.HEADER_LENGTH} header '{value}'")
-                exchange.answer(self._undecodable(model, version, error, V2_REPLIES))
+                exchange.answer(self._undecodable(model, version, error, V2_REPLIES,
+                                                  request, exchange))
                 return
         self.start_infer(request, exchange, model, version, header_length)
 
@@ -332,7 +333,8 @@ class HttpFrontend:
                 forward_headers(self.header_pattern, request.headers.items(),
                                 infer_request.parameters)
         except TritonError as error:
-            exchange.answer(self._undecodable(model, version, error, replies))
+            exchange.answer(self._undecodable(model, version, error, replies, request,
+                                              exchange))
             return
         service = self.service
         if service.tracer.sampling:  # the plain path's only question about traces
@@ -369,14 +371,18 @@ class HttpFrontend:
             exchange.cancel = partial(service.cancel, infer_request)
 
     def _undecodable(self, model: str, version: str, error: TritonError,
-                     replies: "InferReplies") -> HttpReply:
+                     replies: "InferReplies", request: HttpRequest,
+                     exchange: Exchange) -> HttpReply:
         """The reply to a body that does not decode: as in Triton, the model is looked
         up first (an unknown or failed model is 404 whatever the body), then the body
-        error. Only this failing path pays for the lookup."""
+        error. Only this failing path pays for the lookup. Triton samples the request
+        for a trace between the two: a traced one leaves a trace of its receipt."""
         try:
             self.service.model_config(model, version)
         except TritonError as lookup:
-            error = lookup
+            return replies.error(lookup)
+        if self.service.tracer.sampling:
+            self.service.tracer.refused(model, exchange.protocol.received_ns(request))
         return replies.error(error)
 
 
