@@ -11,10 +11,12 @@ and print every place where the answers differ.
 What is compared: server and model metadata, model config (HTTP JSON and gRPC), repository
 index, statistics (fields and order), the /metrics page (families, HELP/TYPE, labels,
 order), inference answers (ensembles: output order, parameters), error status codes and
-texts for common client mistakes on both protocols, the generate extension, and the
-messages of the start-up log. Values that change from run to run (times, durations, ports)
-are replaced before comparing (perf/triton_diff_probes.py says which). Differences that
-are on purpose are listed in docs/migrating-from-triton.md; this script shows them too.
+texts for common client mistakes on both protocols, the generate extension, the
+messages of the start-up log, and the shape of the trace files each server writes for the
+same requests (perf/triton_diff_traces.py). Values that change from run to run (times,
+durations, ports) are replaced before comparing (perf/triton_diff_probes.py says which).
+Differences that are on purpose are listed in docs/migrating-from-triton.md; this script
+shows them too.
 Exit status: 0 when every difference is on purpose or known (ON_PURPOSE, KNOWN_OPEN), 1
 when one is not, 2 when a server did not start. Log messages are listed, not counted.
 """
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import Server, free_port  # noqa: E402
 from measurements import PERF_DIR  # noqa: E402
 from triton_diff_probes import Target, probes  # noqa: E402
+from triton_diff_traces import trace_probes  # noqa: E402
 
 REPOSITORY = PERF_DIR / "repos" / "fidelity"
 
@@ -64,7 +67,11 @@ MODELS = ("echo", "gen", "gen_stream", "pipeline", "seq", "step_a", "step_b")
 def start(name: str, python: str, out_dir: Path) -> Server:
     ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
     flags = ["--model-repository", str(REPOSITORY), "--http-port", str(ports["http"]),
-             "--grpc-port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"])]
+             "--grpc-port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"]),
+             # Tracing stays off until a trace probe turns it on for a model; each trace
+             # then goes to a file of its own (triton_diff_traces).
+             "--trace-config", f"triton,file={trace_file_of(name, out_dir)}",
+             "--trace-config", "triton,log-frequency=1"]
     command = ([str(PERF_DIR / "tritonserver"), *flags] if name == "triton"
                else [python, "-m", "mini_triton", *flags])
     server = Server(name, command, out_dir / f"{name}.log", ports)
@@ -72,16 +79,21 @@ def start(name: str, python: str, out_dir: Path) -> Server:
     return server
 
 
+def trace_file_of(name: str, out_dir: Path) -> str:
+    return str(out_dir / f"{name}.trace.json")
+
+
 def target_of(server: Server) -> Target:
     return Target(http=server.http_url, grpc=server.grpc_url,
-                  metrics=f"127.0.0.1:{server.ports['metrics']}")
+                  metrics=f"127.0.0.1:{server.ports['metrics']}",
+                  trace_file=trace_file_of(server.name, server.log_path.parent))
 
 
 def run_probes(servers: dict[str, Server], words: list[str]) -> list[tuple[str, list[str]]]:
     """(probe name, diff lines) for every probe that differs, in the order they ran."""
     differences = []
     targets = {name: target_of(server) for name, server in servers.items()}
-    for name, probe in probes():
+    for name, probe in probes() + trace_probes():
         if words and not any(word in name for word in words):
             continue
         answers = {}

@@ -29,6 +29,7 @@ class Target:
     http: str
     grpc: str
     metrics: str
+    trace_file: str = ""  # where the server writes its traces (F.0, F.1, ...)
 
 
 # ---------------------------------------------------------------------------- raw HTTP
@@ -72,8 +73,8 @@ def scrub(value):
                 for key, item in value.items()}
     if isinstance(value, list):
         return [scrub(item) for item in value]
-    if isinstance(value, str):
-        return re.sub(r"\b\d{10,}\b", "<n>", value)
+    if isinstance(value, str):  # the trace file's path is each server's own
+        return re.sub(r"\b\d{10,}\b", "<n>", re.sub(r"/\S*trace\.json", "<trace file>", value))
     return value
 
 
@@ -386,7 +387,10 @@ def _settings_and_shm(p, client_of):
 def _plain(value):
     if value is None or isinstance(value, (dict, list, bool, str)):
         return value
-    return as_dict(value)
+    plain = as_dict(value)
+    if isinstance(plain.get("settings"), dict):  # a protobuf map: in no order on the wire
+        plain["settings"] = dict(sorted(plain["settings"].items()))
+    return plain
 
 
 def _client_mistakes(p, module):
