@@ -33,6 +33,7 @@ import time
 import numpy as np
 
 from .core import datatypes
+from .trace_front_end import COMPLETE, HTTP, QUEUED, FrontEndStamps
 
 # In the order Triton's trace extension lists them.
 DEFAULTS = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
@@ -93,7 +94,7 @@ class Trace:
         marks = _marks(request)
         if self.parent_id:  # Triton's front ends stamp INFER_RESPONSE_COMPLETE, and a
             # step's response reaches none
-            marks = [mark for mark in marks if mark[0] != _COMPLETE]
+            marks = [mark for mark in marks if mark[0] != COMPLETE]
         if self.front is None:
             self.record(self._entries(request, response, marks))
         else:  # written once the front end has written the reply too
@@ -103,7 +104,7 @@ class Trace:
         entries: list[dict] = []
         if self.timestamps:
             entries.append(self._model_entry(request))
-            entries += [self._stamp(name, ns) for name, ns in marks if name in _QUEUED]
+            entries += [self._stamp(name, ns) for name, ns in marks if name in QUEUED]
         if self.tensors:
             entries += [self._tensor("TENSOR_QUEUE_INPUT", t) for t in request.inputs]
             if response is not None and response.error is None:
@@ -111,7 +112,7 @@ class Trace:
         if self.timestamps:
             # Triton reports the compute timestamps when the request is released,
             # after its response: they follow INFER_RESPONSE_COMPLETE in its files.
-            entries += [self._stamp(name, ns) for name, ns in marks if name not in _QUEUED]
+            entries += [self._stamp(name, ns) for name, ns in marks if name not in QUEUED]
         return entries
 
     def _model_entry(self, request) -> dict:
@@ -134,218 +135,6 @@ class Trace:
 
 
 # The timestamps Triton records before the request's inputs are traced (at enqueue).
-_QUEUED = ("REQUEST_START", "QUEUE_START")
-
-
-class FrontEnd:
-    """Where a front end's timestamps sit in Triton's trace: `before` the model's
-    entry, or after the core's timestamps, joined by INFER_RESPONSE_COMPLETE where
-    the front end keeps that one with its own (`keeps_complete`), or stamps one with
-    each reply (`complete_each`)."""
-
-    def __init__(self, received: tuple[str, str], sent: tuple[str, str],
-                 before: bool, keeps_complete: bool = False, after_release: bool = True,
-                 complete_each: bool = False):
-        self.received, self.sent = received, sent
-        self.before, self.keeps_complete = before, keeps_complete
-        # an INFER_RESPONSE_COMPLETE before each reply's SEND_* (instead of the first
-        # response's alone)
-        self.complete_each = complete_each
-        # (gRPC) whether its stamps always follow the core's: else they come before the
-        # release's timestamps when the replies were written first
-        self.after_release = after_release
-
-
-# tritonserver 2.51: its HTTP server stamps a request as its trace starts (received)
-# and as its reply is sent; its gRPC server keeps its stamps in the call's state and
-# hands them to the trace when the call ends.
-HTTP = FrontEnd(("HTTP_RECV_START", "HTTP_RECV_END"), ("HTTP_SEND_START", "HTTP_SEND_END"),
-                before=True)
-GRPC = FrontEnd(("GRPC_WAITREAD_START", "GRPC_WAITREAD_END"),
-                ("GRPC_SEND_START", "GRPC_SEND_END"), before=False, keeps_complete=True)
-# A ModelStreamInfer request: its state is released after its last write, which for a
-# decoupled model may come before the model releases the request (tritonserver 2.51's
-# file then has the gRPC stamps before COMPUTE_START).
-GRPC_STREAM = FrontEnd(GRPC.received, GRPC.sent, before=False, keeps_complete=True,
-                       after_release=False)
-# generate_stream: each response stamped INFER_RESPONSE_COMPLETE as it comes, and its
-# event HTTP_SEND_* as it is written, in the order of events.
-HTTP_STREAM = FrontEnd(HTTP.received, HTTP.sent, before=True, keeps_complete=True,
-                       after_release=False, complete_each=True)
-_COMPLETE = "INFER_RESPONSE_COMPLETE"
-
-
-class FrontEndStamps:
-    """What a front end saw of one request, taken only while some trace level is on:
-    when it received the request's first and last bytes, when the final response
-    reached it (Triton's front ends stamp INFER_RESPONSE_COMPLETE), and when it began
-    and finished writing the reply (steady-clock ns). If the service traces the request
-    (Tracer.sample under `Tracer.receiving`), the trace is written once both the
-    request is done (`request_done`) and its reply written (`timed`), in either order,
-    from either thread; a request not traced leaves the stamps unused. A request of a
-    stream has any number of replies: each is stamped as written (`reply_written`), and
-    the trace waits for as many as `replies_counted` says, or for its stream's end."""
-
-    __slots__ = ("front_end", "received", "trace", "forget", "_lock", "_done", "_complete_ns",
-                 "_sent", "_replies", "_ended", "_sent_first", "_written", "_empty_ns")
-
-    def __init__(self, front_end: FrontEnd, first_byte_ns: int, last_byte_ns: int):
-        self.front_end = front_end
-        self.received = (first_byte_ns, last_byte_ns)
-        self.trace: Trace | None = None
-        self.forget = None  # called with these stamps once their trace is written
-        self._lock = threading.Lock()
-        self._done: tuple | None = None
-        self._complete_ns: int | None = None  # the first response reached the front end
-        self._sent: list[tuple[int, int, int]] = []  # each reply: (reached, start, end)
-        self._replies: int | None = None  # how many replies it has, once known
-        self._ended = False  # its stream ended: no more replies will be written
-        self._sent_first = False  # the replies were written before the request was done
-        self._written = False
-        self._empty_ns: int | None = None  # (generate_stream) the empty final response
-
-    def timed(self, write):
-        """`write`, the call that writes the reply of the final response, stamped: the
-        response complete and SEND_START before it, SEND_END once it returns."""
-        def stamped(*args) -> None:
-            complete = start = time.monotonic_ns()
-            try:
-                write(*args)
-            finally:
-                self._reply_written(complete, start, time.monotonic_ns())
-        return stamped
-
-    def _reply_written(self, complete_ns: int, start_ns: int, end_ns: int) -> None:
-        with self._lock:
-            self._complete_ns = complete_ns
-            self._sent.append((complete_ns, start_ns, end_ns))
-            self._replies = 1
-            ready = self._settled()
-        if ready:
-            self._write()
-
-    # A request with any number of replies (a stream's): the front end says when each
-    # response reaches it, when each reply was written, and how many there are.
-
-    def response_reached(self) -> None:
-        """A response of the request reached the front end (the first one counts)."""
-        if self._complete_ns is None:
-            self._complete_ns = time.monotonic_ns()
-
-    def reply_written(self, start_ns: int, end_ns: int) -> None:
-        """A reply was written; its response reached the front end as it began."""
-        with self._lock:
-            self._sent.append((start_ns, start_ns, end_ns))
-            ready = self._settled()
-        if ready:
-            self._write()
-
-    def empty_final_reached(self) -> None:
-        """(generate_stream) A decoupled model's empty final response reached the front
-        end: no event goes out for it, but tritonserver stamps its INFER_RESPONSE_COMPLETE
-        (after those of the events written)."""
-        with self._lock:
-            self._empty_ns = time.monotonic_ns()
-
-    def replies_counted(self, count: int) -> None:
-        """The request will have `count` replies written (its responses are all out)."""
-        with self._lock:
-            self._replies = count
-            ready = self._settled()
-        if ready:
-            self._write()
-
-    def stream_ended(self) -> None:
-        """The stream of the request ended, maybe before all its replies were written:
-        its trace is written with those that were."""
-        with self._lock:
-            self._ended = True
-            ready = self._settled()
-        if ready:
-            self._write()
-
-    def request_done(self, request, response, marks: list) -> None:
-        """The traced request is done: its response and its core timestamps."""
-        with self._lock:
-            self._done = (request, response, marks)
-            ready = self._settled()
-        if ready:
-            self._write()
-
-    def _settled(self) -> bool:
-        """(Under the lock) whether the trace is to be written now: the request done and
-        every reply written, and not written yet."""
-        replied = self._ended or self._replies is not None and len(self._sent) >= self._replies
-        if not replied or self._written:
-            return False
-        if self._done is None:
-            self._sent_first = True
-            return False
-        self._written = True
-        return True
-
-    def _write(self) -> None:
-        if self.forget is not None:
-            self.forget(self)
-        trace, front_end = self.trace, self.front_end
-        request, response, marks = self._done
-        complete_ns = self._complete_ns
-        if complete_ns is not None:
-            marks = [(name, complete_ns if name == _COMPLETE else ns) for name, ns in marks]
-        kept = []
-        if front_end.keeps_complete:
-            kept = [trace._stamp(name, ns) for name, ns in marks if name == _COMPLETE]
-            marks = [mark for mark in marks if mark[0] != _COMPLETE]
-        if front_end.complete_each:  # one per reply instead
-            kept = []
-        entries = trace._entries(request, response, marks)
-        trace.record(self._placed(entries, kept))
-
-    def _placed(self, entries: list[dict], kept: list[dict]) -> list[dict]:
-        """`entries` (the model's, the core's) with the front end's stamps where
-        tritonserver writes them, which follows the order of events: its front ends
-        write their stamps of a reply as it goes out (HTTP) or as the call's state is
-        released after its last write (gRPC), before or after the model releases the
-        request (which reports the compute timestamps and REQUEST_END)."""
-        trace, front_end = self.trace, self.front_end
-        received = [trace._stamp(name, ns)
-                    for name, ns in zip(front_end.received, self.received)]
-        sent = []
-        for reached, *sent_ns in self._sent:
-            if front_end.complete_each:
-                sent.append(trace._stamp(_COMPLETE, reached))
-            sent += [trace._stamp(name, ns) for name, ns in zip(front_end.sent, sent_ns)]
-        if self._empty_ns is not None:
-            sent.append(trace._stamp(_COMPLETE, self._empty_ns))
-        if front_end.before and not front_end.keeps_complete:  # HTTP, one reply
-            at = len(entries)
-            if self._sent_first:
-                at = 1 + next((i for i, entry in enumerate(entries)
-                               if _name(entry) == _COMPLETE), at - 1)
-            return received + entries[:at] + sent + entries[at:]
-        at = _release_at(entries)
-        if front_end.before:  # generate_stream: the first response came before the
-            # release; its event, and the others, went out before or after it
-            later = [] if self._sent_first else sent[1:]
-            return received + entries[:at] + sent[:len(sent) - len(later)] \
-                + entries[at:] + later
-        if not self._sent_first or front_end.after_release:
-            at = len(entries)
-        return entries[:at] + received + kept + sent + entries[at:]
-
-
-def _release_at(entries: list[dict]) -> int:
-    """Where the timestamps the core reports at the request's release begin."""
-    return next((i for i, entry in enumerate(entries)
-                 if _name(entry) not in (None, *_QUEUED)), len(entries))
-
-
-def _name(entry: dict) -> str | None:
-    """The name of a timestamp entry; None for the model's entry and tensors."""
-    stamps = entry.get("timestamps")
-    return stamps[0]["name"] if stamps else None
-
-
 def _marks(request) -> list[tuple[str, int]]:
     """The request's timeline in the order Triton's trace file lists it, leaving out
     what it never reached."""

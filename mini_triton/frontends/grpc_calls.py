@@ -22,8 +22,8 @@ from typing import Any, Callable
 import grpc
 from google.protobuf.message import DecodeError
 
-from .. import tracing
-from ..tracing import FrontEndStamps
+from .. import trace_front_end as front_end_trace
+from ..trace_front_end import FrontEndStamps
 from .grpc_hpack import MALFORMED, RequestHead, trailers_problem
 from .grpc_wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, UNPARSEABLE_CODE,
                         UNPARSEABLE_MESSAGE, WINDOW_BITS, MessageTooLarge, ScatteredMessage,
@@ -481,7 +481,7 @@ def _stamped(method: Method, tracer, headers_ns: int) -> Method:
 def _begin_stamped(begin, tracer, headers_ns: int, request, context, reply):
     """`begin`, stamped: its request message has come whole (GRPC_WAITREAD_END), and
     its reply is timed as it is written, whether its call is answered or refused."""
-    stamps = FrontEndStamps(tracing.GRPC, headers_ns, time.monotonic_ns())
+    stamps = FrontEndStamps(front_end_trace.GRPC, headers_ns, time.monotonic_ns())
     reply = stamps.timed(reply)
     with tracer.receiving(stamps):
         try:

@@ -38,7 +38,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from .. import tracing
+from .. import trace_front_end as front_end_trace
 from ..core.errors import Code, TritonError
 from . import grpc_codec
 from .errors import grpc_status
@@ -272,7 +272,7 @@ async def forward(service, message, request, stream, outbox: StreamOutbox,
                   slot: list | None = None, stamps=None) -> None:
     """One request's responses to the outbox (`message`: the request as sent); a
     non-decoupled request's one response through its `slot` in `order`. `stamps`: the
-    front end's timestamps of a traced request (tracing.FrontEndStamps)."""
+    front end's timestamps of a traced request (front_end_trace.FrontEndStamps)."""
     empty_final_wanted = bool(request.parameters.get("triton_enable_empty_final_response"))
 
     def send(answer) -> None:
@@ -315,22 +315,22 @@ class StampedReply:
 
     __slots__ = ("message", "stamps")
 
-    def __init__(self, message, stamps: tracing.FrontEndStamps):
+    def __init__(self, message, stamps: front_end_trace.FrontEndStamps):
         self.message, self.stamps = message, stamps
 
     def ByteSize(self) -> int:  # what the outbox counts
         return self.message.ByteSize()
 
 
-def _received(waiting: list) -> tracing.FrontEndStamps:
+def _received(waiting: list) -> front_end_trace.FrontEndStamps:
     """The stamps of the request message just taken: GRPC_WAITREAD_START when the
     stream began waiting for it (the call's start, or the previous request handed to
     its model), GRPC_WAITREAD_END now."""
     now = time.monotonic_ns()
-    return tracing.FrontEndStamps(tracing.GRPC_STREAM, waiting[0] or now, now)
+    return front_end_trace.FrontEndStamps(front_end_trace.GRPC_STREAM, waiting[0] or now, now)
 
 
-def _infer_stamped(service, infer_request, stamps: tracing.FrontEndStamps, waiting: list,
+def _infer_stamped(service, infer_request, stamps: front_end_trace.FrontEndStamps, waiting: list,
                    traced: set | None):
     """service.infer, with the stamps handed to the request's trace, if it is traced
     (then kept in `traced` until that is written); the stream waits for its next
@@ -346,7 +346,7 @@ def _infer_stamped(service, infer_request, stamps: tracing.FrontEndStamps, waiti
         waiting[0] = time.monotonic_ns()
 
 
-def _stamped_send(send, stamps: tracing.FrontEndStamps):
+def _stamped_send(send, stamps: front_end_trace.FrontEndStamps):
     """`send` for a traced request: its replies are StampedReply; its first response
     reaching the front end is Triton's INFER_RESPONSE_COMPLETE (the stream's handler
     stamps the first only); send(None) says its responses are all sent."""

@@ -14,10 +14,10 @@ import asyncio
 import logging
 import time
 
-from .. import tracing
+from .. import trace_front_end as front_end_trace
 from ..core.errors import TritonError
 from ..service import InferenceService
-from ..tracing import FrontEndStamps
+from ..trace_front_end import FrontEndStamps
 from . import generate
 from .errors import http_status
 from .http_exchange import Exchange, HttpReply, HttpRequest
@@ -49,7 +49,7 @@ class GenerateEndpoints:
     def _generate_stamped(self, request: HttpRequest, exchange: Exchange) -> None:
         """`generate` while some trace level is on: a traced request carries Triton's
         HTTP front-end timestamps, as an inference does (docs/observability.md)."""
-        stamps = FrontEndStamps(tracing.HTTP, *exchange.protocol.received_ns(request))
+        stamps = FrontEndStamps(front_end_trace.HTTP, *exchange.protocol.received_ns(request))
         start = self._stamped_start(stamps)
 
         async def answer(request: HttpRequest) -> None:
@@ -67,7 +67,7 @@ class GenerateEndpoints:
         """`generate_stream` while some trace level is on: a traced request carries
         Triton's HTTP front-end timestamps, INFER_RESPONSE_COMPLETE and HTTP_SEND_* for
         each event (docs/observability.md). Its trace is written once its stream ends."""
-        stamps = FrontEndStamps(tracing.HTTP_STREAM, *exchange.protocol.received_ns(request))
+        stamps = FrontEndStamps(front_end_trace.HTTP_STREAM, *exchange.protocol.received_ns(request))
         start = self._stamped_start(stamps)
         sent = 0
 
@@ -93,19 +93,14 @@ class GenerateEndpoints:
         exchange.run(answer, request)
 
     def _start(self, request: HttpRequest):
-        """Look the model up (an unknown model is 404 whatever the body), decode the
-        body against its inputs, and start the inference: (request, stream)."""
-        model, version = request.params["model"], request.params.get("version", "")
-        config = self.service.model_config(model, version)
-        document = generate.parse_body(request.body)
-        infer_request = generate.decode_request(model, version, document,
-                                                generate.input_specs(config))
+        """Decode the request and start the inference: (request, stream)."""
+        infer_request = self._decoded(request)
         return infer_request, self.service.infer(infer_request, self.stream_limit,
                                                  STREAM_LIMIT_FLAG)
 
     def _decoded(self, request: HttpRequest):
-        """`_start`'s decoding, for the stamped path (inline there: the plain path pays
-        no call more)."""
+        """Look the model up (an unknown model is 404 whatever the body) and decode the
+        body against its inputs."""
         model, version = request.params["model"], request.params.get("version", "")
         config = self.service.model_config(model, version)
         document = generate.parse_body(request.body)

@@ -15,11 +15,11 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from .. import tracing
+from .. import trace_front_end as front_end_trace
 from ..config.json_format import config_to_json
 from ..core.errors import TritonError, invalid_arg
 from ..service import InferenceService
-from ..tracing import FrontEndStamps
+from ..trace_front_end import FrontEndStamps
 from . import http_codec, http_parameters
 from .errors import http_status
 from .header_forward import forward_headers
@@ -355,7 +355,7 @@ class HttpFrontend:
         """start_infer's end while some trace level is on: a traced request carries
         Triton's HTTP front-end timestamps (docs/observability.md says what each is)."""
         service = self.service
-        stamps = FrontEndStamps(tracing.HTTP, *exchange.protocol.received_ns(request))
+        stamps = FrontEndStamps(front_end_trace.HTTP, *exchange.protocol.received_ns(request))
         send = stamps.timed(exchange.answer)
 
         def answer(response) -> None:
