@@ -90,21 +90,20 @@ class FrontEndStamps:
         """`write`, the call that writes the reply of the final response, stamped: the
         response complete and SEND_START before it, SEND_END once it returns."""
         def stamped(*args) -> None:
-            complete = start = time.monotonic_ns()
+            start = time.monotonic_ns()
             try:
                 write(*args)
             finally:
-                self._reply_written(complete, start, time.monotonic_ns())
+                self._reply_written(start, time.monotonic_ns())
         return stamped
 
-    def _reply_written(self, complete_ns: int, start_ns: int, end_ns: int) -> None:
+    def _reply_written(self, start_ns: int, end_ns: int) -> None:
+        """The one reply of a request with one response: the response reached the front
+        end as its writing began."""
         with self._lock:
-            self._complete_ns = complete_ns
-            self._sent.append((complete_ns, start_ns, end_ns))
+            self._complete_ns = start_ns
             self._replies = 1
-            ready = self._settled()
-        if ready:
-            self._write()
+        self.reply_written(start_ns, end_ns)
 
     # A request with any number of replies (a stream's): the front end says when each
     # response reaches it, when each reply was written, and how many there are.

@@ -207,9 +207,9 @@ class Tracer:
         # Whether any setting, global or a model's, has a trace level on: while none
         # has, no request is sampled and the service does not ask `sample`.
         self.sampling = False
-        # The front end's stamps of the request being started on this thread, and the
-        # thread (see `receiving`).
-        self._arriving: tuple[int, FrontEndStamps] | None = None
+        # Per thread, `stamps`: the front end's stamps of the request being started on
+        # that thread (see `receiving`).
+        self._arriving = threading.local()
 
     def settings(self, model: str = "") -> dict:
         with self.lock:
@@ -254,11 +254,11 @@ class Tracer:
             trace_id = next(self.ids)
         trace = Trace(self, trace_id, merged["trace_file"], int(merged["log_frequency"]),
                       tuple(merged["trace_level"]))
-        arriving = self._arriving
-        if arriving is not None and arriving[0] == threading.get_ident():
-            self._arriving = None  # the request being started: its first sample
+        stamps = getattr(self._arriving, "stamps", None)
+        if stamps is not None:
+            self._arriving.stamps = None  # the request being started: its first sample
             if trace.timestamps:  # Triton's front ends stamp only at TIMESTAMPS
-                trace.front, arriving[1].trace = arriving[1], trace
+                trace.front, stamps.trace = stamps, trace
         return trace
 
     def refused(self, model: str, received: tuple[int, int]) -> None:
@@ -276,11 +276,11 @@ class Tracer:
     def receiving(self, stamps: FrontEndStamps):
         """While a front end starts the request it stamped (on this thread): the trace
         `sample` gives it, if any, is written with those stamps."""
-        self._arriving = (threading.get_ident(), stamps)
+        self._arriving.stamps = stamps
         try:
             yield
         finally:
-            self._arriving = None
+            self._arriving.stamps = None
 
     def next_id(self) -> int:
         with self.lock:
