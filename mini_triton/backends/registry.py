@@ -14,6 +14,17 @@ _BACKENDS = {
     "onnxruntime": "mini_triton.backends.onnxruntime:OnnxRuntimeBackend",
     "tensorrt": "mini_triton.backends.tensorrt:TensorRTBackend",
     "ensemble": "mini_triton.backends.ensemble:EnsembleBackend",
+    "fil": "mini_triton.backends.fil:FilBackend",
+    "openvino": "mini_triton.backends.openvino:OpenVinoBackend",
+}
+
+# The optional extra that brings a backend's libraries, named in the reason of a model
+# whose backend cannot be imported.
+_EXTRAS = {
+    "onnxruntime": "onnx",
+    "tensorrt": "tensorrt",
+    "fil": "fil",
+    "openvino": "openvino",
 }
 
 
@@ -33,5 +44,11 @@ def backend_class(name: str) -> type[Backend]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise unavailable(f"backend '{name}' is not installed: {error}") from error
+        raise unavailable(f"backend '{name}' is not installed: {error}{_install_hint(name)}"
+                          ) from error
     return getattr(module, class_name)
+
+
+def _install_hint(name: str) -> str:
+    extra = _EXTRAS.get(name)
+    return f" (pip install 'mini-triton[{extra}]')" if extra else ""
