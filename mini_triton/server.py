@@ -221,7 +221,8 @@ class Server:
         if model is None:  # as Triton's SageMaker container: the repository's one model
             names = {entry["name"] for entry in self.service.repository_index()}
             model = names.pop() if len(names) == 1 else UNSPECIFIED_MODEL
-        frontend = SagemakerFrontend(self.service, settings, model)
+        frontend = SagemakerFrontend(self.service, settings, model,
+                                     self.settings.http_restricted)
         self.ports["sagemaker"] = await self._listen(frontend.handle, settings.address,
                                                      settings.port)
         log.info("Started Sagemaker HTTPService at %s:%d", settings.address,
@@ -234,7 +235,7 @@ class Server:
         except TritonError as error:
             raise StartupError(f"failed to start Vertex AI service: {error.code.value} - "
                                f"{error.message}") from None
-        frontend = VertexFrontend(self.service, settings, model)
+        frontend = VertexFrontend(self.service, settings, model, self.settings.http_restricted)
         self.ports["vertex_ai"] = await self._listen(frontend.handle, settings.address,
                                                      settings.port)
         log.info("Started Vertex AI HTTPService at %s:%d", settings.address,

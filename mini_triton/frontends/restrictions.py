@@ -51,3 +51,12 @@ def http_refusal(restriction: Restriction) -> str:
 
 def grpc_refusal(restriction: Restriction) -> str:
     return f"This protocol is restricted, expecting header '{GRPC_PREFIX}{restriction.header}'"
+
+
+def unmet(restricted: dict[str, Restriction], group: str, headers) -> Restriction | None:
+    """The restriction on `group` that a request with `headers` (names in lower case)
+    does not meet, or None when the group is open to it."""
+    restriction = restricted.get(group)
+    if restriction is None or headers.get(restriction.header) == restriction.value:
+        return None
+    return restriction

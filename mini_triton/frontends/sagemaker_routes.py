@@ -11,6 +11,11 @@ A request body's JSON header length travels in the content type
 (`application/vnd.sagemaker-triton.binary+json;json-header-size=N`), and so does the
 reply's. Inference runs through the v2 front end's `start_infer`; model control through
 the service.
+
+`--http-restricted-api` holds here as on the HTTP port (tritonserver 2.51 leaves the
+SageMaker port open): `/ping` is "health", `/invocations` and invoke "inference", the
+other multi-model routes "model-repository". `DELETE /models/NAME` unloads only a model
+that this port loaded, whatever the target-model header names.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import Code, TritonError, invalid_arg
+from ..core.names import printable
 from ..service import InferenceService
 from .errors import http_status
 from .http_codec import loads
 from .http_exchange import Exchange, HttpReply, HttpRequest
 from .http_server import HttpFrontend, InferReplies, error_reply, json_reply
+from .restrictions import Restriction, http_refusal, unmet
 
 log = logging.getLogger("mini_triton.sagemaker")
 
@@ -151,25 +158,30 @@ class SagemakerFrontend:
     """The SageMaker port's App: `handle(request, exchange)`."""
 
     def __init__(self, service: InferenceService, settings: SagemakerSettings,
-                 default_model: str):
+                 default_model: str, restricted: dict[str, Restriction] | None = None):
         self.service = service
         self.settings = settings
         self.default_model = default_model
+        self.restricted = restricted or {}  # --http-restricted-api
         self.v2 = HttpFrontend(service, openai=False)
         self.models: dict[str, _LoadedModel] = {}  # SageMaker's model name (a hash) → model
 
     def handle(self, request: HttpRequest, exchange: Exchange) -> None:
         log.debug("SageMaker request: %s %s", request.method, request.path)
-        if request.path == "/ping":
+        match = _MODELS.fullmatch(request.path)
+        group = _group(request.path, match)
+        if group is None:
+            exchange.answer(HttpReply(400))
+            return
+        restriction = unmet(self.restricted, group, request.headers)
+        if restriction is not None:
+            exchange.answer(error_reply(403, http_refusal(restriction)))
+        elif request.path == "/ping":
             exchange.run(self.ping, request)
         elif request.path == "/invocations":
             self.invoke(request, exchange, self.default_model, INVOCATION_REPLIES)
         else:
-            match = _MODELS.fullmatch(request.path)
-            if match is None:
-                exchange.answer(HttpReply(400))
-            else:
-                self._multi_model(request, exchange, match.group(1) or "", match.group(2))
+            self._multi_model(request, exchange, match.group(1) or "", match.group(2))
 
     def _multi_model(self, request: HttpRequest, exchange: Exchange, name: str,
                      invoke: str | None) -> None:
@@ -247,11 +259,16 @@ class SagemakerFrontend:
         return HttpReply(200)
 
     async def unload_model(self, request: HttpRequest) -> HttpReply:
+        """Unload the model this port loaded as NAME (never another: the target-model
+        header may only name the same model), then unregister its folder."""
         name = request.params["name"]
         model = self.models.get(name)
         if model is None:
             return HttpReply(404)
-        target = request.headers.get(TARGET_MODEL_HEADER, name)
+        target = request.headers.get(TARGET_MODEL_HEADER, model.target)
+        if target != model.target:
+            return error_reply(400, f"'{name}' was loaded as '{model.target}', not as "
+                                    f"'{printable(target)}'")
         log.info("Unloading SageMaker TargetModel: %s", target)
         try:
             await self.service.unload_model(target, unload_dependents=True)
@@ -270,6 +287,15 @@ class SagemakerFrontend:
         except TritonError as error:
             log.warning("cannot unregister '%s' after a failed load: %s", repository,
                         error.message)
+
+
+def _group(path: str, models_match) -> str | None:
+    """The API group of a route of this port (None: no such route)."""
+    if path == "/ping":
+        return "health"
+    if path == "/invocations" or (models_match is not None and models_match.group(2)):
+        return "inference"
+    return "model-repository" if models_match is not None else None
 
 
 def _load_request(body: bytes) -> tuple[str, str]:

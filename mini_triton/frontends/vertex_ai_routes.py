@@ -8,6 +8,11 @@ vertex_ai_server.cc on a port of its own.
 
 A request body's JSON header length travels in the content type
 (`application/vnd.vertex-ai-triton.binary+json;json-header-size=N`).
+
+`--http-restricted-api` holds here as on the HTTP port (tritonserver 2.51 leaves the
+Vertex AI port open): a redirect reaches a v2 route through the same guard, and the
+port's own routes are their groups' (the health route "health", prediction
+"inference"). `metrics` stays open, as the metrics port is.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from ..core.errors import invalid_arg
 from ..service import InferenceService
 from .http_exchange import Exchange, HttpReply, HttpRequest
 from .http_server import V2_REPLIES, HttpFrontend, InferReplies, error_reply
+from .restrictions import Restriction, http_refusal, unmet
 from .sagemaker_routes import post_infer
 
 log = logging.getLogger("mini_triton.vertex_ai")
@@ -83,16 +89,19 @@ def default_model(service: InferenceService, wanted: str) -> str:
 class VertexFrontend:
     """The Vertex AI port's App: `handle(request, exchange)`."""
 
-    def __init__(self, service: InferenceService, settings: VertexSettings, model: str):
+    def __init__(self, service: InferenceService, settings: VertexSettings, model: str,
+                 restricted: dict[str, Restriction] | None = None):
         self.service = service
         self.settings = settings
         self.model = model
-        self.v2 = HttpFrontend(service, openai=False)
+        self.restricted = restricted or {}  # --http-restricted-api
+        self.v2 = HttpFrontend(service, self.restricted, openai=False)
 
     def handle(self, request: HttpRequest, exchange: Exchange) -> None:
         log.debug("Vertex AI request: %s %s", request.method, request.path)
         if request.path == self.settings.health_route:
-            exchange.run(self.health, request)
+            if self._allowed("health", request, exchange):
+                exchange.run(self.health, request)
         elif request.path == self.settings.predict_route:
             redirect = request.headers.get(REDIRECT_HEADER)
             if redirect is None:
@@ -109,8 +118,18 @@ class VertexFrontend:
             return error_reply(405, "Method Not Allowed")
         return HttpReply(200 if await self.service.check_ready() else 400)
 
+    def _allowed(self, group: str, request: HttpRequest, exchange: Exchange) -> bool:
+        """Whether the request meets `group`'s restriction; if not, it is answered 403
+        as the HTTP port answers it."""
+        restriction = unmet(self.restricted, group, request.headers)
+        if restriction is not None:
+            exchange.answer(error_reply(403, http_refusal(restriction)))
+        return restriction is None
+
     def _infer(self, request: HttpRequest, exchange: Exchange, model: str,
                version: str) -> None:
+        if not self._allowed("inference", request, exchange):
+            return
         post_infer(self.v2, request, exchange, model, version, REPLIES, BINARY_MIME)
 
     def _redirect(self, request: HttpRequest, exchange: Exchange, path: str) -> None:
