@@ -1,9 +1,13 @@
-"""Graceful shutdown: SIGTERM lets slow in-flight requests finish, then exits 0."""
+"""Graceful shutdown: SIGTERM turns readiness to 400 at once, lets slow in-flight
+requests finish, then exits 0."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -18,7 +22,7 @@ max_batch_size: 0
 input [ { name: "INPUT0", data_type: TYPE_INT32, dims: [ 1 ] } ]
 output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ 1 ] } ]
 instance_group [ { count: 4 } ]
-parameters { key: "execute_delay_ms" value: { string_value: "1500" } }
+parameters { key: "execute_delay_ms" value: { string_value: "3000" } }
 """
 
 
@@ -36,24 +40,53 @@ def send(module, url, value, results, model="slow"):
         client.close()
 
 
-def test_sigterm_drains_in_flight_requests(tmp_path):
+def readiness_answers(url: str, requests_done) -> list[tuple[int, bool]]:
+    """Ask /v2/health/ready every 50 ms until the server stops answering; each answer's
+    status with whether every request had finished when it came back (read after
+    the answer, so `False` means the requests were still in flight when it was given)."""
+    answers = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                status = reply.status
+        except urllib.error.HTTPError as error:
+            status = error.code
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            break  # the listener is closed: the drain is over
+        answers.append((status, requests_done()))
+        time.sleep(0.05)
+    return answers
+
+
+def test_sigterm_drains_in_flight_requests_while_readiness_is_400(tmp_path):
+    """What Kubernetes reads during a pod's termination: from SIGTERM on, the readiness
+    probe gets Triton's 400 (so no new traffic is routed here) while the requests
+    already executing finish successfully; then the process exits 0."""
     (tmp_path / "slow" / "1").mkdir(parents=True)
     (tmp_path / "slow" / "config.pbtxt").write_text(SLOW)
     server = ServerProcess(["--model-repository", str(tmp_path), "--exit-timeout-secs=20"])
     server.start()
+    ready_url = f"http://{server.http_url}/v2/health/ready"
     results: dict = {}
     threads = [threading.Thread(target=send, args=(module, url, value, results))
                for value, (module, url) in enumerate(
                    [(httpclient, server.http_url)] * 2 + [(grpcclient, server.grpc_url)] * 2)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)  # the requests are now executing (each takes 1.5 s)
+    time.sleep(0.5)  # the requests are now executing (each takes 3 s)
+    server.proc.send_signal(signal.SIGTERM)
+    answers = readiness_answers(ready_url, lambda: len(results) == len(threads))
     status = server.stop(timeout=30)
     for thread in threads:
         thread.join(30)
     assert status == 0, server.output
     assert results == {0: 0, 1: 1, 2: 2, 3: 3}, results
     assert "Server stopped" in server.output
+    statuses = [answer for answer, _ in answers]
+    assert (400, False) in answers, f"no 400 while requests were in flight: {answers}"
+    # Once not ready, never ready again until the process is gone.
+    assert 200 not in statuses[statuses.index(400):], answers
 
 
 STUCK_MODEL = '''
