@@ -3,6 +3,10 @@ clocks: no threads, no sleeps."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from google.protobuf import text_format
@@ -182,6 +186,29 @@ def test_higher_priority_levels_are_served_first():
          request("beyond", priority=9))
     assert ids(batcher.take(0).batch) == ["high", "default"]
     assert ids(batcher.take(0).batch) == ["beyond", "low"]  # 9 is out of range: default level
+
+
+LARGEST_LEVELS = 2**64 - 1
+
+
+def _form_with_the_largest_priority_levels() -> None:
+    """Run in a child under a memory cap: a queue made per level would need 2^64."""
+    batcher = former(f"dynamic_batching {{ priority_levels: {LARGEST_LEVELS} "
+                     f"default_priority_level: {LARGEST_LEVELS} }}", max_batch_size=2)
+    fill(batcher, request("default"), request("top", priority=1),
+         request("last", priority=LARGEST_LEVELS - 1))
+    assert ids(batcher.take(0).batch) == ["top", "last"]
+    assert ids(batcher.take(0).batch) == ["default"]
+
+
+def test_the_largest_priority_levels_load_and_order_as_on_triton():
+    """Triton 2.51 loads `priority_levels: 18446744073709551615`."""
+    code = ("import resource, sys; sys.path[:0] = sys.argv[1:]; "
+            "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+            "import test_sched_batch_former as t; t._form_with_the_largest_priority_levels()")
+    result = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_max_queue_size_refuses_with_triton_message():

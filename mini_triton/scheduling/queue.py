@@ -10,6 +10,7 @@ at (`expire`).
 
 from __future__ import annotations
 
+import bisect
 import collections
 from dataclasses import dataclass
 
@@ -110,39 +111,55 @@ class LevelQueue:
 
 
 class PriorityQueues:
-    """The levels of a `dynamic_batching` config (one level when it has none)."""
+    """The levels of a `dynamic_batching` config (one level when it has none).
+
+    A level's queue is made when a request first asks for it: a config may name
+    up to 2^64-1 levels (Triton loads that), of which a workload uses a few."""
 
     def __init__(self, dyn: mc.ModelDynamicBatching | None = None):
         dyn = dyn if dyn is not None else mc.ModelDynamicBatching()
-        count = max(1, dyn.priority_levels)
+        self.level_count = max(1, dyn.priority_levels)
         self.default_level = 1
         if dyn.priority_levels:
             default = dyn.default_priority_level
-            self.default_level = default if 1 <= default <= count else count
-        default_policy = QueuePolicy.from_config(dyn.default_queue_policy)
-        self.levels = [
-            LevelQueue(QueuePolicy.from_config(dyn.priority_queue_policy[level])
-                       if level in dyn.priority_queue_policy else default_policy)
-            for level in range(1, count + 1)
-        ]
+            self.default_level = default if 1 <= default <= self.level_count \
+                else self.level_count
+        self._default_policy = QueuePolicy.from_config(dyn.default_queue_policy)
+        self._policies = {level: QueuePolicy.from_config(policy)
+                          for level, policy in dyn.priority_queue_policy.items()}
+        # The queues made so far, served in order of their level numbers.
+        self.levels: list[LevelQueue] = []
+        self._numbers: list[int] = []
+        self._by_number: dict[int, LevelQueue] = {}
         # Entries queued, kept as they come and go: schedulers ask it several times
         # a request, and reading an attribute costs no Python call.
         self.count = 0
         # The common config, one level whose policy bounds neither size nor time: no
         # entry there ever has a deadline or moves to `delayed`, so requests join and
         # leave its `waiting` deque directly (None for any other config).
-        only = self.levels[0]
-        self.plain = only if count == 1 and not only.policy.max_queue_size \
+        only = self.level(self.default_level)
+        self.plain = only if self.level_count == 1 and not only.policy.max_queue_size \
             and not only.policy.default_timeout_us else None
 
     def __len__(self) -> int:
         return self.count
 
-    def level_of(self, priority: int) -> int:
-        """0-based level index; priority 0 or beyond the last level means the default."""
-        if priority <= 0 or priority > len(self.levels):
-            priority = self.default_level
-        return priority - 1
+    def level_number(self, priority: int) -> int:
+        """The level a request's priority puts it in: 0 or beyond the last is the default."""
+        if priority <= 0 or priority > self.level_count:
+            return self.default_level
+        return priority
+
+    def level(self, number: int) -> LevelQueue:
+        """The queue of level `number`, made on first use."""
+        queue = self._by_number.get(number)
+        if queue is None:
+            queue = LevelQueue(self._policies.get(number, self._default_policy))
+            at = bisect.bisect(self._numbers, number)
+            self._numbers.insert(at, number)
+            self.levels.insert(at, queue)
+            self._by_number[number] = queue
+        return queue
 
     def add(self, request, now_ns: int) -> Entry:
         """Queue a request; raises UNAVAILABLE "Exceeds maximum queue size"."""
@@ -151,7 +168,7 @@ class PriorityQueues:
             entry = Entry(request, now_ns)
             plain.waiting.append(entry)
         else:
-            entry = self.levels[self.level_of(request.priority)].add(request, now_ns)
+            entry = self.level(self.level_number(request.priority)).add(request, now_ns)
         self.count += 1
         return entry
 
