@@ -13,6 +13,7 @@ _BACKENDS = {
     "python": "mini_triton.backends.python:PythonBackend",
     "onnxruntime": "mini_triton.backends.onnxruntime:OnnxRuntimeBackend",
     "tensorrt": "mini_triton.backends.tensorrt:TensorRTBackend",
+    "pytorch": "mini_triton.backends.pytorch:PyTorchBackend",
     "ensemble": "mini_triton.backends.ensemble:EnsembleBackend",
     "fil": "mini_triton.backends.fil:FilBackend",
     "openvino": "mini_triton.backends.openvino:OpenVinoBackend",
@@ -23,6 +24,7 @@ _BACKENDS = {
 _EXTRAS = {
     "onnxruntime": "onnx",
     "tensorrt": "tensorrt",
+    "pytorch": "pytorch",
     "fil": "fil",
     "openvino": "openvino",
 }
