@@ -61,7 +61,7 @@ KNOWN_OPEN: dict[str, str] = {}
 # Error and empty replies: Triton says text/plain for a JSON body; we say application/json
 # (on purpose): compared as equal.
 _CONTENT_TYPES_ALIKE = {"text/plain", "application/json"}
-MODELS = ("echo", "gen", "gen_stream", "pipeline", "seq", "step_a", "step_b")
+MODELS = ("echo", "gen", "gen_stream", "pipeline", "seq", "step_a", "step_b", "warm")
 
 
 def start(name: str, python: str, out_dir: Path) -> Server:

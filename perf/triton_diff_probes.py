@@ -453,7 +453,7 @@ def _late_calls():
         client_of = http_client if p == "http" else grpc_client
         conv = (lambda v: v) if p == "http" else as_dict
         kw = {} if p == "http" else {"as_json": True}
-        for model in ("echo", "pipeline", "seq", ""):
+        for model in ("echo", "pipeline", "seq", "warm", ""):
             calls.append((f"{p} statistics {model or 'all'}", partial(
                 lambda t, c, m, k, cv: caught(lambda: scrub(
                     _answer(c(t).get_inference_statistics(m, **k), cv))),

@@ -1,7 +1,7 @@
 """Model warmup (`model_warmup`) as Triton's L0_warmup exercises it: every instance runs
 its samples before the model is READY, a failing sample fails the load naming the
 sample and its inputs, a sample that does not fit the config is a load error naming
-the place in config.pbtxt, and warmup counts in neither statistics nor metrics.
+the place in config.pbtxt, and warmup counts in statistics and metrics as on Triton.
 Driven by stock tritonclient over HTTP and gRPC."""
 
 from __future__ import annotations
@@ -233,11 +233,27 @@ def test_every_instance_runs_its_samples_before_the_model_is_ready(repository, s
         assert [json.loads(line) for line in lines[:4]] == [[1.5, 1.5]] * 3 + [[0.0]]
 
 
+def _executions_of_size(stats: dict, size: int) -> int:
+    return sum(int(entry["compute_infer"]["count"]) for entry in stats.get("batch_stats", [])
+               if int(entry["batch_size"]) == size)
+
+
 @pytest.mark.parametrize("mode", ["process", "thread"])
-def test_warmup_is_not_counted_in_statistics_or_metrics(proto, server, mode):
+def test_warmup_is_counted_in_statistics_and_metrics_as_on_triton(proto, server, mode):
+    """Triton 2.51 counts warmup: two instances, each ran "from file" (batch 2) three
+    times and "zeros" (batch 1) once: 14 inferences in 8 executions before READY."""
     model = f"recording_{mode}"
     assert proto.client.is_model_ready(model)
     before = proto.model_statistics(model)
+    # The other protocol's run of this test may have sent one request of batch 1.
+    clients_sent = _executions_of_size(before, 1) - 2
+    assert clients_sent in (0, 1)
+    assert _executions_of_size(before, 2) == 6
+    assert int(before["inference_count"]) == 14 + clients_sent
+    assert int(before["execution_count"]) == 8 + clients_sent
+    assert int(before["inference_stats"]["success"]["count"]) == 14 + clients_sent
+    assert int(before["inference_stats"]["queue"]["count"]) == 14 + clients_sent
+    assert int(before["last_inference"]) > 0
     result = infer(proto, model, np.full((1, 4), 9.0, np.float32))
     # The instance saw its 7 warmup requests before this one (and maybe earlier tests').
     assert int(result.as_numpy("SEEN")[0, 0]) >= 8
@@ -337,7 +353,10 @@ def test_onnx_models_warm_up_with_zero_random_and_string_file_data(onnx_server, 
     proto = connect(protocol, onnx_server)
     try:
         assert proto.client.is_model_ready("adder") and proto.client.is_model_ready("text")
-        assert int(proto.model_statistics("adder").get("execution_count", 0)) == 0
+        # Counted as on Triton: two instances (the CPU default), each ran "mixed"
+        # (batch 8) twice; the fixture's server is this test's alone.
+        stats = proto.model_statistics("adder")
+        assert (int(stats["execution_count"]), int(stats["inference_count"])) == (4, 32)
         message = load_error(proto, "adder_misfit")
         assert "adder_misfit/config.pbtxt:8:17: " in message and "batch_size 9" in message
         assert proto.client.is_model_ready("adder")

@@ -93,7 +93,7 @@ def _start_version(context: ModelContext) -> LoadedVersion:
             for index in range(group.count):
                 instances.append(
                     backend.create_instance(len(instances), kind, devices[index % len(devices)]))
-                warm_up(instances[-1], samples, context, len(instances) - 1)
+                warm_up(instances[-1], samples, context, len(instances) - 1, stats)
         scheduler = create_scheduler(context, backend, instances, stats)
     except BaseException:
         for instance in instances:

@@ -9,8 +9,9 @@ the raw row-major bytes of a file (`input_data_file`; BYTES elements as
 4-byte lengths and their bytes) in the version's `warmup/` folder or, as
 in Triton, the model's.
 
-Warmup requests go straight to the instance, past the scheduler: they are
-neither inferences nor executions in the model's statistics and metrics. A
+Warmup requests go straight to the instance, past the scheduler, and count in
+the model's statistics and metrics as Triton 2.51 counts them: each request an
+inference (queued for no time), each execution one of its batch size. A
 response with an error fails the load with Triton's words, "failed to run
 warmup sample 'NAME': ERROR; ", followed by the instance and the inputs.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +33,8 @@ from ..core import datatypes
 from ..core.errors import TritonError, invalid_arg
 from ..core.request import InferenceRequest
 from ..core.tensor import Tensor
-from .base import _answers_within_execute
+from ..core.stats import ModelStats
+from .base import _answers_within_execute, begin_batch, end_batch
 from .batch_inputs import BatchInputs
 
 log = logging.getLogger("mini_triton.scheduling")
@@ -77,8 +80,10 @@ def warmup_samples(context) -> list[WarmupSample]:
     return samples
 
 
-def warm_up(instance, samples: list[WarmupSample], context, index: int) -> None:
-    """Run every sample on `instance`; INVALID_ARG when one of its responses fails."""
+def warm_up(instance, samples: list[WarmupSample], context, index: int,
+            stats: ModelStats) -> None:
+    """Run every sample on `instance`, counted in `stats`; INVALID_ARG when one of its
+    responses fails."""
     if not samples:
         return
     config = context.config
@@ -94,7 +99,7 @@ def warm_up(instance, samples: list[WarmupSample], context, index: int) -> None:
             requests = sample.requests(config.name, str(context.version), batched, decoupled)
             if batch_inputs is not None:
                 batch_inputs.add(requests)
-            errors = _run(instance, requests, answers_in_execute)
+            errors = _run(instance, requests, answers_in_execute, stats)
             if errors:
                 inputs = ", ".join(f"'{t.name}'" for t in sample.inputs) or "none"
                 raise invalid_arg(
@@ -129,24 +134,38 @@ class _Collector:
                     self.done.set()
 
 
-def _run(instance, requests: list, answers_in_execute: bool) -> list[str]:
+def _run(instance, requests: list, answers_in_execute: bool, stats: ModelStats) -> list[str]:
     collector = _Collector(len(requests))
+    queued = time.monotonic_ns()
+    record = _request_recorder(stats)
     for request in requests:
         request.stream = collector
+        request.queue_start_ns = queued
+        request.on_complete = record
+    taps, start = begin_batch(instance, requests, stats)
     try:
-        instance.execute(requests)
+        timing = instance.execute(requests)
     except TritonError as error:
         return [error.message]
     except Exception as error:  # model code failed outside a response
         return [f"{type(error).__name__}: {error}"]
-    if answers_in_execute:
-        unanswered = sum(1 for request in requests if not request.completed)
-        if unanswered:
-            collector.errors.append(f"the model sent no response for {unanswered} request(s)")
-    elif not collector.done.wait(WARMUP_TIMEOUT_S):
+    # Records the execution and releases the held final responses; a request the
+    # model left unanswered within execute is failed here, in the scheduler's words.
+    end_batch(instance, requests, taps, start, timing, stats)
+    if not answers_in_execute and not collector.done.wait(WARMUP_TIMEOUT_S):
         collector.errors.append(
             f"the model did not finish its responses within {WARMUP_TIMEOUT_S:.0f} s")
     return collector.errors
+
+
+def _request_recorder(stats: ModelStats):
+    """A warmup request's final response, counted as the service counts a client's."""
+
+    def record(request: InferenceRequest, response) -> None:
+        elapsed = time.monotonic_ns() - request.arrival_ns
+        stats.record_request(elapsed, response.error is None, "BACKEND")
+
+    return record
 
 
 # --- the data of one input ---
