@@ -12,6 +12,7 @@ GTIL for legacy XGBoost binaries and Treelite checkpoints, which nothing else re
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,8 @@ from .settings import FilSettings
 # against 74k).
 NATIVE_XGBOOST_FROM_ROWS = 32
 _LIGHTGBM_END = b"end of trees"
+# "[07:47:25] /project/src/model_loader/lightgbm.cc:312: " before a Treelite message
+_SOURCE_PREFIX = re.compile(r"^(\[[\d:]+\] )?(\S+:\d+: )?")
 
 
 class Forest:
@@ -112,6 +115,6 @@ def _xgboost_predict(path: Path, nthread: int):
 
 
 def _first_line(error: Exception) -> str:
-    """A library's message without its source location or stack trace."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return text.split("] ", 1)[-1] if text.startswith("[") else text
+    """A library's message without its time stamp, source location or stack trace."""
+    lines = str(error).strip().splitlines()
+    return _SOURCE_PREFIX.sub("", lines[0]) if lines else type(error).__name__
