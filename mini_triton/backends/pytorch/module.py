@@ -7,6 +7,7 @@ archive without TorchScript's code) is told apart from a file that is not an arc
 
 from __future__ import annotations
 
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -32,7 +33,9 @@ def model_path(config: mc.ModelConfig, version_dir: Path) -> Path:
 def load_module(path: Path, model: str, device: torch.device | None):
     """The TorchScript module in `path`, on `device` (None: where it was saved)."""
     try:
-        return torch.jit.load(str(path), map_location=device)
+        with warnings.catch_warnings():  # torch 2.9+ calls TorchScript deprecated
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.load(str(path), map_location=device)
     except Exception as error:  # torch raises RuntimeError with a C++ trace for bad files
         raise unavailable(
             f"failed to load model '{model}': '{path}' is not TorchScript: {_why(path, error)}; "
