@@ -1,5 +1,6 @@
 """What the tests of the deployment files share: where the files are, Triton's metric
-families, the server's ports, and reading a tool's path or a flag's value."""
+families, the server's ports, reading a tool's path or a flag's value, and checking
+the server's arguments a deployment file gives."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from mini_triton.cli import build_parser, settings_from
+from mini_triton.triton_flags import BY_NAME, NOT_HONOURED
+
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -15,6 +19,7 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "mini-triton.json"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 KUBERNETES = DEPLOY / "kubernetes"
 KSERVE = DEPLOY / "kserve"
+HELM_CHART = DEPLOY / "helm" / "mini-triton"  # templates: YAML only once rendered
 DOCS = ROOT / "docs" / "observability.md"  # where the dashboard panels are explained
 
 
@@ -58,3 +63,14 @@ def _flag(args: list[str], name: str, default: str | None = None) -> str | None:
         if arg == name and i + 1 < len(args):
             return args[i + 1]
     return default
+
+
+def check_server_arguments(where: str, args: list[str]) -> None:
+    """`args` parse as the server parses them, and each flag is a tritonserver flag
+    honoured here (`where` names the file in the failure)."""
+    settings_from(build_parser().parse_args(args))  # exits on a bad flag or value
+    for arg in args:
+        name = arg.split("=", 1)[0].removeprefix("--")
+        if arg.startswith("--"):
+            assert name in BY_NAME, f"{where}: {arg} is not a tritonserver flag"
+            assert name not in NOT_HONOURED, f"{where}: {arg} is not honoured here"

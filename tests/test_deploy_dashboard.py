@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
-import time
-import urllib.error
-import urllib.parse
 import urllib.request
 
 import pytest
 import yaml
 
-from conftest import free_port
 from deploy_files import DASHBOARD, DOCS, ROOT, TRITON_METRICS, _tool
+from prometheus_server import query, running_prometheus, sample_values, wait_until
 
 
 METRIC_NAME = re.compile(r"\bnv_[A-Za-z0-9_]+")
@@ -203,89 +199,19 @@ def test_metrics_endpoint_serves_every_metric_the_dashboard_names(served):
             assert name in exposed, f"panel {title!r} queries {name}, absent from /metrics"
 
 
-def _get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
-
-
 @pytest.fixture(scope="module")
 def prometheus(served, tmp_path_factory):
     """A real Prometheus scraping the test server every second; yields its base URL."""
-    binary = _tool("prometheus")
-    folder = tmp_path_factory.mktemp("prometheus")
-    metrics = urllib.parse.urlsplit(served.metrics_url)
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{
-            "job_name": "mini-triton",
-            "metrics_path": metrics.path,
-            "static_configs": [{"targets": [metrics.netloc]}],
-        }],
-    }
-    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (folder / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [binary, f"--config.file={folder / 'prometheus.yml'}",
-         f"--storage.tsdb.path={folder / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait(lambda: _ready(base), 30, proc, folder)
+    with running_prometheus(tmp_path_factory.mktemp("prometheus"), served.metrics_url) as base:
         yield base
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def _ready(base: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
-
-
-def _wait(condition, timeout: float, proc=None, folder=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            pytest.fail("prometheus exited:\n" + (folder / "prometheus.log").read_text())
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.25)
-    log = (folder / "prometheus.log").read_text() if folder else ""
-    pytest.fail(f"timed out after {timeout}s\n{log}")
-
-
-def _query(base: str, promql: str) -> dict:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    try:
-        body = _get_json(url)
-    except urllib.error.HTTPError as error:
-        body = json.loads(error.read())
-    assert body["status"] == "success", f"{promql}: {body}"
-    return body["data"]
-
-
-def _values(data: dict) -> list[float]:
-    return [float(sample["value"][1]) for sample in data["result"]]
 
 
 def test_prometheus_scrapes_inference_success_from_the_server(prometheus, served):
     def successes():
-        values = _values(_query(prometheus, "nv_inference_request_success"))
+        values = sample_values(query(prometheus, "nv_inference_request_success"))
         return values if values and max(values) > 0 else None
 
-    values = _wait(successes, 30)
+    values = wait_until(successes, 30)
     assert max(values) >= 5
 
 
@@ -294,13 +220,13 @@ def test_prometheus_evaluates_every_dashboard_query(prometheus, served):
     def rate_seen():
         _infer(served.http_url, count=3)
         promql = 'sum(rate(nv_inference_request_success{model="identity_fp32"}[30s]))'
-        values = _values(_query(prometheus, promql))
+        values = sample_values(query(prometheus, promql))
         return values and values[0] > 0
 
-    _wait(rate_seen, 45)
+    wait_until(rate_seen, 45)
     empty = []
     for title, expr in _exprs(_dashboard()):
-        data = _query(prometheus, _as_promql(expr, window="30s"))
+        data = query(prometheus, _as_promql(expr, window="30s"))
         if not data["result"] and "nv_inference_request_failure" not in expr:
             empty.append((title, expr))
     assert not empty, f"queries with no data: {empty}"
