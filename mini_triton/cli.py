@@ -38,6 +38,7 @@ from .server import Settings, run
 from .flag_types import (boolean, integer, non_negative, non_negative_float,  # noqa: F401
                          non_negative_seconds, port, positive)
 from .grpc_flags import add_grpc_flags, grpc_http2_limits, grpc_options
+from .bound_flags import add_bound_flags, bound_settings
 from .endpoint_flags import (add_endpoint_flags, check_port_collisions, sagemaker_settings,
                              vertex_mode, vertex_settings)
 
@@ -210,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES", help="largest gRPC request message, after inflating a compressed "
         "one; larger is RESOURCE_EXHAUSTED")
     add_grpc_flags(add)
+    add_bound_flags(add)
     add("--backend-config", action="append", type=backend_config, default=[],
         metavar="[BACKEND,]SETTING=VALUE", help="a backend setting, e.g. "
         "default-max-batch-size=8 or onnxruntime,default-max-batch-size=8 (repeatable); "
@@ -357,6 +359,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         grpc_transport=args.grpc_transport,
         grpc_max_receive_message_size=args.grpc_max_receive_message_size,
         grpc_limits=grpc_http2_limits(args), grpc_options=grpc_options(args),
+        **bound_settings(args),
         response_cache_bytes=parse_cache_config(args.cache_config,
                                                 args.response_cache_byte_size),
         rate_limit=args.rate_limit, rate_limit_resources=args.rate_limit_resource,

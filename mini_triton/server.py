@@ -14,6 +14,7 @@ from pathlib import Path
 from . import TRITON_VERSION, __version__
 from .core.collector import settle_garbage_collector
 from .core.response_cache import ResponseCache
+from .core.stream_budget import DEFAULT_STREAM_MAX_TOTAL_QUEUED_BYTES, StreamBudget
 from .frontends import grpc_server
 from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
                                       DEFAULT_MAX_URL_SIZE, HeadLimits, HttpReply,
@@ -21,6 +22,7 @@ from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_H
 from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
                                     DEFAULT_MAX_PIPELINED_REQUESTS,
                                     DEFAULT_STREAM_MAX_QUEUED_BYTES, ConnectionLimits)
+from .frontends.accept_gate import AcceptLimits
 from .frontends.http_listener import start_server
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
 from .frontends.http2_limits import Http2Limits
@@ -99,6 +101,10 @@ class Settings:
     http_max_pipelined_requests: int = DEFAULT_MAX_PIPELINED_REQUESTS
     http_max_connections: int = DEFAULT_MAX_CONNECTIONS  # per HTTP port; 0: no limit
     http_stream_max_queued_bytes: int = DEFAULT_STREAM_MAX_QUEUED_BYTES  # 0: no limit
+    # every stream's queued responses together (--stream-max-total-queued-bytes; 0: no limit)
+    stream_max_total_queued_bytes: int = DEFAULT_STREAM_MAX_TOTAL_QUEUED_BYTES
+    # --tls-handshake-timeout-secs, --file-descriptor-reserve: every port's accepting
+    accept_limits: AcceptLimits = field(default_factory=AcceptLimits)
     metrics_config: dict = field(default_factory=dict)
     allow_cpu_metrics: bool = True
     pinned_memory_pool_byte_size: int = DEFAULT_PINNED_POOL_BYTES  # reported, not allocated
@@ -161,6 +167,7 @@ class Server:
         self.service.server_id = settings.server_id
         self.service.tracer.update(settings.trace_settings)
         self.manager.server = self.service
+        self.service.stream_budget = StreamBudget(settings.stream_max_total_queued_bytes)
         self.metrics = Metrics(self.manager, config=settings.metrics_config,
                                allow_cpu=settings.allow_cpu_metrics,
                                interval_ms=settings.metrics_interval_ms,
@@ -280,7 +287,8 @@ class Server:
                 self.settings.grpc_transport, self.settings.grpc_tls,
                 self.settings.grpc_max_receive_message_size, self.settings.grpc_limits,
                 header_pattern=self.settings.grpc_header_pattern,
-                reuse_port=self.settings.reuse_grpc_port, options=self.settings.grpc_options)
+                reuse_port=self.settings.reuse_grpc_port, options=self.settings.grpc_options,
+                accept_limits=self.settings.accept_limits)
         except TlsError as error:
             raise StartupError(str(error)) from None
         except RuntimeError as error:
@@ -295,7 +303,8 @@ class Server:
             server, bound = await start_server(app, error_reply, address, port,
                                                self.settings.http_max_input_size, ssl_context,
                                                self._head_limits(),
-                                               self._connection_limits(), reuse_port)
+                                               self._connection_limits(), reuse_port,
+                                               self.settings.accept_limits)
         except OSError as error:
             raise StartupError(f"cannot listen on {address}:{port}: {error.strerror}") from None
         self._listeners.append(server)

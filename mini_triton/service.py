@@ -17,6 +17,7 @@ from .core.names import check_model_name
 from .core.request import FinalAnswer, InferenceRequest, InferenceResponse, ResponseStream
 from .core.response_cache import ResponseCache
 from .core.shared_memory import SharedMemoryRegistry
+from .core.stream_budget import StreamBudget
 from .core.tensor import Tensor
 from .core.validate import config_datatype, normalize
 from .logsettings import LogSettings
@@ -62,6 +63,9 @@ class InferenceService:
         self.cuda_shm = CudaSharedMemoryRegistry()
         self.tracer = Tracer()
         self.response_cache: ResponseCache | None = None  # --cache-config local,size=...
+        # Responses queued for the front ends' stream readers, server-wide
+        # (--stream-max-total-queued-bytes); None: only each stream's own bound.
+        self.stream_budget: StreamBudget | None = None
         self.log_settings = LogSettings()
         # Requests started and not yet given their final response, all models and
         # front ends (read and written on the loop): how busy the server is, for
@@ -119,10 +123,13 @@ class InferenceService:
         """Validate and schedule (on the event loop); the returned stream yields the
         responses. With a `limit`, at most that many bytes of responses wait for the
         reader; past it the request is cancelled and the stream ends with an error
-        naming `limit_name` (ResponseStream)."""
+        naming `limit_name` (ResponseStream). A front end's stream (one that names its
+        limit) counts against the server-wide `stream_budget` too."""
+        budget = self.stream_budget if limit_name else None
         stream = ResponseStream(self.loop or asyncio.get_running_loop(), self._answered,
                                 limit, limit_name,
-                                (lambda: self.cancel(request)) if limit else None)
+                                (lambda: self.cancel(request)) if limit or budget else None,
+                                budget)
         request.stream = stream
         self._start_counted(request, "", stream)
         return stream
@@ -318,8 +325,11 @@ class InferenceService:
 
     def cancel(self, request: InferenceRequest) -> None:
         """The client is gone: a queued request leaves its queue, a running one is
-        marked so that models checking `is_cancelled()` can stop."""
+        marked so that models checking `is_cancelled()` can stop, and the responses
+        waiting for the reader are dropped."""
         request.cancelled = True
+        if type(request.stream) is ResponseStream:
+            request.stream.drop()
         try:
             loaded = self.manager.get(request.model_name, request.model_version,
                                       request.model_namespace)

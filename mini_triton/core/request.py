@@ -39,21 +39,25 @@ class ResponseStream:
     the limit drops them all, ends the stream with an UNAVAILABLE error response
     saying why (`limit_name` names the setting) and calls `on_overflow` (which cancels
     the request); what the model still sends is dropped. A model is not made to wait
-    instead: an instance serves other requests too."""
+    instead: an instance serves other requests too. With a `budget` (the server-wide
+    core.stream_budget.StreamBudget) the bytes count there too, and the budget may end
+    the stream the same way; `drop` empties the queue once the reader is gone."""
 
     __slots__ = ("_loop", "_items", "_waiter", "_done", "on_settled", "limit", "limit_name",
-                 "on_overflow", "_queued", "_overflowed")
+                 "on_overflow", "_queued", "_overflowed", "budget", "_counted")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_settled=None, limit: int = 0,
-                 limit_name: str = "", on_overflow=None):
+                 limit_name: str = "", on_overflow=None, budget=None):
         self._loop = loop
         self._items: collections.deque = collections.deque()
         self._waiter: asyncio.Future | None = None
         self._done = False
         self.on_settled = on_settled  # called once, on the loop, with the final response
         self.limit, self.limit_name, self.on_overflow = limit, limit_name, on_overflow
-        self._queued = 0  # bytes of the responses waiting (counted with a limit only)
-        self._overflowed = False
+        self.budget = budget
+        self._counted = bool(limit) or budget is not None  # sizes are counted
+        self._queued = 0  # bytes of the responses waiting (counted only when _counted)
+        self._overflowed = False  # ended early: what the model still sends is dropped
 
     def settle(self) -> None:
         """The request has its final response (or never will): call `on_settled`, once."""
@@ -73,13 +77,15 @@ class ResponseStream:
     def _push(self, response: InferenceResponse) -> None:
         if response.final:
             self.settle()
-        if self.limit:
+        if self._counted:
             if self._overflowed:
                 return
             size = response_size(response)
-            if self._items and self._queued + size > self.limit:
+            if self.limit and self._items and self._queued + size > self.limit:
                 self._overflow(size)
                 return
+            if self.budget is not None and not self.budget.charge(self, size):
+                return  # the budget ended this stream (evict)
             self._queued += size
         self._items.append(response)
         self._wake()
@@ -91,19 +97,36 @@ class ResponseStream:
             waiter.set_result(None)
 
     def _overflow(self, size: int) -> None:
+        self._end(f"the client has not read {self._queued} bytes of this request's "
+                  f"responses; a response of {size} bytes more would take them past "
+                  f"{self.limit} ({self.limit_name}): the request is cancelled")
+
+    def evict(self, message: str) -> None:
+        """The server-wide budget ends this stream (it has taken its bytes back)."""
+        self.budget = None
+        self._end(message)
+
+    def _end(self, message: str) -> None:
+        """Drop what waits, cancel the request (on_overflow), and end the stream with an
+        UNAVAILABLE error response saying `message`."""
         first = self._items[0]
-        message = (f"the client has not read {self._queued} bytes of this request's "
-                   f"responses; a response of {size} bytes more would take them past "
-                   f"{self.limit} ({self.limit_name}): the request is cancelled")
-        self._overflowed = True
-        self._items.clear()
-        self._queued = 0
+        if self.on_overflow is not None:
+            self.on_overflow()
+        self.drop()
         self._items.append(InferenceResponse(first.model_name, first.model_version, first.id,
                                              error=TritonError(Code.UNAVAILABLE,
                                                                message)))
         self._wake()
-        if self.on_overflow is not None:
-            self.on_overflow()
+
+    def drop(self) -> None:
+        """The reader is gone (or the stream ends early): what waits is dropped, its
+        bytes given back to the budget, and what the model still sends is dropped."""
+        self._counted = self._overflowed = True
+        self._items.clear()
+        self._queued = 0
+        if self.budget is not None:
+            self.budget.drop(self)
+            self.budget = None
 
     async def next(self) -> InferenceResponse:
         while not self._items:
@@ -111,8 +134,11 @@ class ResponseStream:
             await self._waiter
             self._waiter = None
         response = self._items.popleft()
-        if self.limit and not self._overflowed:
-            self._queued -= response_size(response)
+        if self._counted and not self._overflowed:
+            size = response_size(response)
+            self._queued -= size
+            if self.budget is not None:
+                self.budget.release(self, size)
         return response
 
     async def final(self) -> InferenceResponse:

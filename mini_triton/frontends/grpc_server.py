@@ -17,6 +17,7 @@ from ..core.errors import TritonError
 from ..service import InferenceService
 from . import (grpc_codec, grpc_parameters, grpc_split, grpc_stream, grpc_transport,
                grpc_wire)
+from .accept_gate import AcceptLimits
 from .errors import grpc_status
 from .grpc_wire import COMPRESSION_LEVELS
 from .header_forward import forward_headers
@@ -389,7 +390,8 @@ async def start_server(service: InferenceService, address: str, port: int,
                        transport: str = "native", tls: TlsFiles | None = None,
                        max_receive_message_size: int = MAX_MESSAGE_SIZE,
                        limits: Http2Limits | None = None, *, header_pattern=None,
-                       reuse_port: bool = False, options: GrpcOptions | None = None):
+                       reuse_port: bool = False, options: GrpcOptions | None = None,
+                       accept_limits: AcceptLimits = AcceptLimits()):
     """The gRPC front end listening on address:port; returns it (with `stop(grace)`)
     and the bound port. `native` is our own HTTP/2 transport, `grpcio` grpc.aio;
     `tls` puts TLS on the port (either transport). A request message larger than
@@ -397,7 +399,8 @@ async def start_server(service: InferenceService, address: str, port: int,
     `limits` are the HTTP/2 limits (on grpc.aio, those grpc core has); `options` the
     front end's own. Metadata whose name `header_pattern` finds becomes request
     parameters; `reuse_port` lets other servers that set it listen on the same port
-    (SO_REUSEPORT)."""
+    (SO_REUSEPORT); `accept_limits` bound TLS handshakes and keep file descriptors free
+    (our transport; grpc core accepts on its own)."""
     frontend = GrpcFrontend(service, restricted, header_pattern, options)
     if transport == "grpcio":
         server, bound = create_grpcio_server(frontend, address, port, tls,
@@ -413,7 +416,7 @@ async def start_server(service: InferenceService, address: str, port: int,
                                        service.tracer)
     context = server_context(tls, ["h2"]) if tls is not None else None
     try:
-        bound = await server.listen(address, port, context, reuse_port)
+        bound = await server.listen(address, port, context, reuse_port, accept_limits)
     except OSError as error:
         raise RuntimeError(error.strerror) from None
     return server, bound

@@ -68,13 +68,16 @@ def wants_grpc_errors(context) -> bool:
 
 class StreamOutbox:
     """The responses of one stream waiting for the transport, at most `limit` bytes
-    (0: no limit). `get` returns the next, or None when the stream has ended; after an
-    overflow `overflow` says why, and `on_overflow` was called to stop the requests."""
+    (0: no limit), counted against the server-wide `budget` too (a
+    core.stream_budget.StreamBudget, which may end the stream: `evict`). `get` returns
+    the next, or None when the stream has ended; after an overflow `overflow` says
+    why, and `on_overflow` was called to stop the requests."""
 
-    __slots__ = ("limit", "size", "items", "waiter", "overflow", "on_overflow")
+    __slots__ = ("limit", "size", "items", "waiter", "overflow", "on_overflow", "budget")
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, budget=None):
         self.limit = limit
+        self.budget = budget
         self.size = 0
         self.items: collections.deque = collections.deque()
         self.waiter: asyncio.Future | None = None
@@ -107,20 +110,28 @@ class StreamOutbox:
         if self.limit and self.size and self.size + size > self.limit:
             self._overflowed(size)
             return False
+        if size and self.budget is not None and not self.budget.charge(self, size):
+            return False  # the budget ended this stream (evict)
         self.size += size
         return True
 
     def release(self, size: int) -> None:
         if self.overflow is None:
             self.size -= size
+            if self.budget is not None:
+                self.budget.release(self, size)
 
     def _overflowed(self, size: int) -> None:
-        self.overflow = (
+        self.evict(
             f"the client has not read {self.size} bytes of this stream's responses; a "
             f"response of {size} bytes more would take them past {self.limit} "
             "(--grpc-stream-max-queued-bytes): the stream's requests are cancelled")
-        self.items.clear()
-        self.size = 0
+
+    def evict(self, message: str) -> None:
+        """End the stream RESOURCE_EXHAUSTED saying `message`: what waits is dropped
+        and its requests cancelled (the budget calls this, too)."""
+        self.overflow = message
+        self.close()
         self.items.append((None, 0))
         self._wake()
         if self.on_overflow is not None:
@@ -137,8 +148,16 @@ class StreamOutbox:
             await self.waiter
             self.waiter = None
         message, size = self.items.popleft()
-        self.size -= size
+        self.release(size)
         return message
+
+    def close(self) -> None:
+        """The stream is over: what still waits is dropped, its bytes given back."""
+        self.items.clear()
+        self.size = 0
+        if self.budget is not None:
+            self.budget.drop(self)
+            self.budget = None
 
 
 async def stream_responses(service, request_messages, context, decode, limit: int,
@@ -150,7 +169,7 @@ async def stream_responses(service, request_messages, context, decode, limit: in
     gRPC-error mode the first error ends it with its status. Either way the requests
     still in flight are cancelled. With `max_in_flight` requests under way, the next is
     not read until one ends (read_requests)."""
-    outbox = StreamOutbox(limit)
+    outbox = StreamOutbox(limit, service.stream_budget)
     traced: set = set()  # the stamps of its traced requests whose traces are not written
     reader = asyncio.create_task(read_requests(service, request_messages, decode, outbox,
                                                wants_grpc_errors(context), max_in_flight,
@@ -171,6 +190,7 @@ async def stream_responses(service, request_messages, context, decode, limit: in
             yield message
     finally:
         reader.cancel()
+        outbox.close()
         for stamps in list(traced):  # responses not written will not be (Triton writes
             stamps.stream_ended()    # what it has of a request as its stream ends)
     if outbox.overflow is not None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from .accept_gate import AcceptGate, AcceptLimits, listen
 from .grpc_calls import (AbortError, CallContext, GrpcCalls, Method, RawRequest,  # noqa: F401
                          Stream)
 from .grpc_hpack import HeaderDecoder  # noqa: F401
@@ -74,7 +75,7 @@ class GrpcServer:
         self.connections: set[GrpcConnection] = set()
         self.over_limit = 0  # of them, opened past limits.max_connections: refused
         self.closing = False
-        self._server: asyncio.AbstractServer | None = None
+        self._server: AcceptGate | None = None
         self._tick = self.limits.tick()
         self._clock = self.loop.call_later(self._tick, self._look_at_clocks)
 
@@ -88,12 +89,17 @@ class GrpcServer:
         self._clock = self.loop.call_later(self._tick, self._look_at_clocks)
 
     async def listen(self, address: str, port: int, ssl_context=None,
-                     reuse_port: bool = False) -> int:
-        # The address as given, as the HTTP service binds it: no host would bind one
-        # socket per address family, each with its own port when the port is 0.
-        self._server = await self.loop.create_server(lambda: GrpcConnection(self), address,
-                                                     port, reuse_address=True, backlog=1024,
-                                                     ssl=ssl_context, reuse_port=reuse_port)
+                     reuse_port: bool = False,
+                     accept_limits: AcceptLimits = AcceptLimits()) -> int:
+        """Listen through an accept gate (accept_gate.py: TLS handshakes count against
+        max_connections and time out; accepting pauses when file descriptors run
+        short). The address as given, as the HTTP service binds it: no host would bind
+        one socket per address family, each with its own port when the port is 0."""
+        self._server = await listen(
+            lambda: GrpcConnection(self), address, port, ssl_context=ssl_context,
+            reuse_port=reuse_port, max_connections=self.limits.max_connections,
+            open_connections=lambda: len(self.connections) - self.over_limit,
+            limits=accept_limits, name="gRPC")
         return self._server.sockets[0].getsockname()[1]
 
     def begin_shutdown(self) -> None:

@@ -1,12 +1,14 @@
 """The listening side of the HTTP/1.1 server: a socket, the connections it accepted
-(counted against --http-max-connections by each connection itself), and closing them
-when the server stops."""
+(counted against --http-max-connections by each connection itself, and by the accept
+gate while their TLS handshakes run: accept_gate.py), and closing them when the server
+stops."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Callable
 
+from .accept_gate import AcceptGate, AcceptLimits, listen
 from .http_limits import ConnectionLimits, HeadLimits
 from .http_protocol import App, HttpProtocol, HttpReply
 
@@ -15,7 +17,7 @@ class Listener:
     """A listening socket and the connections it accepted."""
 
     def __init__(self):
-        self.server: asyncio.AbstractServer | None = None
+        self.server: AcceptGate | None = None
         self.connections: set[HttpProtocol] = set()
 
     def close(self) -> None:
@@ -41,14 +43,18 @@ async def start_server(app: App, router_error: Callable[[int, str], HttpReply],
                        host: str, port: int, max_body: int,
                        ssl_context=None, limits: HeadLimits = HeadLimits(),
                        connection_limits: ConnectionLimits = ConnectionLimits(),
-                       reuse_port: bool = False) -> tuple[Listener, int]:
+                       reuse_port: bool = False,
+                       accept_limits: AcceptLimits = AcceptLimits()) -> tuple[Listener, int]:
     """Listen on host:port (0 = any free port); returns the listener and the bound port.
     With `ssl_context` the port speaks HTTPS only; with `reuse_port` other servers that
-    set it may listen on the same port (SO_REUSEPORT: the kernel spreads connections)."""
-    loop = asyncio.get_running_loop()
+    set it may listen on the same port (SO_REUSEPORT: the kernel spreads connections).
+    `accept_limits`: the TLS handshake timeout and the file descriptors kept free."""
     listener = Listener()
-    listener.server = await loop.create_server(
-        lambda: HttpProtocol(app, router_error, max_body, listener.connections, limits,
+    connections = listener.connections
+    listener.server = await listen(
+        lambda: HttpProtocol(app, router_error, max_body, connections, limits,
                              connection_limits),
-        host, port, reuse_address=True, backlog=1024, ssl=ssl_context, reuse_port=reuse_port)
+        host, port, ssl_context=ssl_context, reuse_port=reuse_port,
+        max_connections=connection_limits.max_connections,
+        open_connections=connections.__len__, limits=accept_limits, name="HTTP")
     return listener, listener.server.sockets[0].getsockname()[1]
