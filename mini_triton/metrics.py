@@ -31,7 +31,7 @@ from .core.stats import ModelStats
 log = logging.getLogger("mini_triton.metrics")
 
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")  # in Triton's order
-DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99)
+DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)  # Triton 2.51's default summary_quantiles
 
 
 @dataclass(frozen=True)

@@ -196,6 +196,8 @@ def test_metrics_config_keys_follow_triton():
     assert options == MetricsOptions(counter_latencies=False, summary_latencies=True,
                                      quantiles=(0.5, 0.999))
     assert MetricsOptions.from_config({}) == MetricsOptions()
+    # Triton 2.51's summaries carry quantile="0.999" unless told otherwise.
+    assert MetricsOptions().quantiles == (0.5, 0.9, 0.95, 0.99, 0.999)
 
 
 def test_summary_window_slides_while_count_and_sum_accumulate():
