@@ -60,8 +60,6 @@ def repository(tmp_path_factory) -> Path:
     models.write(root, "ordered", models.Ordered(), models.ORDERED)
     for name, mode in (("flag_default", None), ("flag_on", "true"), ("flag_off", "false")):
         models.write(root, name, models.InferenceFlag(), models.flag_config(mode))
-    models.write(root, "as_double", models.AsDouble(), models.AS_DOUBLE)
-    models.write(root, "project", models.Project(), models.PROJECT)
     # NVIDIA's BLS example: a Python model calling the model named in MODEL_NAME, here
     # a TorchScript model called "pytorch" as in python_backend's examples.
     pytorch_example = models.ADD_SUB.replace("OUTPUT__0", "OUTPUT0").replace(
