@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Install what tests/test_deploy_*.py run for real: docker-compose (to render
 # and check docker-compose.yml), Prometheus and promtool (to check the config
-# and to scrape a live server), kubernetes-validate (Kubernetes schemas) and
-# hatchling (to build the wheel from the Docker build context); and the
+# and to scrape a live server), kubernetes-validate (Kubernetes schemas),
+# helm-python-sdk (Helm's own SDK as a library, to lint and render the chart
+# under deploy/helm: no helm binary or Go toolchain comes from the package
+# registries this project installs from) and hatchling (to build the wheel
+# from the Docker build context); and the
 # independent HTTP/2 stacks the interop tests drive: h2load (nghttp2-client)
 # and Node with @grpc/grpc-js (npm ci in tests/interop, versions from its
 # package-lock.json).
@@ -54,7 +57,7 @@ if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheu
 fi
 
 "${python}" -m pip install -q --disable-pip-version-check \
-    "kubernetes-validate>=1.28" "hatchling>=1.21"
+    "kubernetes-validate>=1.28" "hatchling>=1.21" "helm-python-sdk==0.2.2"
 
 # Exactly the locked versions; no install scripts (none of these packages needs one).
 (cd "${here}/tests/interop" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
@@ -67,3 +70,4 @@ echo "node $(node --version)"
 (cd "${here}/tests/interop" \
     && node -e "console.log('@grpc/grpc-js', require('@grpc/grpc-js/package.json').version)")
 "${python}" -c "import hatchling; from kubernetes_validate.version import __version__ as v; print('kubernetes-validate', v)"
+"${python}" -c "import helm_python as h; print('helm-python-sdk', h.helm_c_version(), 'Helm SDK', h.helm_sdk_version())"
