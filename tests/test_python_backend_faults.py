@@ -1,6 +1,6 @@
 """Model code that fails hard: the server survives, the model reports UNAVAILABLE with
 the reason, other models keep serving, in-flight requests get an error, and the model
-loads again."""
+loads again (a dead worker also restarts by itself: test_python_worker_restart)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,10 @@ def fault_server(request, tmp_path_factory):
         if mode in modes:
             source = source or FAULTY.replace("FAULT", HANG[mode])
             write_model(repository, name, config, source, mode)
-    settings = server_settings(repository, exit_on_error=False, strict_readiness=False)
+    # A dead worker restarts by itself (test_python_worker_restart); here it stays down
+    # long enough to be seen down, and an explicit load brings the model back first.
+    settings = server_settings(repository, exit_on_error=False, strict_readiness=False,
+                               backend_config={"python": {"worker-restart-backoff-ms": "60000"}})
     with ServerThread(settings) as server:
         server.mode = mode
         yield server

@@ -15,6 +15,8 @@ from typing import Callable
 
 from ..config.coverage import HONOURED
 from ..triton_flags import NOT_APPLICABLE  # a setting's status, as for a flag
+from .pytorch.settings import BOOLEANS as PYTORCH_BOOLEANS
+from .pytorch.settings import INTEGERS as PYTORCH_INTEGERS
 
 GLOBAL = ""  # the backend name of a setting for every backend
 FLAG = "--backend-config"
@@ -68,6 +70,11 @@ def _not_empty(setting: str, value: str) -> None:
         raise ValueError(f"{setting} must at least contain one character.")
 
 
+def _boolean(setting: str, value: str) -> None:
+    if value.strip().lower() not in ("true", "on", "1", "false", "off", "0"):
+        raise ValueError(f"{setting}: failed to convert '{value}' to boolean")
+
+
 def _non_negative(setting: str, value: str) -> None:
     if _whole(setting, value) < 0:
         raise ValueError(f"{setting} must be >= 0, got {value}")
@@ -85,6 +92,10 @@ class Known:
 _SHARED_MEMORY = ("Python models' tensors travel in anonymous shared-memory segments each "
                   "end creates once and reuses, allocated as used, with no region to size, "
                   "grow or name")
+# Triton's pytorch backend reads no --backend-config setting; here its model parameters
+# may be given so, as defaults for every PyTorch model.
+_PYTORCH_DEFAULT = ("the default of every PyTorch model's parameter of that name (a model's "
+                    "own parameter wins)")
 # (backend, setting) → what it is. GLOBAL settings reach every backend.
 KNOWN: dict[tuple[str, str], Known] = {
     (GLOBAL, "default-max-batch-size"): Known(
@@ -92,6 +103,9 @@ KNOWN: dict[tuple[str, str], Known] = {
         "batch (ONNX Runtime)"),
     ("onnxruntime", "default-max-batch-size"): Known(
         _non_negative, HONOURED, "the same, for ONNX Runtime models only"),
+    **{("pytorch", name): Known(_boolean, HONOURED, _PYTORCH_DEFAULT)
+       for name in PYTORCH_BOOLEANS},
+    **{("pytorch", name): Known(_whole, HONOURED, _PYTORCH_DEFAULT) for name in PYTORCH_INTEGERS},
     ("python", "shm-default-byte-size"): Known(_at_least_one_mib, NOT_APPLICABLE,
                                                _SHARED_MEMORY),
     ("python", "shm-growth-byte-size"): Known(_positive, NOT_APPLICABLE, _SHARED_MEMORY),
@@ -100,6 +114,11 @@ KNOWN: dict[tuple[str, str], Known] = {
     ("python", "stub-timeout-seconds"): Known(
         _positive, NOT_APPLICABLE, "Triton 2.51's Python backend checks it and uses it for "
         "nothing either"),
+    ("python", "worker-restart-backoff-ms"): Known(
+        _positive, HONOURED, "how long a Python model's dead worker process waits before it "
+        "is started again, doubled with each death in a row (default 100)"),
+    ("python", "worker-restart-max-backoff-ms"): Known(
+        _positive, HONOURED, "the cap on that wait (default 30000)"),
     ("python", "thread-pool-size"): Known(
         _at_least_one, NOT_APPLICABLE, "a worker's messages are read on the event loop, "
         "not by a thread pool"),

@@ -278,6 +278,39 @@ class ModelRepositoryManager:
         log.error("%s", reason)
         threading.Thread(target=_stop_quietly, args=(loaded, 1.0), daemon=True).start()
 
+    def mark_restarting(self, name: str, version: int, reason: str, namespace: str = "",
+                        backend=None) -> None:
+        """A serving version lost a worker that restarts by itself: it stays routed
+        (its other instances serve; the one down answers UNAVAILABLE) and shows
+        UNAVAILABLE with `reason`, the server not ready, until `mark_restarted`.
+        Without the lock: a load holds it while model code runs, and this is one
+        status swapped on the loop or a worker's thread."""
+        record = self._serving(name, version, namespace, backend)
+        if record is not None:
+            record.statuses[version] = VersionStatus(version, State.UNAVAILABLE, reason)
+            record.state = State.UNAVAILABLE
+
+    def mark_restarted(self, name: str, version: int, namespace: str = "",
+                       backend=None) -> None:
+        """The version marked restarting serves with all its instances again."""
+        record = self._serving(name, version, namespace, backend)
+        if record is None:
+            return
+        record.statuses[version] = VersionStatus(version, State.READY)
+        statuses = record.statuses
+        if record.state == State.UNAVAILABLE and all(
+                statuses[v].state == State.READY for v in list(record.versions) if v in statuses):
+            record.state = State.READY
+
+    def _serving(self, name: str, version: int, namespace: str, backend) -> ModelRecord | None:
+        """The record whose `version` still serves with `backend` (None: reloaded or
+        unloaded meanwhile)."""
+        record = self.records.get(model_key(namespace, name))
+        if record is None or version not in record.versions or (
+                backend is not None and record.versions[version].backend is not backend):
+            return None
+        return record
+
     # --- lookups used by the service ---
 
     def get(self, name: str, version: str = "", namespace: str = "") -> LoadedVersion:

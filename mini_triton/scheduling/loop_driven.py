@@ -160,6 +160,20 @@ class LoopScheduler(QueuedScheduler):
             self.timer.cancel()
         self.timer = self.loop.call_later(seconds, self._dispatch)
 
+    def _rested(self, instance) -> None:
+        """An instance that rested takes work again (from any thread)."""
+        if not on_loop_thread(self.loop):
+            try:
+                self.loop.call_soon_threadsafe(self._rested, instance)
+            except RuntimeError:
+                pass  # the loop is closed: the server has stopped
+            return
+        with self.lock:
+            self.idle.append(instance)
+            queued = self.queues.count
+        if queued:
+            self._dispatch()
+
     def _ended(self, instance, batch: list, taps: list, start: int,
                timing: ExecutionTiming | None) -> None:
         if not on_loop_thread(self.loop) and not self.loop.is_closed():
@@ -167,9 +181,14 @@ class LoopScheduler(QueuedScheduler):
             self.loop.call_soon_threadsafe(self._ended, instance, batch, taps, start, timing)
             return
         end_batch(instance, batch, taps, start, timing, self.stats, answer_first=True)
+        # An instance that is down (its worker process restarting) may rest while the
+        # others serve, so that they get the work it would fail.
+        resting = getattr(instance, "down", None) and instance.rest(
+            functools.partial(self._rested, instance))
         with self.lock:
             self.executing -= len(batch)
-            self.idle.append(instance)
+            if not resting:
+                self.idle.append(instance)
             if self.stopping:  # only `stop` waits on the condition (Python calls otherwise)
                 self.condition.notify_all()
             queued = self.queues.count

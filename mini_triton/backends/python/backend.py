@@ -17,10 +17,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ...config.json_format import config_from_json, config_to_json
 from ...core.errors import invalid_arg, unavailable
+from ..backend_config import settings_for
 from ..base import Backend, ModelContext, ModelInstance
 from . import exec_env, process_mode, worker_process
 from .bridge import ServerBridge
 from .exec_env import EXECUTION_ENV_PATH
+from .restarts import RestartPolicy
 from .runner import ModelError, ModelRunner, install_module_alias, mentions_auto_complete
 
 log = logging.getLogger("mini_triton.backends.python")
@@ -147,6 +149,8 @@ class PythonBackend(Backend):
             raise unavailable(f"Python model file not found in '{self.model_file}'")
         self.environment = (exec_env.from_config(self.config, context.model_dir)
                             if self.settings.mode == "process" else None)
+        self.restart_policy = RestartPolicy.from_settings(settings_for(context.options,
+                                                                       "python"))
         self.bridge = ServerBridge(context, self)
         self.instances: list[ModelInstance] = []
         self._config_json = json.dumps(config_to_json(self.config, including_defaults=True))
@@ -185,6 +189,15 @@ class PythonBackend(Backend):
     def is_ready(self) -> bool:
         """Every instance healthy, and the model's own `is_ready()` (if any) says so."""
         return all(instance.is_ready() for instance in self.instances)
+
+    def instances_up(self) -> bool:
+        """Whether every instance has a worker serving (none is restarting one)."""
+        return not any(getattr(instance, "down", None) for instance in self.instances)
+
+    def serves_without(self, instance: ModelInstance) -> bool:
+        """Whether an instance other than `instance` has a worker serving."""
+        return any(other is not instance and not getattr(other, "down", None)
+                   for other in self.instances)
 
     def unload(self) -> None:
         for instance in self.instances:

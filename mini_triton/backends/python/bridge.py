@@ -114,6 +114,22 @@ class ServerBridge:
         threading.Thread(target=self._take_down, args=(manager, reason), daemon=True,
                          name=f"{self.context.name}-unavailable").start()
 
+    def instance_down(self, reason: str) -> None:
+        """An instance lost its worker and restarts it: the version shows not ready,
+        with `reason`, until `instance_restarted`."""
+        manager = getattr(self.service, "manager", None)
+        if manager is not None and hasattr(manager, "mark_restarting"):
+            manager.mark_restarting(self.context.name, self.context.version, reason,
+                                    self.context.namespace, self.backend)
+
+    def instance_restarted(self) -> None:
+        """An instance serves again: the version is ready once all its instances are."""
+        manager = getattr(self.service, "manager", None)
+        if manager is not None and hasattr(manager, "mark_restarted") and \
+                self.backend.instances_up():
+            manager.mark_restarted(self.context.name, self.context.version,
+                                   self.context.namespace, self.backend)
+
     def _take_down(self, manager, reason: str) -> None:
         # Nothing happens if this version no longer serves with this backend (it was
         # reloaded or unloaded meanwhile).

@@ -7,14 +7,15 @@ scheduling/loop_driven.py); elsewhere a thread calls `execute`, which sends
 and waits. Everything the worker sends is read on the event loop (or by a
 reader thread where no loop serves): responses (also after `execute`
 returned, for decoupled models), BLS calls, metrics and model control.
-When the worker dies (a crash, `os._exit`) or `execute` runs past its
-deadline, the open requests fail with the reason and the model version goes
-UNAVAILABLE; the rest of the server keeps serving.
+When the worker dies (a crash, a kill, `os._exit`) or `execute` runs past its
+deadline, the open requests fail UNAVAILABLE with the reason, the instance
+(and so its model version) is not ready, and a new worker is started after a
+backoff (restarts.py); the model is ready again once the new worker serves.
+The rest of the server keeps serving.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import itertools
 import logging
@@ -24,14 +25,14 @@ import time
 
 from ...core.errors import TritonError, internal, unavailable
 from ...core.loop_thread import on_loop_thread
-from ...core.request import InferenceResponse as CoreResponse
 from ...core.stats import ExecutionTiming
-from ...core.tensor import Tensor as CoreTensor
 from ..base import ModelInstance
 from . import convert
-from .outstanding import Outstanding, reschedule, stacked_outputs
+from .outstanding import Outstanding, reschedule
+from .process_batch import Batch, encode_group, final_response, on_loop, serving_loop
+from .restarts import Backoff, Restarter
 from .wire import Outgoing, PollBudget, get_reply, get_tensors, put_reply
-from .worker_process import exit_description, spawn, stop_process
+from .worker_process import Worker, exit_description, spawn, stop_process
 
 log = logging.getLogger("mini_triton.backends.python")
 
@@ -44,87 +45,6 @@ FREED_BATCH = 8  # the worker's blocks this end is done with, returned in a mess
 READY_TIMEOUT_S = 5.0  # a model's own is_ready() gets this long, as in Triton
 _CONTROL_METHODS = frozenset(("load_model", "unload_model", "is_model_ready"))
 _METRIC_METHODS = frozenset(("metric_family", "metric_create", "metric_value"))
-
-
-def _describe_input(tensor, outgoing: Outgoing) -> tuple:
-    """An input's descriptor: where it lies in a client's system shared-memory region,
-    the worker reads it there; else it travels."""
-    array = tensor.data if tensor.data is not None else convert.tensor_array(tensor)
-    if tensor.region is not None and tensor.datatype != "BYTES":
-        region, offset = tensor.region
-        if getattr(region, "fd", -1) >= 0 and region.holds(offset, array):
-            return outgoing.in_region(tensor.name, tensor.datatype, array.shape, region,
-                                      offset, array.nbytes)
-    return outgoing.array(tensor.name, tensor.datatype, array.shape, array)
-
-
-def _final_response(request, message, encoded: tuple) -> CoreResponse:
-    """convert.core_response of a final reply as `put_reply` encoded it in `message`;
-    one that has no error nor parameters (most) in one step, its tensors read from
-    the message straight into the response."""
-    descriptors, error, parameters = encoded
-    if error is not None or parameters not in ("", "{}"):
-        return convert.core_response(request, get_reply(message, encoded), True)
-    array = message.array  # a descriptor's shape is its array's, as core_response takes it
-    return CoreResponse(request.model_name, request.model_version, request.id,
-                        [CoreTensor(d[0], d[1], d[2], array(d)) for d in descriptors], {})
-
-
-def _serving_loop(service) -> asyncio.AbstractEventLoop | None:
-    loop = getattr(service, "loop", None)
-    if loop is None or loop.is_closed() or not loop.is_running():
-        return None
-    return loop
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop, function, *args) -> None:
-    """Call `function` on the loop's thread and wait for it (the loop's selector is not
-    thread-safe)."""
-    if on_loop_thread(loop):
-        function(*args)
-        return
-    done = concurrent.futures.Future()
-
-    def call() -> None:
-        try:
-            done.set_result(function(*args))
-        except BaseException as error:
-            done.set_exception(error)
-
-    loop.call_soon_threadsafe(call)
-    done.result(10)
-
-
-class _Batch:
-    """A batch sent to the worker. Its end is signalled once: through `on_end` (with
-    the execution timing) when the loop drives the instance, else by setting `done`,
-    which a thread blocked in `execute` waits on."""
-
-    __slots__ = ("id", "groups", "done", "ended", "on_end", "start", "input_end", "infer_end",
-                 "timer")
-
-    def __init__(self, batch_id: int, groups: list, start: int, on_end=None):
-        self.id = batch_id
-        self.groups = groups
-        self.done = threading.Event() if on_end is None else None
-        self.ended = False
-        self.on_end = on_end
-        self.start = start
-        self.input_end = start
-        self.infer_end = 0  # when the worker's answer arrived (its responses follow)
-        self.timer: asyncio.TimerHandle | None = None
-
-    def end(self) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        if self.timer is not None:
-            self.timer.cancel()
-        if self.on_end is None:
-            self.done.set()
-        else:
-            end = time.monotonic_ns()
-            self.on_end(ExecutionTiming(self.start, self.input_end, self.infer_end or end, end))
 
 
 class ProcessInstance(ModelInstance):
@@ -142,40 +62,99 @@ class ProcessInstance(ModelInstance):
         self.output_names = [o.name for o in backend.config.output]
         self.outstanding = Outstanding()
         self.lock = threading.Lock()
-        self.batches: dict[int, _Batch] = {}
+        self.batches: dict[int, Batch] = {}
         self.targets: dict[tuple[int, int], list] = {}  # (batch, index) → server requests
         self.calls: dict[int, concurrent.futures.Future] = {}
         self.ids = itertools.count(1)
-        self.dead: str | None = None
+        # Why no worker serves (it died, a new one is starting); None while one serves.
+        self.down: str | None = None
         self.stopping = False
-        self.serving = False  # initialized: a death from now on takes the model down
         self.has_is_ready = False
         # The loop's wait for a reply at light load: its budget, and the batch waited
         # for (id, whether the wait began by polling).
         self.reply_poll = PollBudget(min(self.settings.busy_poll_ns, REPLY_POLL_CAP_NS))
         self.awaited: tuple[int, bool] | None = None
-        self.process, self.link = spawn(instance_name, backend.environment)
-        self.loop = _serving_loop(backend.bridge.service)
+        self.loop = serving_loop(backend.bridge.service)
         # Whether the whole server has had one request open at most since it was last
         # asked (see `begin`); None where the service does not say: then it counts as so.
         self.nearly_idle = getattr(backend.bridge.service, "nearly_idle", None)
-        self.reader: threading.Thread | None = None
-        self._start_reading()
-        self._initialize(backend, args)
+        self.init_args = args
+        self.restarts = Restarter(f"model '{self.model}' instance '{self.name}'",
+                                  Backoff(backend.restart_policy), self._start_again,
+                                  self._restarted)
+        self.worker: Worker | None = None
+        # While down: how schedulers that let this instance rest hand it work again.
+        self.parked: list = []
+        self._start_worker()
 
-    def _initialize(self, backend, args: dict) -> None:
+    @property
+    def process(self):
+        return self.worker.process
+
+    @property
+    def link(self):
+        return self.worker.link
+
+    def _start_worker(self) -> int:
+        """Start a worker, read what it sends, and initialize the model in it; its pid.
+        TritonError (the worker stopped) when initialization fails."""
+        process, link = spawn(self.name, self.backend.environment)
+        worker = Worker(process, link)
+        with self.lock:
+            if self.stopping:  # unloaded while a restart was starting this one
+                stop_process(process, link)
+                raise unavailable(f"model '{self.model}' was unloaded")
+            self.worker = worker
+        self._start_reading(worker)
         try:
-            reply = self._call({"op": "init", "model_file": str(backend.model_file),
-                                "instance_name": self.name, "decoupled": self.decoupled,
-                                "args": args})
+            reply = self._request({"op": "init", "model_file": str(self.backend.model_file),
+                                   "instance_name": self.name, "decoupled": self.decoupled,
+                                   "args": self.init_args})
         except TritonError:
-            self._close()
+            self._discard(worker)
             raise
         if reply.get("error"):
-            self._close()
+            self._discard(worker)
             raise internal(reply["error"])
         self.has_is_ready = reply.get("has_is_ready", False)
-        self.serving = True
+        worker.serving = True  # from now on its death takes the instance down
+        return process.pid
+
+    def _start_again(self) -> int:
+        """`_start_worker` for a restart: a failed try lets parked batches end."""
+        try:
+            return self._start_worker()
+        except TritonError:
+            self._unpark()
+            raise
+
+    def rest(self, resume) -> bool:
+        """Whether a scheduler should give this instance no work until `resume()` is
+        called (when this restart try is over): so while no worker serves here and
+        another instance of the model serves. An instance that fails its work at
+        once would otherwise be the first free one, and take the work the others
+        could do. False: no rest, `resume` is not kept."""
+        with self.lock:
+            if self.stopping or not self.down or not self.backend.serves_without(self):
+                return False
+            self.parked.append(resume)
+            return True
+
+    def _unpark(self) -> None:
+        with self.lock:
+            parked, self.parked = self.parked, []
+        for resume in parked:
+            resume()
+
+    def _restarted(self) -> None:
+        """A new worker serves: the instance is up again (unless that worker is already
+        gone too: its own `_gone` restarts it)."""
+        with self.lock:
+            if self.stopping or self.worker.gone:
+                return
+            self.down = None
+        self._unpark()
+        self.bridge.instance_restarted()
 
     # --- execution ---
 
@@ -216,7 +195,7 @@ class ProcessInstance(ModelInstance):
         if timeout is not None and not batch.ended:
             batch.timer = self.loop.call_later(timeout, self._overdue, batch, timeout)
 
-    def _poll_for_reply(self, batch: _Batch) -> None:
+    def _poll_for_reply(self, batch: Batch) -> None:
         """Wait for `batch`'s reply on the loop, polling within the budget (the loop
         is otherwise idle: one request open in the whole server); past it, the
         loop's reader takes the reply as usual."""
@@ -224,18 +203,19 @@ class ProcessInstance(ModelInstance):
             return
         until = self.reply_poll.deadline()
         self.awaited = (batch.id, until != 0)
+        worker = self.worker
         try:
-            arrived = self.link.poll_until(until)
+            arrived = worker.link.poll_until(until)
         except (EOFError, OSError):
             return  # the reader sees the worker gone
         if arrived:
-            self._readable()
+            self._readable(worker)
 
-    def _overdue(self, batch: _Batch, timeout: float) -> None:
+    def _overdue(self, batch: Batch, timeout: float) -> None:
         if not batch.ended:
             self._hung(timeout)
 
-    def _send(self, requests: list, on_end, poll_ns: int = 0) -> _Batch | None:
+    def _send(self, requests: list, on_end, poll_ns: int = 0) -> Batch | None:
         """Encode and send a batch; None when the worker is already gone (the requests
         have failed)."""
         start = time.monotonic_ns()
@@ -243,19 +223,20 @@ class ProcessInstance(ModelInstance):
         outgoing = Outgoing()
         if len(requests) == 1 or self.settings.auto_stack:  # one group (light load: most)
             groups = [requests]
-            encoded = [self._encode(requests, outgoing)]
+            encoded = [encode_group(requests, outgoing, self.output_names, self.decoupled)]
         else:
             groups = [[r] for r in requests]
-            encoded = [self._encode(group, outgoing) for group in groups]
-        batch = _Batch(next(self.ids), groups, start, on_end)
+            encoded = [encode_group(group, outgoing, self.output_names, self.decoupled)
+                       for group in groups]
+        batch = Batch(next(self.ids), groups, start, on_end)
         with self.lock:
-            dead = self.dead
-            if not dead:
+            down = self.down
+            if not down:
                 self.batches[batch.id] = batch
                 for index, group in enumerate(groups):
                     self.targets[(batch.id, index)] = group
-        if dead:
-            self.outstanding.fail(requests, unavailable(dead))
+        if down:
+            self.outstanding.fail(requests, unavailable(down))
             return None
         try:
             self.link.send({"op": "execute", "batch": batch.id, "requests": encoded,
@@ -265,91 +246,73 @@ class ProcessInstance(ModelInstance):
         batch.input_end = time.monotonic_ns()
         return batch
 
-    def _encode(self, group: list, outgoing: Outgoing) -> tuple:
-        """A group's request for the worker: (info, input descriptors, output targets)."""
-        if len(group) == 1:
-            request = group[0]
-            inputs = request.inputs
-            return (convert.request_fields(request, self.output_names),
-                    [_describe_input(inputs[0], outgoing)] if len(inputs) == 1
-                    else [_describe_input(t, outgoing) for t in inputs],
-                    None if request.output_regions is None
-                    else self._targets(request, outgoing))
-        info = convert.request_info(group[0], self.output_names)
-        info = info._replace(outputs=stacked_outputs(group) or list(self.output_names))
-        rows = sum(r.batch_size for r in group)
-        descriptors = [
-            outgoing.tensor(t.name, t.datatype, (rows, *t.shape[1:]),
-                            [convert.tensor_array(r.input(t.name)) for r in group])
-            for t in group[0].inputs]
-        return tuple(info), descriptors, None
-
-    def _targets(self, request, outgoing: Outgoing) -> dict | None:
-        """The client's output regions the worker may write itself (one response per
-        request: a decoupled model's later response must not overwrite an earlier
-        one before the client has read it)."""
-        if request.output_regions is None or self.decoupled:
-            return None
-        return {name: outgoing.target(region, offset, size)
-                for name, (region, offset, size) in request.output_regions.items()}
-
     def _hung(self, timeout_s: float) -> None:
-        reason = (f"model '{self.model}' instance '{self.name}': execute did not finish "
-                  f"within {timeout_s * 1000:.0f} ms; its worker process (pid "
-                  f"{self.process.pid}) was stopped and the model is unavailable until it is "
-                  "loaded again")
-        self._die(reason)
-        self.process.kill()
+        """Stop a worker whose execute ran past its deadline; it is restarted as if it
+        had died (`_gone`)."""
+        worker = self.worker
+        cause = (f"execute did not finish within {timeout_s * 1000:.0f} ms; its worker "
+                 f"process (pid {worker.process.pid}) was stopped")
+        log.error("model '%s' instance '%s': %s", self.model, self.name, cause)
+        self._die(self._unhealthy(cause))
+        worker.process.kill()
+
+    def _unhealthy(self, cause: str) -> str:
+        """What requests failed by a worker's end are told, in Triton's words for a stub
+        that died, with the cause."""
+        return (f"Failed to process the request(s) for model instance '{self.name}', message: "
+                f"Stub process '{self.name}' is not healthy: {cause}; a new one is starting")
 
     # --- reading what the worker sends ---
     # On the server's event loop (`add_reader`), so responses reach their streams without
     # a thread hop; in a thread of its own where no loop serves (a backend used alone).
 
-    def _start_reading(self) -> None:
+    def _start_reading(self, worker: Worker) -> None:
         if self.loop is None:
-            self.reader = threading.Thread(target=self._read, daemon=True,
-                                           name=f"{self.name}-reader")
-            self.reader.start()
+            worker.reader = threading.Thread(target=self._read, args=(worker,), daemon=True,
+                                             name=f"{self.name}-reader")
+            worker.reader.start()
         else:
-            _on_loop(self.loop, self.loop.add_reader, self.link.sock.fileno(), self._readable)
+            on_loop(self.loop, self.loop.add_reader, worker.link.sock.fileno(),
+                    self._readable, worker)
 
-    def _read(self) -> None:
+    def _read(self, worker: Worker) -> None:
         while True:
             try:
-                message = self.link.recv()
+                message = worker.link.recv()
             except (EOFError, OSError):
                 break
             self._handle(message)
-        self._gone()
+        self._gone(worker)
 
-    def _readable(self) -> None:
+    def _readable(self, worker: Worker) -> None:
         """The loop's reader callback: handle every message that has arrived."""
         try:
-            messages = self.link.poll()
+            messages = worker.link.poll()
         except (EOFError, OSError):
             messages = None
         for message in messages or ():
             self._handle(message)
         if messages is None:
-            self._stop_reading()
-            threading.Thread(target=self._gone, daemon=True).start()  # it waits for the exit
+            self._stop_reading(worker)
+            # `_gone` waits for the exit, and may restart the worker: not on the loop.
+            threading.Thread(target=self._gone, args=(worker,), daemon=True).start()
             return
         try:
             # Replies already written to their clients free the worker's blocks; a
             # stream of responses (nothing sent back meanwhile) needs them returned.
-            self.link.return_freed(FREED_BATCH)
+            worker.link.return_freed(FREED_BATCH)
         except OSError:
             pass  # the worker is gone: the next read says so
 
-    def _stop_reading(self) -> None:
+    def _stop_reading(self, worker: Worker) -> None:
         loop = self.loop
         if loop is None or loop.is_closed():
             return
         try:
             if loop.is_running():
-                _on_loop(loop, loop.remove_reader, self.link.sock.fileno())
+                on_loop(loop, loop.remove_reader, worker.link.sock.fileno())
             else:
-                loop.remove_reader(self.link.sock.fileno())  # no one else uses the selector
+                loop.remove_reader(worker.link.sock.fileno())  # no one else uses the selector
         except (OSError, ValueError, RuntimeError):
             pass  # the socket or the loop is already closed
 
@@ -359,13 +322,22 @@ class ProcessInstance(ModelInstance):
         except Exception:  # a bad message must not stop the reading
             log.exception("instance '%s': cannot handle a message from its worker", self.name)
 
-    def _gone(self) -> None:
-        if not self.stopping:
-            self._die(f"model '{self.model}' instance '{self.name}': its worker process (pid "
-                      f"{self.process.pid}) {exit_description(self.process)}; the model is "
-                      "unavailable until it is loaded again")
-        else:
-            self._die(f"model '{self.model}' instance '{self.name}' was unloaded")
+    def _gone(self, worker: Worker) -> None:
+        """A worker's link closed: fail what it held and, if it was serving, start a new
+        one (after a backoff); a worker still starting fails its start instead."""
+        with self.lock:
+            worker.gone = True
+        if self.stopping:
+            self._fail_open(unavailable(f"model '{self.model}' instance '{self.name}' was "
+                                        "unloaded"))
+            return
+        cause = f"its worker process (pid {worker.process.pid}) " \
+                f"{exit_description(worker.process)}"
+        if not worker.serving:
+            self._fail_open(unavailable(f"model '{self.model}' instance '{self.name}': {cause}"))
+            return
+        self._die(self._unhealthy(cause))
+        self.restarts.run(f"model '{self.model}' instance '{self.name}': {cause}")
 
     def _dispatch(self, message) -> None:
         meta = message.meta
@@ -412,7 +384,7 @@ class ProcessInstance(ModelInstance):
                 # Most batches: one request, answered by execute's return
                 # (`_answer_batch`'s first case, in fewer steps).
                 request = groups[0][0]
-                self.outstanding.respond(request, _final_response(request, message, replies[0]))
+                self.outstanding.respond(request, final_response(request, message, replies[0]))
                 self.targets.pop((batch.id, 0), None)
             else:
                 self._answer_batch(message, batch)
@@ -424,7 +396,7 @@ class ProcessInstance(ModelInstance):
         for key in [k for k, g in self.targets.items() if g is group]:
             del self.targets[key]
 
-    def _answer_batch(self, message, batch: _Batch) -> None:
+    def _answer_batch(self, message, batch: Batch) -> None:
         meta = message.meta
         error, replies = meta["error"], meta["replies"]
         again = meta.get("reschedule")
@@ -461,13 +433,14 @@ class ProcessInstance(ModelInstance):
         call_id = meta["call"]
         call = convert.BlsCall(*meta["request"])
         call = call._replace(inputs=get_tensors(message, call.inputs))
+        link = self.link  # the caller's: a worker started since must not get its answer
 
         def deliver(reply, final: bool) -> None:
             outgoing = Outgoing()
             encoded = put_reply(outgoing, reply)
             try:
-                self.link.send({"op": "bls_response", "call": call_id, "reply": encoded,
-                                "final": final}, outgoing)
+                link.send({"op": "bls_response", "call": call_id, "reply": encoded,
+                           "final": final}, outgoing)
             except OSError:
                 pass  # the worker is gone; its reader handles that
 
@@ -475,13 +448,13 @@ class ProcessInstance(ModelInstance):
 
     def _answer(self, meta: dict) -> None:
         method, args = meta["method"], meta["args"]
+        call = (self.link, meta["call"], method, args)
         if method in _CONTROL_METHODS:  # may take long: never on the reader thread
-            threading.Thread(target=self._answer_now, args=(meta["call"], method, args),
-                             daemon=True).start()
+            threading.Thread(target=self._answer_now, args=call, daemon=True).start()
         else:
-            self._answer_now(meta["call"], method, args)
+            self._answer_now(*call)
 
-    def _answer_now(self, call_id: int, method: str, args: list) -> None:
+    def _answer_now(self, link, call_id: int, method: str, args: list) -> None:
         value, error = None, None
         try:
             if method == "is_cancelled":
@@ -496,51 +469,66 @@ class ProcessInstance(ModelInstance):
         except Exception as failure:
             error = f"{type(failure).__name__}: {failure}"
         try:
-            self.link.send({"op": "reply", "call": call_id, "value": value, "error": error})
+            link.send({"op": "reply", "call": call_id, "value": value, "error": error})
         except OSError:
             pass
 
     # --- calls that wait for the worker's answer ---
 
     def _call(self, meta: dict, timeout: float | None = None) -> dict:
+        """Ask the serving worker and wait for its answer (UNAVAILABLE while none serves)."""
+        if self.down:
+            raise unavailable(self.down)
+        return self._request(meta, timeout)
+
+    def _request(self, meta: dict, timeout: float | None = None) -> dict:
+        """Ask the current worker, serving or starting, and wait for its answer."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         call_id = next(self.ids)
+        worker = self.worker
         with self.lock:
-            if self.dead:
-                raise unavailable(self.dead)
             self.calls[call_id] = future
         try:
-            self.link.send({**meta, "call": call_id})
+            worker.link.send({**meta, "call": call_id})
             if self.loop is not None and on_loop_thread(self.loop):
-                self._read_until(future, timeout)  # the loop cannot read for us: it is us
+                self._read_until(worker, future, timeout)  # the loop cannot read for us
             return future.result(timeout)
         except OSError:
-            raise unavailable(self.dead or f"the worker of '{self.name}' is gone") from None
+            raise unavailable(self.down or f"the worker of '{self.name}' is gone") from None
         finally:
             self.calls.pop(call_id, None)
 
-    def _read_until(self, future: concurrent.futures.Future, timeout: float | None) -> None:
+    def _read_until(self, worker: Worker, future: concurrent.futures.Future,
+                    timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not future.done():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return
-            if select.select([self.link.sock], [], [], left)[0]:
-                self._readable()
+            if select.select([worker.link.sock], [], [], left)[0]:
+                self._readable(worker)
 
-    # --- failure and shutdown ---
+    # --- failure, restart and shutdown ---
 
     def _die(self, reason: str) -> None:
-        """The worker is gone or given up on: fail everything open, once."""
+        """No worker serves any more: fail everything open with `reason` and take the
+        instance down (once per death) until a new worker serves."""
         with self.lock:
-            if self.dead:
-                return
-            self.dead = reason
+            if self.down or self.stopping:
+                first = False
+            else:
+                first, self.down = True, reason
+        self._fail_open(unavailable(reason))
+        if first:
+            self.bridge.instance_down(reason)
+
+    def _fail_open(self, error: TritonError) -> None:
+        """Fail every batch, call and request the worker holds."""
+        with self.lock:
             batches = list(self.batches.values())
             self.batches.clear()
             calls = list(self.calls.values())
             self.calls.clear()
-        error = unavailable(reason)
         for future in calls:
             if not future.done():
                 future.set_exception(error)
@@ -548,11 +536,9 @@ class ProcessInstance(ModelInstance):
         self.targets.clear()
         for batch in batches:
             batch.end()
-        if self.serving and not self.stopping:
-            self.bridge.mark_unavailable(reason)
 
     def is_ready(self) -> bool:
-        if self.dead:
+        if self.down:
             return False
         if not self.has_is_ready or self.batches:
             return True  # a worker busy executing is alive; it answers when idle
@@ -572,21 +558,32 @@ class ProcessInstance(ModelInstance):
         drained = self.outstanding.wait_idle(self.settings.drain_s)
         self.outstanding.fail_open(unavailable(
             f"model '{self.model}' was unloaded before it finished the request"))
-        self.stopping = True
-        if not self.dead:
+        with self.lock:
+            self.stopping = True
+            down = self.down
+        self.restarts.backoff.stop()
+        self._unpark()
+        if not down:
             # A model still busy after the drain time has had its time (the server's
             # exit timeout): its finalize would wait behind that work.
             timeout = FINALIZE_TIMEOUT_S if drained else BUSY_FINALIZE_TIMEOUT_S
             try:
-                self._call({"op": "finalize"}, timeout)
+                self._request({"op": "finalize"}, timeout)
             except (TritonError, concurrent.futures.TimeoutError):
                 log.warning("instance '%s' did not finalize in time; stopping its worker",
                             self.name)
         self._close()
 
     def _close(self) -> None:
-        self.stopping = True
-        self._stop_reading()
-        stop_process(self.process, self.link)
-        if self.reader is not None:
-            self.reader.join(5)
+        """Stop for good: no restart, and the current worker stopped."""
+        with self.lock:
+            self.stopping = True
+        self.restarts.backoff.stop()
+        self._unpark()
+        self._discard(self.worker)
+
+    def _discard(self, worker: Worker) -> None:
+        self._stop_reading(worker)
+        stop_process(worker.process, worker.link)
+        if worker.reader is not None and worker.reader is not threading.current_thread():
+            worker.reader.join(5)

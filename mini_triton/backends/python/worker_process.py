@@ -9,6 +9,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from ... import PACKAGE_DIR
@@ -18,6 +20,17 @@ from .wire import Link
 
 WORKER_MODULE = "mini_triton.backends.python.worker"
 _PACKAGE_ROOT = str(PACKAGE_DIR.parent)  # the folder that holds mini_triton/
+
+
+@dataclass(eq=False)
+class Worker:
+    """One worker process of an instance, and how far it got."""
+
+    process: subprocess.Popen
+    link: Link
+    serving: bool = False  # its model initialized: its death takes the instance down
+    gone: bool = False  # its link closed
+    reader: threading.Thread | None = None  # where no event loop reads its messages
 
 
 def spawn(label: str, environment: ExecutionEnvironment | None = None
