@@ -13,7 +13,7 @@ _BACKENDS = {
     "python": "mini_triton.backends.python:PythonBackend",
     "onnxruntime": "mini_triton.backends.onnxruntime:OnnxRuntimeBackend",
     "tensorrt": "mini_triton.backends.tensorrt:TensorRTBackend",
-    "pytorch": "mini_triton.backends.pytorch:PyTorchBackend",
+    "pytorch": "mini_triton.backends.pytorch.backend:PyTorchBackend",
     "ensemble": "mini_triton.backends.ensemble:EnsembleBackend",
     "fil": "mini_triton.backends.fil:FilBackend",
     "openvino": "mini_triton.backends.openvino:OpenVinoBackend",
