@@ -18,7 +18,7 @@ from ...core.errors import internal, invalid_arg
 from ..backend_config import settings_for
 from ..base import Backend, ModelContext, TensorBatchInstance
 from . import model as models
-from .signature import DEFAULT_MAX_BATCH_SIZE, auto_complete, check_against_model
+from .signature import DEFAULT_MAX_BATCH_SIZE, auto_complete, check_inputs, check_outputs
 
 __all__ = ["OpenVinoBackend", "OpenVinoInstance"]
 
@@ -41,20 +41,26 @@ class OpenVinoBackend(Backend):
         settings = models.read_settings(config)
         core = models.new_core(config, settings)
         model = models.read_model(core, config, models.model_path(config, version_dir))
-        check_against_model(config, models.signature_of(model), settings.reshape_io_layers)
-        return core, settings, models.prepare(model, config, settings)
+        check_inputs(config, models.signature_of(model), settings.reshape_io_layers)
+        model = models.prepare(model, config, settings)
+        # As Triton, outputs are held against the model as prepared: reshaped inputs
+        # and the batch dim change the output shapes.
+        check_outputs(config, models.signature_of(model))
+        return core, settings, model
 
     def __init__(self, context: ModelContext):
         super().__init__(context)
         self.core, self.settings, self.model = self._read_checked(self.config,
                                                                   context.version_dir)
+        self.properties = models.supported_properties(self.core, self.config,
+                                                      self.settings.properties)
 
     def create_instance(self, index: int, kind: str, device_id: int) -> "OpenVinoInstance":
         if kind != "KIND_CPU":
             raise invalid_arg(f"unable to load model '{self.config.name}', Triton openVINO "
                               "backend supports only CPU device")
         properties = {"INFERENCE_NUM_THREADS": self._threads_per_instance(),
-                      **self.settings.properties}
+                      **self.properties}
         compiled = models.compile_model(self.core, self.model, self.config, properties)
         return OpenVinoInstance(self.config, compiled, self.settings)
 

@@ -13,6 +13,7 @@ that cannot take a dynamic one), with its error and its padding.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ...core.errors import invalid_arg, unavailable
 from .signature import CONFIG_TO_OV, Signature, TensorInfo
+
+log = logging.getLogger("mini_triton.backends.openvino")
 
 DEVICE = "CPU"
 # The CPU properties Triton passes from `parameters` to OpenVINO.
@@ -155,6 +158,17 @@ def _configured_shape(config: mc.ModelConfig, tensor) -> ov.PartialShape:
                           "`-1` or positive integers")
     batch = (-1,) if config.max_batch_size > 0 else ()
     return ov.PartialShape([ov.Dimension(d) for d in batch + dims])
+
+
+def supported_properties(core: ov.Core, config: mc.ModelConfig, properties: dict) -> dict:
+    """The properties this OpenVINO's CPU plugin has; each other one named in a warning
+    (OpenVINO 2025 dropped COMPILATION_NUM_THREADS from the CPU plugin, which refuses
+    to compile with a property it does not have)."""
+    supported = {str(name) for name in core.get_property(DEVICE, "SUPPORTED_PROPERTIES")}
+    for name in sorted(set(properties) - supported):
+        log.warning("model '%s': parameter %s is not applied: the CPU plugin of OpenVINO "
+                    "%s has no such property", config.name, name, ov.get_version())
+    return {name: value for name, value in properties.items() if name in supported}
 
 
 def compile_model(core: ov.Core, model: ov.Model, config: mc.ModelConfig,

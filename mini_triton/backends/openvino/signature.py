@@ -104,9 +104,10 @@ def _complete_tensors(config: mc.ModelConfig, tensors, infos, kind: str) -> None
 # --- the config against the model ---
 
 
-def check_against_model(config: mc.ModelConfig, signature: Signature,
-                        reshape_io_layers: bool = False) -> None:
-    """Raise INVALID_ARG with Triton's words where the config and the model disagree."""
+def check_inputs(config: mc.ModelConfig, signature: Signature,
+                 reshape_io_layers: bool = False) -> None:
+    """Raise INVALID_ARG with Triton's words where the config's inputs and the model's
+    disagree; RESHAPE_IO_LAYERS takes the config's dims instead of checking them."""
     if len(signature.inputs) != len(config.input):
         raise invalid_arg(
             f"unable to load model '{config.name}', configuration expects "
@@ -116,6 +117,10 @@ def check_against_model(config: mc.ModelConfig, signature: Signature,
         _check_datatype(config, tensor, "input")
         if not reshape_io_layers:
             compare_dims(config, tensor.name, info.dims, _dims(tensor), exact=False)
+
+
+def check_outputs(config: mc.ModelConfig, signature: Signature) -> None:
+    """The config's outputs against the model's (once prepared), dims exactly."""
     for tensor in config.output:
         info = find_tensor(signature.outputs, tensor.name, "output", config.name)
         _check_datatype(config, tensor, "output")
@@ -144,8 +149,7 @@ def compare_dims(config: mc.ModelConfig, name: str, model_dims, dims, exact: boo
     matches = len(model_dims) == len(full) and all(
         _dim_matches(model_dim, dim)
         for index, (model_dim, dim) in enumerate(zip(model_dims, full))
-        # the batch dim is set from max_batch_size when the model is prepared
-        if not (batching and index == 0) and (exact or dim != -1))
+        if exact or (dim != -1 and not (batching and index == 0)))
     if matches:
         return
     if batching:
