@@ -17,8 +17,6 @@ from ..config.coverage import HONOURED
 from ..triton_flags import NOT_APPLICABLE  # a setting's status, as for a flag
 from .pytorch.settings import BOOLEANS as PYTORCH_BOOLEANS
 from .pytorch.settings import INTEGERS as PYTORCH_INTEGERS
-from .pytorch.settings import BOOLEANS as PYTORCH_BOOLEANS
-from .pytorch.settings import INTEGERS as PYTORCH_INTEGERS
 
 GLOBAL = ""  # the backend name of a setting for every backend
 FLAG = "--backend-config"
@@ -77,11 +75,6 @@ def _boolean(setting: str, value: str) -> None:
         raise ValueError(f"{setting}: failed to convert '{value}' to boolean")
 
 
-def _boolean(setting: str, value: str) -> None:
-    if value.strip().lower() not in ("true", "on", "1", "false", "off", "0"):
-        raise ValueError(f"{setting}: failed to convert '{value}' to boolean")
-
-
 def _non_negative(setting: str, value: str) -> None:
     if _whole(setting, value) < 0:
         raise ValueError(f"{setting} must be >= 0, got {value}")
@@ -103,10 +96,6 @@ _SHARED_MEMORY = ("Python models' tensors travel in anonymous shared-memory segm
 # may be given so, as defaults for every PyTorch model.
 _PYTORCH_DEFAULT = ("the default of every PyTorch model's parameter of that name (a model's "
                     "own parameter wins)")
-# Triton's pytorch backend reads no --backend-config setting; here its model parameters
-# may be given so, as defaults for every PyTorch model.
-_PYTORCH_DEFAULT = ("the default of every PyTorch model's parameter of that name (a model's "
-                    "own parameter wins)")
 # (backend, setting) → what it is. GLOBAL settings reach every backend.
 KNOWN: dict[tuple[str, str], Known] = {
     (GLOBAL, "default-max-batch-size"): Known(
@@ -114,9 +103,6 @@ KNOWN: dict[tuple[str, str], Known] = {
         "batch (ONNX Runtime)"),
     ("onnxruntime", "default-max-batch-size"): Known(
         _non_negative, HONOURED, "the same, for ONNX Runtime models only"),
-    **{("pytorch", name): Known(_boolean, HONOURED, _PYTORCH_DEFAULT)
-       for name in PYTORCH_BOOLEANS},
-    **{("pytorch", name): Known(_whole, HONOURED, _PYTORCH_DEFAULT) for name in PYTORCH_INTEGERS},
     **{("pytorch", name): Known(_boolean, HONOURED, _PYTORCH_DEFAULT)
        for name in PYTORCH_BOOLEANS},
     **{("pytorch", name): Known(_whole, HONOURED, _PYTORCH_DEFAULT) for name in PYTORCH_INTEGERS},
