@@ -40,34 +40,41 @@ def send(module, url, value, results, model="slow"):
         client.close()
 
 
-def readiness_answers(url: str, requests_done) -> list[tuple[int, bool]]:
-    """Ask /v2/health/ready every 50 ms until the server stops answering; each answer's
-    status with whether every request had finished when it came back (read after
-    the answer, so `False` means the requests were still in flight when it was given)."""
+def health_status(url: str) -> int | None:
+    """The HTTP status of a health endpoint; None once the listener is closed."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return reply.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+def health_answers(http_url: str, requests_done) -> list[tuple[int, int | None, bool]]:
+    """Ask /v2/health/ready and /v2/health/live every 50 ms until the server stops
+    answering: (ready status, live status, whether every request had finished when
+    both had answered) each time, so `False` means the requests were still in flight."""
     answers = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as reply:
-                status = reply.status
-        except urllib.error.HTTPError as error:
-            status = error.code
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+        ready = health_status(f"http://{http_url}/v2/health/ready")
+        if ready is None:
             break  # the listener is closed: the drain is over
-        answers.append((status, requests_done()))
+        live = health_status(f"http://{http_url}/v2/health/live")
+        answers.append((ready, live, requests_done()))
         time.sleep(0.05)
     return answers
 
 
 def test_sigterm_drains_in_flight_requests_while_readiness_is_400(tmp_path):
     """What Kubernetes reads during a pod's termination: from SIGTERM on, the readiness
-    probe gets Triton's 400 (so no new traffic is routed here) while the requests
-    already executing finish successfully; then the process exits 0."""
+    probe gets Triton's 400 (so no new traffic is routed here) and liveness stays 200
+    while the requests already executing finish successfully; then the process exits 0."""
     (tmp_path / "slow" / "1").mkdir(parents=True)
     (tmp_path / "slow" / "config.pbtxt").write_text(SLOW)
     server = ServerProcess(["--model-repository", str(tmp_path), "--exit-timeout-secs=20"])
     server.start()
-    ready_url = f"http://{server.http_url}/v2/health/ready"
     results: dict = {}
     threads = [threading.Thread(target=send, args=(module, url, value, results))
                for value, (module, url) in enumerate(
@@ -76,17 +83,20 @@ def test_sigterm_drains_in_flight_requests_while_readiness_is_400(tmp_path):
         thread.start()
     time.sleep(0.5)  # the requests are now executing (each takes 3 s)
     server.proc.send_signal(signal.SIGTERM)
-    answers = readiness_answers(ready_url, lambda: len(results) == len(threads))
+    answers = health_answers(server.http_url, lambda: len(results) == len(threads))
     status = server.stop(timeout=30)
     for thread in threads:
         thread.join(30)
     assert status == 0, server.output
     assert results == {0: 0, 1: 1, 2: 2, 3: 3}, results
     assert "Server stopped" in server.output
-    statuses = [answer for answer, _ in answers]
-    assert (400, False) in answers, f"no 400 while requests were in flight: {answers}"
-    # Once not ready, never ready again until the process is gone.
-    assert 200 not in statuses[statuses.index(400):], answers
+    in_flight = [(ready, live) for ready, live, done in answers if not done]
+    assert (400, 200) in in_flight, f"no 400 while requests were in flight: {answers}"
+    # Once not ready, never ready again until the process is gone; live throughout
+    # (None: the listener closed between the two questions, at the end of the drain).
+    readiness = [ready for ready, _, _ in answers]
+    assert 200 not in readiness[readiness.index(400):], answers
+    assert {live for _, live, _ in answers} <= {200, None}, answers
 
 
 STUCK_MODEL = '''
