@@ -220,3 +220,13 @@ def test_the_backend_config_defaults_reach_every_pytorch_model(tmp_path):
                    .as_numpy("y__0").tolist() for name in ("flag", "flag_own")}
         proto.client.close()
     assert answers == {"flag": [[False]], "flag_own": [[True]]}
+
+
+def test_backend_config_settings_of_pytorch_are_checked_and_honoured():
+    from mini_triton.backends.backend_config import backend_setting, by_backend, start_up_notes
+
+    with pytest.raises(ValueError, match="INFERENCE_MODE: failed to convert 'maybe' to boolean"):
+        backend_setting("pytorch,INFERENCE_MODE=maybe")
+    given = [backend_setting("pytorch,INFERENCE_MODE=false"),
+             backend_setting("pytorch,INTRA_OP_THREAD_COUNT=2")]
+    assert start_up_notes(by_backend(given)) == []  # honoured: nothing to say
