@@ -11,6 +11,7 @@ import os
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from ..core.files import FileRefused, read_regular
 from .builder import fill_message
 from .errors import ConfigError
 from .syntax import parse_fields
@@ -31,12 +32,14 @@ def parse_config_text(text: str) -> ModelConfig:
 
 
 def parse_config_file(path: str | os.PathLike) -> ModelConfig:
-    """Parse a `config.pbtxt` file; a ConfigError's message then starts with `PATH:`."""
+    """Parse a `config.pbtxt` file; a ConfigError's message then starts with `PATH:`.
+    Only a regular file is read (core/files.py: never a FIFO or a device, which would
+    hold the reading thread or never end), and none over MAX_CONFIG_BYTES."""
     try:
-        with open(path, "rb") as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)
-        _check_size(len(data))
+        data = read_regular(path, MAX_CONFIG_BYTES)
         return parse_config_text(_decode(data))
+    except FileRefused as error:
+        raise ConfigError(error.strerror) from None  # the message names the file
     except ConfigError as error:
         raise error.in_file(os.fspath(path)) from None
 

@@ -20,12 +20,15 @@ that this port loaded, whatever the target-model header names.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import MAX_CONFIG_BYTES
 from ..core.errors import Code, TritonError, invalid_arg
+from ..core.files import read_regular
 from ..core.names import printable
 from ..service import InferenceService
 from .errors import http_status
@@ -125,7 +128,8 @@ def header_length(content_type: str | None, body_length: int, mime: str) -> int 
 def model_folder_of(url: str) -> tuple[str, str]:
     """(repository, subfolder) that a multi-model load's `url` names: `url` itself
     when it holds config.pbtxt (SageMaker's /opt/ml/models/HASH/model), else the one
-    model folder inside it, or its ensemble when it holds several."""
+    model folder inside it, or its ensemble when it holds several. It reads the disk
+    (a client names the folder): run it off the event loop."""
     folder = Path(url)
     if (folder / "config.pbtxt").is_file():
         return str(folder.parent), folder.name
@@ -142,10 +146,13 @@ def model_folder_of(url: str) -> tuple[str, str]:
 
 
 def _is_ensemble(folder: Path) -> bool:
+    """Whether the folder's config names the ensemble platform; a config that cannot be
+    read (not a regular file, too large) is not one, and its load says why."""
     try:
-        return bool(_ENSEMBLE.search((folder / "config.pbtxt").read_text(errors="replace")))
+        text = read_regular(folder / "config.pbtxt", MAX_CONFIG_BYTES)
     except OSError:
         return False
+    return bool(_ENSEMBLE.search(text.decode("utf-8", "replace")))
 
 
 @dataclass
@@ -238,7 +245,8 @@ class SagemakerFrontend:
         the name is taken, 507 when memory ran out, else 400."""
         try:
             name, url = _load_request(request.body)
-            repository, subfolder = model_folder_of(url)
+            repository, subfolder = await asyncio.get_running_loop().run_in_executor(
+                None, model_folder_of, url)
         except TritonError as error:
             return error_reply(400, error.message)
         target = request.headers.get(TARGET_MODEL_HEADER, name)
