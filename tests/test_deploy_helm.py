@@ -80,6 +80,18 @@ def test_chart_lints_clean():
         assert [m for m in report["messages"] if m["severity"] >= 2] == [], report
 
 
+@pytest.mark.parametrize("values, where", [
+    ({"exitTimeoutSecs": "30s"}, "/exitTimeoutSecs"),
+    ({"autoscaling": {"minReplica": 2}}, "/autoscaling"),
+    ({"service": {"httpPort": 70000}}, "/service/httpPort"),
+    ({"probes": {"readiness": {"periodSeconds": 0}}}, "/probes/readiness/periodSeconds"),
+], ids=["string-timeout", "misspelt-key", "port-range", "zero-period"])
+def test_values_schema_refuses_bad_values(values, where):
+    """values.schema.json: Helm refuses a bad value before rendering anything."""
+    with pytest.raises(helm.HelmValuesError, match=where):
+        render(values)
+
+
 def test_defaults_render_a_deployment_service_and_autoscaler():
     docs = render()
     assert sorted(doc["kind"] for doc in docs) == [
