@@ -3,8 +3,8 @@
 # and check docker-compose.yml), Prometheus and promtool (to check the config
 # and to scrape a live server), kubernetes-validate (Kubernetes schemas),
 # helm-python-sdk (Helm's own SDK as a library, to lint and render the chart
-# under deploy/helm: no helm binary or Go toolchain comes from the package
-# registries this project installs from) and hatchling (to build the wheel
+# under deploy/helm: the package registries this project installs from have
+# no helm binary, nor the Go modules to build one) and hatchling (to build the wheel
 # from the Docker build context); and the
 # independent HTTP/2 stacks the interop tests drive: h2load (nghttp2-client)
 # and Node with @grpc/grpc-js (npm ci in tests/interop, versions from its
