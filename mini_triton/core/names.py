@@ -1,4 +1,6 @@
-"""The one rule for a model name: it must be a folder name in a model repository.
+"""The one rule for a name that becomes one part of a path: a model name (a folder
+in a model repository) and a file name that a model's config gives (the model file,
+a label file), which is joined to the model's folder.
 
 A model is served from `<repository>/<name>`, and the load API writes file overrides
 into `<private root>/<name>`, so a name is a path component before it is anything
@@ -7,6 +9,11 @@ statistics, ensemble steps, BLS, the repository scan) refuses, with this rule, w
 could not be a single folder name: a name that is empty, `.` or `..`, holds a path
 separator or NUL, or is longer than the file system allows. Nothing else about a
 name is restricted (Triton serves any folder name).
+
+A config's file names (`default_model_filename`, `cc_model_filenames`, an output's
+`label_filename`) follow the same rule: Triton joins them to the model's folder, so
+one holding a separator or `..` would name a file outside it (a `model.py` elsewhere
+on the disk, which would then run).
 """
 
 from __future__ import annotations
@@ -21,19 +28,29 @@ _SEPARATORS = ("/", "\\", "\0")
 
 def model_name_problem(name: str) -> str | None:
     """Why `name` cannot be a model's folder name, or None when it can."""
+    return _path_part_problem(name, "a model name")
+
+
+def file_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a file name in a model's folder, or None when it can."""
+    return _path_part_problem(name, "a file name")
+
+
+def _path_part_problem(name: str, what: str) -> str | None:
+    """Why `name` cannot be one part of a path (`what` names it in the answer)."""
     if not isinstance(name, str) or not name:
-        return "a model name must not be empty"
+        return f"{what} must not be empty"
     if name in (".", ".."):
-        return f"a model name must not be '{name}'"
+        return f"{what} must not be '{name}'"
     for separator in _SEPARATORS:
         if separator in name:
-            return f"a model name must not contain {_SEPARATOR_WORDS[separator]}"
+            return f"{what} must not contain {_SEPARATOR_WORDS[separator]}"
     try:
         encoded = name.encode("utf-8")
     except UnicodeEncodeError:
-        return "a model name must be valid UTF-8"
+        return f"{what} must be valid UTF-8"
     if len(encoded) > NAME_MAX_BYTES:
-        return f"a model name must be at most {NAME_MAX_BYTES} bytes long"
+        return f"{what} must be at most {NAME_MAX_BYTES} bytes long"
     return None
 
 

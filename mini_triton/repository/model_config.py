@@ -1,6 +1,13 @@
 """A model folder's config as Triton loads it: `config.pbtxt` (or a load API
 override), completed and normalised, and checked by Triton's config rules
-(config/validation/) in Triton's order."""
+(config/validation/) in Triton's order.
+
+Before anything runs (a Python model's `auto_complete_config` runs while the config is
+completed), every file name the config joins to the model's folder must pass the
+file-name rule (core/names.py), and a load API override's EXECUTION_ENV_PATH must stay
+in the model's folder: the override comes from a client, who may not name an archive
+elsewhere on the server's disk (a config file in the repository may, as in Triton).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,9 @@ from ..config import ConfigError, parse_config_file
 from ..config.autofill import AutofillError
 from ..config.complete import complete_config as complete
 from ..config.validation import RuleError, located
+from ..backends.python.exec_env import configured_path
 from ..core.errors import invalid_arg, unavailable
+from ..core.names import file_name_problem, printable
 from . import scan
 
 
@@ -30,6 +39,9 @@ def read_config(name: str, folder: Path, options, server=None,
         else:
             config, source = config_in_folder(
                 scan.config_path(folder, options.model_config_name), options)
+        check_file_names(config)
+        if override is not None:
+            check_environment_inside(config, folder)
         return complete_config(name, folder, config, options, server)
     except ConfigError as error:
         raise unavailable(str(error)) from error
@@ -37,6 +49,40 @@ def read_config(name: str, folder: Path, options, server=None,
         raise invalid_arg(str(error)) from error
     except RuleError as error:
         raise located(error, source) from None
+
+
+def check_file_names(config: mc.ModelConfig) -> None:
+    """INVALID_ARG naming the first file name of the config that is not a plain file
+    name (core/names.py's rule): each is joined to the model's folder."""
+    for field, name in _file_names(config):
+        problem = file_name_problem(name)
+        if problem is not None:
+            raise invalid_arg(f"{field} '{printable(name)}' must name a file in the model's "
+                              f"folder: {problem}")
+
+
+def _file_names(config: mc.ModelConfig):
+    """(field, file name) of every file name a config joins to the model's folder."""
+    if config.default_model_filename:
+        yield "default_model_filename", config.default_model_filename
+    for capability, name in sorted(config.cc_model_filenames.items()):
+        yield f"cc_model_filenames['{printable(capability)}']", name
+    for output in config.output:
+        if output.label_filename:
+            yield f"label_filename of output '{printable(output.name)}'", output.label_filename
+
+
+def check_environment_inside(config: mc.ModelConfig, folder: Path) -> None:
+    """INVALID_ARG unless the EXECUTION_ENV_PATH of a client's config override, if
+    any, is in the model's folder ($$TRITON_MODEL_DIRECTORY/..., links resolved)."""
+    path = configured_path(config, folder)
+    if path is None:
+        return
+    inside = Path(folder).resolve()
+    # A relative path is the server's working folder's (as python_backend reads it).
+    if not Path(path).is_absolute() or not Path(path).resolve().is_relative_to(inside):
+        raise invalid_arg(f"EXECUTION_ENV_PATH '{printable(path)}' of a config override must "
+                          "be in the model's folder ($$TRITON_MODEL_DIRECTORY/...)")
 
 
 def config_in_folder(config_path: Path, options) -> tuple[mc.ModelConfig, Path | None]:
