@@ -61,7 +61,11 @@ class Descriptors:
     """The process's file descriptors against its limit (RLIMIT_NOFILE)."""
 
     def __init__(self, reserve: int):
-        soft, hard = raise_descriptor_limit()
+        # The soft limit as it is: raising it would let descriptors past 1023, which
+        # select() (used by the Python backend's worker link) cannot take.
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
         self.limit = soft
         self.reserve = min(reserve, soft // 4)
         # Descriptors are numbered from the lowest free one: while the newest is below
@@ -79,19 +83,6 @@ class Descriptors:
             return len(os.listdir(_FD_FOLDER)) - 1  # the listing's own descriptor
         except OSError:
             return 0  # no /proc: EMFILE on accept still pauses (AcceptGate)
-
-
-def raise_descriptor_limit() -> tuple[int, int]:
-    """Raise the soft descriptor limit to the hard one, as Go's runtime and nginx do
-    (the soft default of 1024 is below the default connection caps); (soft, hard)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft, hard
 
 
 class AcceptGate:
