@@ -21,6 +21,7 @@ from .frontends.http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES as \
 from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
                                     DEFAULT_MAX_PIPELINED_REQUESTS)
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
+from .frontends.http_offload import DEFAULT_JSON_OFFLOAD_SIZE
 from .frontends.header_forward import compile_pattern
 from .frontends.restrictions import parse_restrictions
 from .frontends.tls import TlsFiles
@@ -188,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
         "one streamed request (generate_stream, OpenAI streaming) waiting for its client, "
         "each counting 1 KiB more than its tensors; past it the request is cancelled and "
         "the stream ends with an error event (0: no limit)")
+    add("--http-json-offload-size", type=non_negative, default=DEFAULT_JSON_OFFLOAD_SIZE,
+        metavar="BYTES", help="a request whose JSON is at least this long is decoded on a "
+        "worker thread, in steps that let the event loop serve other clients meanwhile "
+        "(0: every JSON body)")
     add("--allow-cpu-metrics", type=boolean, default=True)
     add("--metrics-interval-ms", type=non_negative_float, default=DEFAULT_METRICS_INTERVAL_MS,
         help="how often the CPU gauges are sampled")
@@ -350,6 +355,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         http_max_pipelined_requests=args.http_max_pipelined_requests,
         http_max_connections=args.http_max_connections,
         http_stream_max_queued_bytes=args.http_stream_max_queued_bytes,
+        http_json_offload_size=args.http_json_offload_size,
         metrics_config=dict(args.metrics_config),
         pinned_memory_pool_byte_size=_or_default(args.accepted_pinned_memory_pool_byte_size,
                                                  DEFAULT_PINNED_POOL_BYTES),

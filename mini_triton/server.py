@@ -25,6 +25,7 @@ from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_
 from .frontends.accept_gate import AcceptLimits
 from .frontends.http_listener import start_server
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
+from .frontends.http_offload import DEFAULT_JSON_OFFLOAD_SIZE
 from .frontends.http2_limits import Http2Limits
 from .frontends.sagemaker_routes import UNSPECIFIED_MODEL, SagemakerFrontend, SagemakerSettings
 from .frontends.vertex_ai_routes import (VertexFrontend, VertexSettings, check_routes,
@@ -101,6 +102,8 @@ class Settings:
     http_max_pipelined_requests: int = DEFAULT_MAX_PIPELINED_REQUESTS
     http_max_connections: int = DEFAULT_MAX_CONNECTIONS  # per HTTP port; 0: no limit
     http_stream_max_queued_bytes: int = DEFAULT_STREAM_MAX_QUEUED_BYTES  # 0: no limit
+    # a request whose JSON is at least this long is decoded off the loop (0: every one)
+    http_json_offload_size: int = DEFAULT_JSON_OFFLOAD_SIZE
     # every stream's queued responses together (--stream-max-total-queued-bytes; 0: no limit)
     stream_max_total_queued_bytes: int = DEFAULT_STREAM_MAX_TOTAL_QUEUED_BYTES
     # --tls-handshake-timeout-secs, --file-descriptor-reserve: every port's accepting
@@ -204,7 +207,8 @@ class Server:
             frontend = HttpFrontend(self.service, self.settings.http_restricted,
                                     openai=self.settings.allow_openai,
                                     header_pattern=self.settings.http_header_pattern,
-                                    stream_limit=self.settings.http_stream_max_queued_bytes)
+                                    stream_limit=self.settings.http_stream_max_queued_bytes,
+                                    json_offload_size=self.settings.http_json_offload_size)
             self.ports["http"] = await self._listen(frontend.handle, self.settings.http_address,
                                                     self.settings.http_port, http_tls,
                                                     self.settings.reuse_http_port)

@@ -71,7 +71,7 @@ def parse_body(body: bytes) -> dict:
     if not body:
         raise invalid_arg("failed to parse the request JSON buffer: The document is empty. at 0")
     try:
-        document = http_codec.loads(body)
+        document = http_codec.loads_body(body)
     except ValueError as error:
         raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
     if not isinstance(document, dict):

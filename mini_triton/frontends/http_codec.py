@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core.memo import BoundedMemo
 
-from ..core import datatypes
+from ..core import datatypes, json_steps
 from ..core.errors import TritonError, invalid_arg
 from ..core.request import InferenceRequest, InferenceResponse
 from ..core.tensor import RequestedOutput, Tensor
@@ -43,6 +43,15 @@ except ImportError:  # pragma: no cover - depends on the installation
         return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def loads_body(data):
+    """A request body's JSON value, as `loads` gives it; a document longer than one step
+    of core.json_steps is parsed in steps (so that a worker thread decoding it lets
+    the event loop run between them: see http_offload)."""
+    if len(data) > json_steps.STEP:
+        return json_steps.loads(data)
+    return loads(data)
 
 
 # --- requests ---
@@ -196,7 +205,7 @@ def decode_raw_request(model: str, version: str, body: bytes) -> InferenceReques
 
 def _parse_json(data):
     try:
-        return loads(data)
+        return loads_body(data)
     except (ValueError, TypeError) as error:
         raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
 
@@ -331,15 +340,32 @@ def _flat_to_array(flat: list, datatype: str, name: str) -> np.ndarray:
         raise invalid_arg(reason)
     try:
         if datatype == "BYTES":
-            array = np.empty(len(flat), dtype=np.object_)
-            array[:] = [v.encode("utf-8") for v in flat]
-            return array
+            return _in_slices([v.encode("utf-8") for v in flat], np.object_)
         if datatype == "BF16":
-            return datatypes.float32_to_bf16(np.array(flat, dtype=np.float32))
-        return np.array(flat, dtype=datatypes.from_name(datatype).numpy)
+            return datatypes.float32_to_bf16(_in_slices(flat, np.float32))
+        return _in_slices(flat, datatypes.from_name(datatype).numpy)
     except (ValueError, OverflowError, TypeError) as error:  # beyond a narrower type's range
         raise invalid_arg(
             f"unable to parse 'data' of input '{name}' as {datatype}: {error}") from None
+
+
+# Elements numpy converts in one call: converting a list holds the GIL throughout, and a
+# long one is converted on http_offload's worker thread, which must let the loop run.
+CONVERT_SLICE = 1 << 16
+
+
+def _in_slices(flat: list, dtype) -> np.ndarray:
+    """`flat` as a numpy array of `dtype`, converted CONVERT_SLICE elements at a time."""
+    if len(flat) <= CONVERT_SLICE:
+        if dtype is np.object_:
+            array = np.empty(len(flat), dtype=np.object_)
+            array[:] = flat  # np.array would make nested sequences dimensions
+            return array
+        return np.array(flat, dtype=dtype)
+    array = np.empty(len(flat), dtype=dtype)
+    for start in range(0, len(flat), CONVERT_SLICE):
+        array[start:start + CONVERT_SLICE] = flat[start:start + CONVERT_SLICE]
+    return array
 
 
 def _flatten(data: list) -> list:

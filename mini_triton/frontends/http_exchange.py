@@ -83,6 +83,19 @@ class Exchange:
         task = asyncio.ensure_future(self._complete(handler, request))
         self.cancel = task.cancel
 
+    def spawn(self, work: Awaitable[None]) -> None:
+        """Run a coroutine that answers through the exchange itself (now, or by
+        starting work that will), in a task of its own; a bug in it answers 500."""
+        self.cancel = asyncio.ensure_future(self._guarded(work)).cancel
+
+    async def _guarded(self, work: Awaitable[None]) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise  # the client is gone: there is no one to answer
+        except Exception as error:
+            self.fail(error)
+
     def fail(self, error: Exception) -> None:
         """A bug while handling the request: log it and answer 500 (never let a bug
         take the connection down silently)."""

@@ -22,6 +22,7 @@ from . import generate
 from .errors import http_status
 from .http_exchange import Exchange, HttpReply, HttpRequest
 from .http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
+from .http_offload import BodyDecoder
 
 log = logging.getLogger("mini_triton.http")
 
@@ -36,9 +37,11 @@ def error_reply(status: int, message: str) -> HttpReply:
 
 class GenerateEndpoints:
     def __init__(self, service: InferenceService,
-                 stream_limit: int = DEFAULT_STREAM_MAX_QUEUED_BYTES):
+                 stream_limit: int = DEFAULT_STREAM_MAX_QUEUED_BYTES,
+                 decoder: BodyDecoder | None = None):
         self.service = service
         self.stream_limit = stream_limit  # responses waiting for the client, in bytes
+        self.decoder = decoder or BodyDecoder()  # a large body is decoded off the loop
 
     def generate(self, request: HttpRequest, exchange: Exchange) -> None:
         if self.service.tracer.sampling:  # the plain path's only question about traces
@@ -92,9 +95,9 @@ class GenerateEndpoints:
 
         exchange.run(answer, request)
 
-    def _start(self, request: HttpRequest):
+    async def _start(self, request: HttpRequest):
         """Decode the request and start the inference: (request, stream)."""
-        infer_request = self._decoded(request)
+        infer_request = await self.decoder.decode(request.body, self._decoded, request)
         return infer_request, self.service.infer(infer_request, self.stream_limit,
                                                  STREAM_LIMIT_FLAG)
 
@@ -114,9 +117,10 @@ class GenerateEndpoints:
         the service sampled it, leaves such a trace (Tracer.refused)."""
         tracer = self.service.tracer
 
-        def start(request: HttpRequest):
+        async def start(request: HttpRequest):
             try:
-                infer_request = self._decoded(request)
+                infer_request = await self.decoder.decode(request.body, self._decoded,
+                                                          request)
                 with tracer.receiving(stamps):
                     return infer_request, self.service.infer(
                         infer_request, self.stream_limit, STREAM_LIMIT_FLAG)
@@ -139,7 +143,7 @@ class GenerateEndpoints:
         them; a second response cancels the rest of the work. `start`: what starts the
         inference, if not `_start`."""
         try:
-            infer_request, stream = (start or self._start)(request)
+            infer_request, stream = await (start or self._start)(request)
         except TritonError as error:
             return error_reply(http_status(error.code), error.message)
         first = None
@@ -166,7 +170,7 @@ class GenerateEndpoints:
         the sending of the events (a traced request's), and the empty final response
         (`timed.empty_final_reached`)."""
         try:
-            infer_request, stream = (start or self._start)(request)
+            infer_request, stream = await (start or self._start)(request)
         except TritonError as error:
             return error_reply(http_status(error.code), error.message)
         body = None

@@ -25,6 +25,7 @@ from .errors import http_status
 from .header_forward import forward_headers
 from .http_generate import GenerateEndpoints
 from .http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES
+from .http_offload import DEFAULT_JSON_OFFLOAD_SIZE, BodyDecoder
 from .http_protocol import Exchange, HttpReply, HttpRequest, Router
 from .openai_routes import OpenAIRoutes
 from .restrictions import Restriction, http_refusal
@@ -67,18 +68,22 @@ def _model_and_version(request: HttpRequest) -> tuple[str, str]:
 class HttpFrontend:
     def __init__(self, service: InferenceService,
                  restricted: dict[str, Restriction] | None = None, openai: bool = True,
-                 header_pattern=None, stream_limit: int = DEFAULT_STREAM_MAX_QUEUED_BYTES):
+                 header_pattern=None, stream_limit: int = DEFAULT_STREAM_MAX_QUEUED_BYTES,
+                 json_offload_size: int = DEFAULT_JSON_OFFLOAD_SIZE):
         self.service = service
         self.restricted = restricted or {}
         self.header_pattern = header_pattern  # --http-header-forward-pattern, compiled
         self.router = Router(lambda message: error_reply(404, message))
-        self.generate = GenerateEndpoints(service, stream_limit)
+        # JSON bodies of at least json_offload_size bytes are decoded off the loop.
+        self.decoder = BodyDecoder(json_offload_size)
+        self.offload_size = json_offload_size  # the decoder's, looked up once per request
+        self.generate = GenerateEndpoints(service, stream_limit, self.decoder)
         # Handlers that take (request, exchange) and answer through the exchange.
         self._starters = {self.infer, self.generate.generate, self.generate.generate_stream}
         for group, method, path, handler in self._routes():
             self.router.add(method, path, self._guard(group, handler))
         if openai:
-            routes = OpenAIRoutes(service, stream_limit)
+            routes = OpenAIRoutes(service, stream_limit, self.decoder)
             for group, method, path, handler in routes.routes():
                 self._starters.add(handler)
                 self.router.add(method, path, self._guard(group, handler, routes.refusal))
@@ -203,9 +208,13 @@ class HttpFrontend:
         self.service.check_repository_name(request.params["repository"])
         return _OK  # not reached: a named repository is refused
 
+    async def _body_of(self, request: HttpRequest) -> dict:
+        """The request's JSON object (decoded off the loop when it is large)."""
+        return await self.decoder.decode(request.body, _json_body, request)
+
     @handles_errors
     async def repository_index(self, request: HttpRequest) -> HttpReply:
-        body = _json_body(request)
+        body = await self._body_of(request)
         ready = body.get("ready", False)
         if not isinstance(ready, bool):
             raise invalid_arg("attempt to access JSON non-boolean as boolean")  # Triton's
@@ -213,19 +222,13 @@ class HttpFrontend:
 
     @handles_errors
     async def load_model(self, request: HttpRequest) -> HttpReply:
-        parameters = (_json_body(request)).get("parameters", {})
-        if not isinstance(parameters, dict):
-            raise invalid_arg("'parameters' must be a JSON object")
-        http_parameters.check_load_parameters(parameters)
-        config = parameters.get("config")
-        files = {key: _base64(key, value) for key, value in parameters.items()
-                 if key.startswith("file:")}
+        config, files = await self.decoder.decode(request.body, _load_parameters, request)
         await self.service.load_model(request.params["model"], config, files or None)
         return _OK
 
     @handles_errors
     async def unload_model(self, request: HttpRequest) -> HttpReply:
-        parameters = (_json_body(request)).get("parameters", {})
+        parameters = (await self._body_of(request)).get("parameters", {})
         if not isinstance(parameters, dict):
             parameters = {}  # Triton reads no parameters out of a non-object
         http_parameters.check_unload_parameters(parameters)
@@ -237,13 +240,13 @@ class HttpFrontend:
 
     @handles_errors
     async def trace_setting(self, request: HttpRequest) -> HttpReply:
-        changes = _json_body(request) if request.method == "POST" else None
+        changes = await self._body_of(request) if request.method == "POST" else None
         return json_reply(self.service.trace_settings(request.params.get("model", ""),
                                                          changes))
 
     @handles_errors
     async def logging_settings(self, request: HttpRequest) -> HttpReply:
-        changes = http_parameters.log_setting_changes(_json_body(request)) \
+        changes = http_parameters.log_setting_changes(await self._body_of(request)) \
             if request.method == "POST" else None
         return json_reply(self.service.logging_settings(changes))
 
@@ -257,7 +260,7 @@ class HttpFrontend:
     async def shm_register(self, request: HttpRequest) -> HttpReply:
         region = request.params.get("region", "")
         self.service.system_shm.check_name(region)
-        body = _json_body(request)
+        body = await self._body_of(request)
         key = http_parameters.register_field(body, "key", "string")
         offset = http_parameters.register_field(body, "offset", "uint", default=0)
         size = http_parameters.register_field(body, "byte_size", "uint")
@@ -276,7 +279,7 @@ class HttpFrontend:
     @handles_errors
     async def cuda_shm_register(self, request: HttpRequest) -> HttpReply:
         self.service.cuda_shm.check_name(request.params.get("region", ""))
-        body = _json_body(request)
+        body = await self._body_of(request)
         http_parameters.register_field(body, "raw_handle", "object")
         handle, device, size = body.get("raw_handle"), body.get("device_id", 0), \
             body.get("byte_size")
@@ -305,9 +308,8 @@ class HttpFrontend:
             # binary request whose one input has no bytes.
             header_length = None if request.body else 0
         else:
-            try:
-                header_length = int(value)  # its range is the codec's to check
-            except ValueError:
+            header_length = http_parameters.header_integer(value)  # the codec checks its range
+            if header_length is None:
                 error = invalid_arg(f"invalid {http_codec.HEADER_LENGTH} header '{value}'")
                 exchange.answer(self._undecodable(model, version, error, V2_REPLIES,
                                                   request, exchange))
@@ -322,7 +324,12 @@ class HttpFrontend:
         without a task in between. `replies` shapes the reply (the v2 API's, or a cloud
         front end's status codes and content types)."""
         replies = replies or V2_REPLIES
-        try:  # _decode_infer, inline: this runs for every request
+        if header_length != 0 and self.offload_size <= (  # a large JSON header: off the loop
+                len(request.body) if header_length is None else header_length):
+            exchange.spawn(self._start_off_loop(request, exchange, model, version,
+                                                header_length, replies))
+            return
+        try:  # decoded inline: this runs for every request
             if header_length == 0:
                 infer_request, binary_output = http_codec.decode_raw_request(
                     model, version, request.body), True
@@ -336,6 +343,30 @@ class HttpFrontend:
             exchange.answer(self._undecodable(model, version, error, replies, request,
                                               exchange))
             return
+        self._begin(request, exchange, infer_request, binary_output, replies)
+
+    async def _start_off_loop(self, request: HttpRequest, exchange: Exchange, model: str,
+                              version: str, header_length: int | None,
+                              replies: "InferReplies") -> None:
+        """start_infer for a body whose JSON header is large: decoded on the decoder's
+        thread, then started as any other."""
+        try:
+            infer_request, binary_output = await self.decoder.decode(
+                request.body, http_codec.decode_infer_request, model, version, request.body,
+                header_length)
+            if self.header_pattern is not None:
+                forward_headers(self.header_pattern, request.headers.items(),
+                                infer_request.parameters)
+        except TritonError as error:
+            exchange.answer(self._undecodable(model, version, error, replies, request,
+                                              exchange))
+            return
+        self._begin(request, exchange, infer_request, binary_output, replies)
+
+    def _begin(self, request: HttpRequest, exchange: Exchange, infer_request,
+               binary_output: bool, replies: "InferReplies") -> None:
+        """Start a decoded inference; its reply is written from the call that delivers
+        the final response."""
         service = self.service
         if service.tracer.sampling:  # the plain path's only question about traces
             self._start_stamped(request, infer_request, exchange, binary_output, replies)
@@ -434,7 +465,7 @@ def _json_body(request: HttpRequest) -> dict:
     if not body:
         return {}
     try:
-        document = http_codec.loads(body)
+        document = http_codec.loads_body(body)
     except ValueError as error:
         raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
     if not isinstance(document, dict):
@@ -442,11 +473,30 @@ def _json_body(request: HttpRequest) -> dict:
     return document
 
 
+def _load_parameters(request: HttpRequest) -> tuple[str | None, dict[str, bytes]]:
+    """A load request's config override and its files, decoded."""
+    parameters = _json_body(request).get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise invalid_arg("'parameters' must be a JSON object")
+    http_parameters.check_load_parameters(parameters)
+    files = {key: _base64(key, value) for key, value in parameters.items()
+             if key.startswith("file:")}
+    return parameters.get("config"), files
+
+
+# Characters decoded per b64decode call (a multiple of 4): one call holds the GIL, and
+# a load's files (tens of MiB) are decoded on http_offload's thread.
+BASE64_SLICE = 1 << 20
+
+
 def _base64(key: str, value) -> bytes:
     if not isinstance(value, str):
         raise invalid_arg(f"parameter '{key}' must hold base64-encoded file contents")
     try:
-        return base64.b64decode(value, validate=True)
+        if len(value) <= BASE64_SLICE:
+            return base64.b64decode(value, validate=True)
+        return b"".join(base64.b64decode(value[start:start + BASE64_SLICE], validate=True)
+                        for start in range(0, len(value), BASE64_SLICE))
     except (binascii.Error, ValueError):
         raise invalid_arg(f"parameter '{key}' is not valid base64") from None
 

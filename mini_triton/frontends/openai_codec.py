@@ -118,7 +118,7 @@ class Ask:
 
 def parse_body(body: bytes) -> dict:
     try:
-        document = http_codec.loads(body) if body else None
+        document = http_codec.loads_body(body) if body else None
     except ValueError as error:
         raise OpenAIError(400, f"the request body is not valid JSON: {error}") from None
     if not isinstance(document, dict):

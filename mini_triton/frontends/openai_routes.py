@@ -25,6 +25,7 @@ from .errors import http_status
 from .http_exchange import BodyStream, Exchange, HttpReply, HttpRequest
 from .http_generate import EVENT_STREAM, STREAM_HEADERS
 from .http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
+from .http_offload import BodyDecoder
 from .openai_codec import OpenAIError
 
 log = logging.getLogger("mini_triton.openai")
@@ -38,9 +39,11 @@ def error_reply(status: int, message: str, code: str | None = None) -> HttpReply
 
 class OpenAIRoutes:
     def __init__(self, service: InferenceService,
-                 stream_limit: int = DEFAULT_STREAM_MAX_QUEUED_BYTES):
+                 stream_limit: int = DEFAULT_STREAM_MAX_QUEUED_BYTES,
+                 decoder: BodyDecoder | None = None):
         self.service = service
         self.stream_limit = stream_limit  # responses waiting for the client, in bytes
+        self.decoder = decoder or BodyDecoder()  # a large body is decoded off the loop
         self._created: dict[str, int] = {}  # model → when /v1 first saw it ready
         self._templates: dict[str, tuple] = {}  # model → (its config, its ChatTemplate)
 
@@ -107,11 +110,8 @@ class OpenAIRoutes:
 
     async def _serve(self, request: HttpRequest, exchange: Exchange, chat: bool):
         try:
-            document = codec.parse_body(request.body)
-            ask = codec.parse_ask(document, chat)
-            contract = self._contract(ask.model)
-            if chat:
-                ask.prompts = [self._prompt(ask.model, document["messages"])]
+            ask, contract = await self.decoder.decode(request.body, self._ask, request.body,
+                                                      chat)
             runs = self._start(ask, contract)
         except OpenAIError as error:
             return error_reply(error.status, error.message, error.code)
@@ -121,6 +121,16 @@ class OpenAIRoutes:
             await self._stream(ask, runs, exchange)
             return None
         return await self._whole(ask, runs)
+
+    def _ask(self, body: bytes, chat: bool) -> tuple[codec.Ask, codec.Contract]:
+        """The request's fields, its model's contract and (chat) the prompt rendered
+        from its messages: all the work in proportion to the body's size."""
+        document = codec.parse_body(body)
+        ask = codec.parse_ask(document, chat)
+        contract = self._contract(ask.model)
+        if chat:
+            ask.prompts = [self._prompt(ask.model, document["messages"])]
+        return ask, contract
 
     def _prompt(self, model: str, messages: list) -> str:
         messages = [{**m, "content": chat_template.text_of(m.get("content"))}
