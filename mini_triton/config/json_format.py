@@ -13,6 +13,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from ..core import json_steps
 from .errors import ConfigError
 
 _MESSAGE = FieldDescriptor.CPPTYPE_MESSAGE
@@ -106,7 +107,24 @@ def config_from_json(obj: dict | str) -> ModelConfig:
         raise ConfigError(f"invalid config JSON: {error}") from None
 
 
+# Containers a config's JSON may nest: protobuf's JSON parsers stop at 100 nested
+# messages (json_format's max_recursion_depth, the C++ parser Triton uses alike), so
+# no config they read is refused; deeper JSON ran out of Python's stack (HTTP 500,
+# gRPC UNKNOWN) before it was refused.
+MAX_CONFIG_DEPTH = 100
+
+
 def _load_json(text: str | bytes):
+    """The JSON value of a config text. A text longer than one step of core.json_steps
+    is parsed in steps, which bound the nesting themselves (a config is read on a
+    worker thread: one long parse would hold the GIL from the event loop)."""
+    if len(text) > json_steps.STEP:
+        try:
+            return json_steps.loads(text, max_depth=MAX_CONFIG_DEPTH)
+        except ValueError as error:
+            raise ConfigError(f"invalid JSON: {error}") from None
+    if json_steps.deeper_than(text, MAX_CONFIG_DEPTH):
+        raise ConfigError(f"invalid JSON: containers nested deeper than {MAX_CONFIG_DEPTH}")
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:

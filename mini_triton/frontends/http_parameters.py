@@ -11,10 +11,21 @@ errors are INTERNAL); the client sent them, so they are 400 here.
 
 from __future__ import annotations
 
+import re
+
 from ..core.errors import invalid_arg
 from ..logsettings import FORMATS
 
 _UINT64_END = 2 ** 64
+_DECIMAL = re.compile(r"-?[0-9]+")  # a str pattern's [0-9] is ASCII only
+
+
+def header_integer(text: str) -> int | None:
+    """A number a header carries, in ASCII decimal digits with an optional '-' (the
+    caller checks the range, in Triton's words); None for anything else. int() alone
+    would also read other scripts' digits ('١٢'), '_', '+' and spaces, and
+    str.isdigit() lets '²' through to an int() that then fails."""
+    return int(text) if _DECIMAL.fullmatch(text) else None
 
 
 def is_uint(value) -> bool:

@@ -116,7 +116,7 @@ def header_length(content_type: str | None, body_length: int, mime: str) -> int 
         raise invalid_arg(f"expect MIME type for binary data starts with '{mime}', got: "
                           f"{content_type}")
     text = content_type[len(mime):].strip()
-    if not text.isdigit():  # Triton's atoi would read junk as 0 (raw input)
+    if not (text.isascii() and text.isdigit()):  # atoi would read junk as 0 (raw input)
         raise invalid_arg(f"Unable to parse inference header size, got: {text}")
     length = int(text)
     if length > body_length:

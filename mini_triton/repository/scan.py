@@ -49,7 +49,7 @@ def model_dirs(repository: Path) -> dict[str, Path]:
 def parse_version(name: str) -> int | None:
     """A version folder name as a number; None for names Triton ignores
     (non-numeric, or zero-prefixed like '01')."""
-    if not name.isdigit() or (len(name) > 1 and name[0] == "0"):
+    if not (name.isascii() and name.isdigit()) or (len(name) > 1 and name[0] == "0"):
         return None
     return int(name)
 
