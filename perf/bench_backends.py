@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Each backend through the server against the framework's own batched predict, in one run.
+
+    python perf/bench_backends.py                         # every case, gRPC c8
+    python perf/bench_backends.py --cases xgboost_classifier,openvino_ir --rounds 2
+
+A case is one function below (`CASES`): it writes a Triton model folder into the
+repository (dynamic batching, one instance) and returns the framework's own predict
+over the same file. The server runs as a child process; `perf/loadgen.py` keeps
+`--concurrency` single-row requests in flight over gRPC; then, with the server idle,
+the framework predicts batches of the size the batcher formed (the statistics
+extension's mean) in this process, with the same threads the server's instance has.
+Reported per case: rows/s of each, their ratio, and CPU milliseconds per row (the
+server process's, and the load generator's apart; the framework's own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+PERF = Path(__file__).resolve().parent
+ROOT = PERF.parent
+sys.path.insert(0, str(PERF))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from loadgen import LoadSpec, measure  # noqa: E402
+from measurements import process_tree_cpu, save_run  # noqa: E402
+from serverproc import ServerProcess  # noqa: E402
+
+FEATURES = 16
+MAX_BATCH = 64
+DYNAMIC_BATCHING = "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
+SINGLE_INSTANCE = "instance_group [{ kind: KIND_CPU count: 1 }]\n"
+
+
+@dataclass
+class Case:
+    """A model in the repository, and the framework's own predict over its file."""
+
+    model: str
+    input_name: str
+    width: int
+    predict: Callable[[np.ndarray], object]  # batch of rows -> the framework's answer
+
+
+def _threads() -> int:
+    """What the server gives a single instance: every core (backends/fil, openvino)."""
+    return len(os.sched_getaffinity(0))
+
+
+def _fil_config(name: str, model_type: str, output_dims: int, **parameters) -> str:
+    listed = ", ".join(f'{{ key: "{k}" value: {{ string_value: "{v}" }} }}'
+                       for k, v in {"model_type": model_type, **parameters}.items())
+    return (f'name: "{name}"\nbackend: "fil"\nmax_batch_size: {MAX_BATCH}\n'
+            f'input [{{ name: "input__0" data_type: TYPE_FP32 dims: [ {FEATURES} ] }}]\n'
+            f'output [{{ name: "output__0" data_type: TYPE_FP32 dims: [ {output_dims} ] }}]\n'
+            f"parameters [ {listed} ]\n" + SINGLE_INSTANCE + DYNAMIC_BATCHING)
+
+
+def _training(rows: int = 5000):
+    x = np.random.default_rng(0).normal(size=(rows, FEATURES)).astype(np.float32)
+    return x, (x[:, 0] + x[:, 1] * x[:, 2] > 0).astype(int), 2 * x[:, 0] - x[:, 4]
+
+
+def _version_folder(repository: Path, name: str, config: str) -> Path:
+    folder = repository / name / "1"
+    folder.mkdir(parents=True)
+    (repository / name / "config.pbtxt").write_text(config)
+    return folder
+
+
+def case_xgboost_classifier(repository: Path) -> Case:
+    """XGBoost, 16 features, 100 trees of depth 6, predict_proba (two columns)."""
+    import xgboost
+
+    x, labels, _ = _training()
+    model = xgboost.XGBClassifier(n_estimators=100, max_depth=6, random_state=0).fit(x, labels)
+    folder = _version_folder(repository, "xgboost_classifier", _fil_config(
+        "xgboost_classifier", "xgboost_ubj", 2, output_class="true", threshold="0.5",
+        predict_proba="true"))
+    model.get_booster().save_model(folder / "xgboost.ubj")
+    booster = xgboost.Booster(model_file=str(folder / "xgboost.ubj"))
+    booster.set_param({"nthread": _threads()})
+    return Case("xgboost_classifier", "input__0", FEATURES, booster.inplace_predict)
+
+
+def case_lightgbm_regressor(repository: Path) -> Case:
+    """LightGBM, 16 features, 100 trees of 31 leaves."""
+    import lightgbm
+
+    x, _, target = _training()
+    model = lightgbm.LGBMRegressor(n_estimators=100, num_leaves=31, random_state=0,
+                                   verbose=-1).fit(x, target)
+    folder = _version_folder(repository, "lightgbm_regressor", _fil_config(
+        "lightgbm_regressor", "lightgbm", 1, output_class="false"))
+    model.booster_.save_model(str(folder / "model.txt"))
+    booster = lightgbm.Booster(model_file=str(folder / "model.txt"))
+    threads = _threads()
+    return Case("lightgbm_regressor", "input__0", FEATURES,
+                lambda rows: booster.predict(rows, num_threads=threads))
+
+
+def case_openvino_ir(repository: Path) -> Case:
+    """An OpenVINO IR: MLP 256 → 1024 (ReLU) → 256, FP32 weights."""
+    import openvino as ov
+    from openvino_models import converted  # tests/: OpenVINO's conversion of an ONNX model
+
+    widths = (256, 1024, 256)
+    rng = np.random.default_rng(7)
+    weights = [numpy_helper.from_array(
+        (rng.normal(size=(a, b)) / np.sqrt(a)).astype(np.float32), f"W{i}")
+        for i, (a, b) in enumerate(zip(widths, widths[1:]))]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W0"], ["H"]), helper.make_node("Relu", ["H"], ["R"]),
+         helper.make_node("MatMul", ["R", "W1"], ["Y"])], "mlp",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", widths[0]])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", widths[-1]])], weights)
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx_model.ir_version = 8
+    model = converted(onnx_model)
+    steps = ov.preprocess.PrePostProcessor(model)
+    steps.input("X").model().set_layout(ov.Layout("NC"))
+    steps.output("Y").model().set_layout(ov.Layout("NC"))
+    folder = _version_folder(repository, "openvino_ir", 'backend: "openvino"\nmax_batch_size: '
+                             f"{MAX_BATCH}\n" + SINGLE_INSTANCE + DYNAMIC_BATCHING)
+    ov.save_model(steps.build(), str(folder / "model.xml"), compress_to_fp16=False)
+    compiled = ov.Core().compile_model(str(folder / "model.xml"), "CPU",
+                                       {"INFERENCE_NUM_THREADS": _threads()})
+    request = compiled.create_infer_request()
+    return Case("openvino_ir", "X", widths[0],
+                lambda rows: request.infer({"X": rows}, share_inputs=True))
+
+
+def case_pytorch_mlp(repository: Path) -> Case:
+    """A TorchScript MLP 2048 → 4096 (ReLU) → 2048, FP32, fixed random weights (the
+    shape of perf/bench_onnx_batching.py's ONNX MLP)."""
+    import torch
+
+    widths = (2048, 4096, 2048)
+    torch.manual_seed(7)
+    module = torch.nn.Sequential(torch.nn.Linear(widths[0], widths[1]), torch.nn.ReLU(),
+                                 torch.nn.Linear(widths[1], widths[2])).eval()
+    folder = _version_folder(repository, "pytorch_mlp", (
+        f'platform: "pytorch_libtorch"\nmax_batch_size: {MAX_BATCH}\n'
+        f'input [{{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ {widths[0]} ] }}]\n'
+        f'output [{{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ {widths[-1]} ] }}]\n'
+        + SINGLE_INSTANCE + DYNAMIC_BATCHING))
+    torch.jit.script(module).save(str(folder / "model.pt"))
+    loaded = torch.jit.load(str(folder / "model.pt"))
+    torch.set_num_threads(_threads())
+
+    def predict(rows: np.ndarray):
+        with torch.inference_mode():
+            return loaded(torch.from_numpy(rows)).numpy()
+
+    return Case("pytorch_mlp", "INPUT__0", widths[0], predict)
+
+
+CASES: dict[str, Callable[[Path], Case]] = {
+    "xgboost_classifier": case_xgboost_classifier,
+    "lightgbm_regressor": case_lightgbm_regressor,
+    "openvino_ir": case_openvino_ir,
+    "pytorch_mlp": case_pytorch_mlp,
+}
+
+
+# --- measuring ---
+
+
+def model_stats(http_url: str, model: str) -> tuple[int, int]:
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats") as response:
+        stats = json.load(response)["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
+def own_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def through_server(server: ServerProcess, case: Case, args) -> dict:
+    spec = LoadSpec(model=case.model, url=server.grpc_url, protocol="grpc",
+                    shapes={case.input_name: [case.width]}, measurement_ms=args.measurement_ms,
+                    warmup_ms=1000, max_trials=3, server=case.model, progress=False)
+    rows_before, runs_before = model_stats(server.http_url, case.model)
+    server_before, client_before = process_tree_cpu(server.proc.pid), own_cpu()
+    result = measure(spec, "concurrency", args.concurrency)
+    rows_after, runs_after = model_stats(server.http_url, case.model)
+    rows = max(1, rows_after - rows_before)
+    return {"server_rows_s": result.throughput, "p50_ms": result.p50_us / 1000,
+            "errors": result.errors,
+            "mean_batch": rows / max(1, runs_after - runs_before),
+            "server_cpu_ms_row": (process_tree_cpu(server.proc.pid) - server_before) * 1000
+            / rows,
+            "client_cpu_ms_row": (own_cpu() - client_before) * 1000 / rows}
+
+
+def framework_own(case: Case, batch: int, seconds: float) -> dict:
+    rows = np.random.default_rng(3).normal(size=(batch, case.width)).astype(np.float32)
+    case.predict(rows)
+    runs, cpu_before, start = 0, own_cpu(), time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        case.predict(rows)
+        runs += 1
+    elapsed = time.perf_counter() - start
+    return {"own_rows_s": runs * batch / elapsed,
+            "own_cpu_ms_row": (own_cpu() - cpu_before) * 1000 / (runs * batch)}
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| case | server rows/s | mean batch | framework rows/s (same batch) | ratio | "
+             "server CPU ms/row | load generator CPU ms/row | framework CPU ms/row |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(
+            f"| {r['case']} | {r['server_rows_s']:,.0f} | {r['mean_batch']:.1f} | "
+            f"{r['own_rows_s']:,.0f} | {r['server_rows_s'] / r['own_rows_s']:.2f}x | "
+            f"{r['server_cpu_ms_row']:.3f} | {r['client_cpu_ms_row']:.3f} | "
+            f"{r['own_cpu_ms_row']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--measurement-ms", type=int, default=2000)
+    parser.add_argument("--own-seconds", type=float, default=3.0)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        repository = Path(folder)
+        cases = [CASES[name](repository) for name in args.cases.split(",")]
+        results = []
+        with ServerProcess([f"--model-repository={repository}"], ready_timeout=300) as server:
+            for round_index in range(args.rounds):
+                for case in cases:
+                    served = through_server(server, case, args)
+                    own = framework_own(case, max(1, round(served["mean_batch"])),
+                                        args.own_seconds)
+                    results.append({"case": case.model, "round": round_index, **served, **own})
+                    print(table(results[-1:]).splitlines()[-1], flush=True)
+    print(f"\n{os.cpu_count()} CPUs; gRPC c{args.concurrency}, single-row requests, dynamic "
+          "batching, one instance; load average "
+          + "/".join(f"{v:.1f}" for v in os.getloadavg()))
+    print(table(results))
+    print("saved", save_run("bench-backends", args, results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
