@@ -9,10 +9,16 @@ sentence start chosen by the prompt) and follows the table: greedily at temperat
 the same reply. A sentence's end is the end of the reply ("stop") unless ignore_eos is
 set; max_tokens (default 16) ends it with "length"; a stop string ends it before the
 stop string. Each request streams from a thread of its own, so execute returns at once.
+
+token_interval_ms (the time between two words) is bounded by max_token_interval_ms
+(default 1000): a request asking for more is refused. Between two words the thread
+waits on an event that finalize sets, asking now and then whether the request was
+cancelled, so a client that left or an unload ends it within a fraction of a second.
 """
 
 import collections
 import json
+import math
 import threading
 import time
 import zlib
@@ -32,6 +38,9 @@ a stop word ends the reply before the stop word itself is sent .
 """
 END = "."
 DEFAULT_MAX_TOKENS = 16
+DEFAULT_MAX_TOKEN_INTERVAL_MS = 1000.0
+CANCEL_CHECK_S = 0.1  # a long wait asks this often whether its request was cancelled
+FINALIZE_WAIT_S = 5.0  # for all the answering threads together
 
 
 def count_followers(text):
@@ -137,8 +146,16 @@ class TritonPythonModel:
         if not pb_utils.using_decoupled_model_transaction_policy(self.model_config):
             raise pb_utils.TritonModelException("text_stream needs the decoupled policy")
         parameters = self.model_config.get("parameters", {})
-        interval = parameters.get("token_interval_ms", {}).get("string_value", "0")
-        self.interval_ms = float(interval or 0)
+
+        def parameter(key, default):
+            return parameters.get(key, {}).get("string_value") or default
+
+        self.max_interval_ms = _milliseconds("max_token_interval_ms", parameter(
+            "max_token_interval_ms", DEFAULT_MAX_TOKEN_INTERVAL_MS), math.inf)
+        self.interval_ms = _milliseconds("token_interval_ms",
+                                         parameter("token_interval_ms", 0),
+                                         self.max_interval_ms)
+        self.stopping = threading.Event()  # set by finalize: every wait ends
         family = pb_utils.MetricFamily(
             name="text_stream_cancelled_requests",
             description="Requests of text_stream that stopped because they were cancelled",
@@ -159,7 +176,11 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             self.generate(request, sender)
-        except Exception as error:  # a bad request is the client's: say why, and end
+        except ValueError as error:  # a bad request is the client's: say why, and end
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                str(error), pb_utils.TritonError.INVALID_ARG)),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as error:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         finally:
@@ -175,15 +196,20 @@ class TritonPythonModel:
         if prepend and stream:
             raise ValueError("When streaming, `exclude_input_in_output` = False is not allowed.")
         params = _sampling_parameters(request)
-        interval = float(params.get("token_interval_ms", self.interval_ms)) / 1000.0
+        interval = _milliseconds("token_interval_ms",
+                                 params.get("token_interval_ms", self.interval_ms),
+                                 self.max_interval_ms) / 1000.0
         wanted = {name: _flag(request, name, False) for name in
                   ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")}
         generation = Generation(prompt, params)
         stops = StopFilter(generation.stops)
         reply = Reply(sender, wanted, len(prompt.split()), prompt if prepend else "")
         while generation.finish_reason is None:
-            if interval:
-                time.sleep(interval)
+            if not self.wait(interval, sender):
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "text_stream is being unloaded", pb_utils.TritonError.UNAVAILABLE)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
             if sender.is_cancelled():
                 self.cancelled.increment(1)
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -201,11 +227,26 @@ class TritonPythonModel:
         if not stream:
             reply.send("", generation.tokens, generation.finish_reason, final=True)
 
+    def wait(self, seconds, sender):
+        """Wait up to `seconds` before the next word, less if the request is cancelled
+        meanwhile; False when the model is finalizing."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            if self.stopping.wait(min(left, CANCEL_CHECK_S)):
+                return False
+            if left > CANCEL_CHECK_S and sender.is_cancelled():
+                return True  # the caller sees it cancelled
+
     def finalize(self):
+        self.stopping.set()
         with self.lock:
             threads = list(self.threads)
+        deadline = time.monotonic() + FINALIZE_WAIT_S
         for thread in threads:
-            thread.join(timeout=5)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 class Reply:
@@ -248,6 +289,18 @@ def _string(request, name):
 def _flag(request, name, default):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return bool(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else default
+
+
+def _milliseconds(name, value, limit):
+    """A duration parameter in milliseconds, from 0 to `limit`; ValueError naming it."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number of milliseconds, not {value!r}") from None
+    if not 0 <= number <= limit:
+        raise ValueError(f"{name} must be from 0 to {limit:g} milliseconds "
+                         f"(max_token_interval_ms), not {value!r}")
+    return number
 
 
 def _sampling_parameters(request):
