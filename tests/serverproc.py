@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 # Importable from perf/ scripts too, with or without the package installed.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -67,6 +68,8 @@ class ServerProcess:
     # waited on through the first one (its /v2/health/ready, or ready_path).
     services: tuple[str, ...] = ("http", "grpc")
     ready_path: str = "/v2/health/ready"
+    # Run in the child before the server starts (e.g. resource.setrlimit).
+    preexec_fn: Callable[[], None] | None = None
     proc: subprocess.Popen | None = None
     ports: PortTable = field(default_factory=PortTable)
     lines: list[str] = field(default_factory=list)
@@ -90,8 +93,8 @@ class ServerProcess:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            preexec_fn=self.preexec_fn)
         threading.Thread(target=self._read_output, daemon=True).start()
         self._wait_for_ports()
         if self.expect_ready:
