@@ -10,6 +10,7 @@ from .flag_types import boolean, in_range, non_negative, non_negative_float, \
     non_negative_seconds, positive
 from .frontends.grpc_server import GrpcOptions
 from .frontends.grpc_stream import DEFAULT_STREAM_MAX_IN_FLIGHT, DEFAULT_STREAM_MAX_QUEUED_BYTES
+from .frontends.grpc_transport import DEFAULT_MESSAGE_THREADS
 from .frontends.grpc_wire import COMPRESSION_LEVELS
 from .frontends.http2_limits import Http2Limits
 
@@ -27,13 +28,18 @@ def add_grpc_flags(add) -> None:
         default=DEFAULT_STREAM_MAX_QUEUED_BYTES, help="responses of one ModelStreamInfer "
         "call waiting for its client (each counts 1 KiB more than its size); past it the "
         "stream ends RESOURCE_EXHAUSTED and its requests are cancelled (0: no limit)")
+    add("--grpc-message-thread-count", type=in_range(1, 128), metavar="N",
+        default=DEFAULT_MESSAGE_THREADS, help="threads that inflate and read large or "
+        "many-field request messages and compress large responses, off the event loop "
+        "(native transport)")
     add_grpc_http2_flags(add)
 
 
 def grpc_options(args: argparse.Namespace) -> GrpcOptions:
     return GrpcOptions(stream_max_queued_bytes=args.grpc_stream_max_queued_bytes,
                        stream_max_in_flight=args.grpc_stream_max_requests_in_flight,
-                       response_compression=args.grpc_infer_response_compression_level)
+                       response_compression=args.grpc_infer_response_compression_level,
+                       message_threads=args.grpc_message_thread_count)
 
 
 HTTP2_DEFAULTS = Http2Limits()

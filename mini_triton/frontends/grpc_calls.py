@@ -14,7 +14,6 @@ import collections
 import dataclasses
 import logging
 import time
-import zlib
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
@@ -26,8 +25,8 @@ from .. import trace_front_end as front_end_trace
 from ..trace_front_end import FrontEndStamps
 from .grpc_hpack import MALFORMED, RequestHead, trailers_problem
 from .grpc_wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, UNPARSEABLE_CODE,
-                        UNPARSEABLE_MESSAGE, WINDOW_BITS, MessageTooLarge, ScatteredMessage,
-                        inflate, parse_timeout, refusal_block, response_encoding, status_block,
+                        UNPARSEABLE_MESSAGE, WINDOW_BITS, Deflated, ScatteredMessage,
+                        parse_timeout, refusal_block, response_encoding, status_block,
                         too_large)
 from .http2_frames import INTERNAL_ERROR, PROTOCOL_ERROR
 
@@ -49,12 +48,19 @@ class Method:
     A unary RPC may also have `begin(request, context, reply)`, used instead of the
     coroutine: it starts the call and returns a callable that stops it (or None),
     and `reply` is called, on the loop, with the response message or an AbortError;
-    the response is written from that call, with no task in between."""
+    the response is written from that call, with no task in between.
+
+    A method whose messages cost more to read the more fields a client packs into them
+    reads them itself (its request_type is RawRequest): `read_on_loop(message)` returns
+    what begin takes, or None when that costs the event loop too much, and then
+    `read_anywhere(message)` reads it on a worker thread (grpc_offload.py)."""
     request_type: Any
     handler: Callable
     client_streaming: bool
     begin: Callable | None = None
     compress_responses: bool = False  # at --grpc-infer-response-compression-level
+    read_on_loop: Callable | None = None
+    read_anywhere: Callable | None = None
 
 
 class RawRequest:
@@ -119,8 +125,9 @@ class Stream:
 
 class GrpcCalls:
     """The calls of one connection. Expects the connection's `server`, `loop`,
-    `max_message`, `max_unary_body`, `streams`, `ready`, and its `_send`, `_reset`,
-    `_drop_held_back`, `_give_back_stream` (http2_connection.Http2Connection)."""
+    `max_message`, `max_unary_body`, `max_whole`, `streams`, `ready`, and its `_send`,
+    `_reset`, `_drop_held_back`, `_give_back_stream` (http2_connection.Http2Connection),
+    `_decompress`, `_read_checked`, `_compressed`, `_inflate_streamed` (grpc_offload)."""
 
     # --- from the connection: a stream's headers and body ---
 
@@ -172,14 +179,15 @@ class GrpcCalls:
     def _take_whole_request(self, stream: Stream, buffer: bytearray, start: int,
                             end: int) -> bool:
         """`buffer[start:end]`, a whole DATA frame ending the stream, taken as a started
-        unary call's request when it is exactly one uncompressed message within the
-        limit (what _on_body and _on_end_of_input would take; a copy, as the buffer is
-        read into again); False, taking nothing, for anything else."""
+        unary call's request when it is exactly one uncompressed message of at most
+        `max_whole` bytes (within the limit, and small enough to read as it comes: see
+        grpc_offload; a copy, as the buffer is read into again); False, taking nothing,
+        for anything else (_on_body and _on_end_of_input judge it then)."""
         if stream.method is None or stream.started or stream.closed \
                 or stream.inbox is not None:
             return False
         compressed, length = MESSAGE_PREFIX.unpack_from(buffer, start)
-        if compressed or length != end - start - 5 or length > self.max_message:
+        if compressed or length != end - start - 5 or length > self.max_whole:
             return False
         stream.ended = stream.started = True
         self.ready.append((stream, bytes(memoryview(buffer)[start + 5:end])))
@@ -248,6 +256,9 @@ class GrpcCalls:
                     f"expected one request message, got {len(messages)}"))
                 return
             message = messages[0]
+        if type(message) is Deflated or len(message) > self.max_whole:
+            self._read_checked(stream, message)  # maybe on a worker: grpc_offload
+            return
         stream.started = True
         self.ready.append((stream, message))  # started once the read is parsed
 
@@ -271,7 +282,8 @@ class GrpcCalls:
 
     def _take_messages(self, stream: Stream, sizes: list | None = None) -> list[bytes]:
         """The complete length-prefixed messages in the stream's body, removed from it
-        (and their sizes on the wire, prefix included, in `sizes`)."""
+        (and their sizes on the wire, prefix included, in `sizes`); a compressed one
+        that inflates to much is left compressed, for a worker (grpc_wire.Deflated)."""
         body, messages, offset = stream.body, [], 0
         while len(body) - offset >= 5:
             compressed, length = MESSAGE_PREFIX.unpack_from(body, offset)
@@ -292,19 +304,6 @@ class GrpcCalls:
         if stream.ended and body:
             raise AbortError(grpc.StatusCode.INTERNAL, "the request ended inside a message")
         return messages
-
-    def _decompress(self, stream: Stream, message: bytes) -> bytes:
-        if stream.encoding not in WINDOW_BITS:
-            raise AbortError(grpc.StatusCode.INTERNAL,
-                             "a compressed message without a grpc-encoding")
-        try:
-            return inflate(message, stream.encoding, self.max_message)
-        except MessageTooLarge as error:
-            raise AbortError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"Decompressed message larger than max ({error})") from None
-        except zlib.error as error:
-            raise AbortError(grpc.StatusCode.INTERNAL,
-                             f"cannot decompress the request message: {error}") from None
 
     def _check_unary_body(self, stream: Stream) -> None:
         """A unary call's body as it arrives: its message may not be declared larger
@@ -345,8 +344,9 @@ class GrpcCalls:
 
     # --- handlers ---
 
-    async def _run_unary(self, stream: Stream, message: bytes) -> None:
-        request = self._parse_request(stream, message)
+    async def _run_unary(self, stream: Stream, message: bytes, read: bool = False) -> None:
+        # read: the message is parsed already (on a worker, grpc_offload)
+        request = message if read else self._parse_request(stream, message)
         if request is None:
             return
         try:
@@ -358,9 +358,9 @@ class GrpcCalls:
             return
         self._end_unary(stream, response)
 
-    def _begin_unary(self, stream: Stream, message: bytes) -> None:
-        if stream.method.request_type is RawRequest:
-            request = message  # its handler parses it (RawRequest.FromString, skipped)
+    def _begin_unary(self, stream: Stream, message: bytes, read: bool = False) -> None:
+        if read or stream.method.request_type is RawRequest:
+            request = message  # read already, or by its handler (RawRequest.FromString)
         else:
             request = self._parse_request(stream, message)
             if request is None:
@@ -402,6 +402,8 @@ class GrpcCalls:
         try:
             async for response in method.handler(self._messages(stream), stream.context):
                 payload = response.SerializeToString()
+                if stream.compress is not None:  # a large one off the loop, in order
+                    payload = await self._compressed(stream, payload)
                 self._send(stream, payload)
                 if stream.pending and not stream.closed:  # one message held back at most
                     stream.drained = self.loop.create_future()
@@ -427,6 +429,10 @@ class GrpcCalls:
             stream.queued -= size
             if stream.received - stream.queued >= self.window_step:
                 self._give_back_stream(stream)
+            if type(message) is Deflated:
+                message = await self._inflate_streamed(stream, message)
+                if message is None:  # the call is ended
+                    return
             yield stream.method.request_type.FromString(message)
 
     # --- ending a call ---

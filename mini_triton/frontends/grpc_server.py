@@ -15,8 +15,8 @@ from tritonclient.grpc import service_pb2_grpc
 
 from ..core.errors import TritonError
 from ..service import InferenceService
-from . import (grpc_codec, grpc_parameters, grpc_split, grpc_stream, grpc_transport,
-               grpc_wire)
+from . import (grpc_codec, grpc_infer_read, grpc_parameters, grpc_split, grpc_stream,
+               grpc_transport, grpc_wire)
 from .accept_gate import AcceptLimits
 from .errors import grpc_status
 from .grpc_wire import COMPRESSION_LEVELS
@@ -140,12 +140,15 @@ class GrpcOptions:
     stream_max_in_flight: int = grpc_stream.DEFAULT_STREAM_MAX_IN_FLIGHT
     # --grpc-infer-response-compression-level: none, low, medium or high (COMPRESSION_LEVELS)
     response_compression: str = "none"
+    # --grpc-message-thread-count: our transport's threads for large messages' work
+    # (inflating, reading, compressing: grpc_offload.py)
+    message_threads: int = grpc_transport.DEFAULT_MESSAGE_THREADS
 
 
 # The RPCs whose responses --grpc-infer-response-compression-level compresses (Triton's
 # infer handlers set the level; the others do not).
-COMPRESSED_RPCS = (b"/inference.GRPCInferenceService/ModelInfer",
-                   b"/inference.GRPCInferenceService/ModelStreamInfer")
+MODEL_INFER = b"/inference.GRPCInferenceService/ModelInfer"
+COMPRESSED_RPCS = (MODEL_INFER, b"/inference.GRPCInferenceService/ModelStreamInfer")
 
 
 class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -299,14 +302,18 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         exception the call ends with, from the call that delivers the final response
         (our transport writes it from there). Returns what cancels the request."""
         raw_contents = None
-        if not isinstance(request, pb.ModelInferRequest):  # bytes, on our transport
-            try:
-                request, raw_contents = grpc_split.split_infer_request(request)
-            except DecodeError:  # as our transport answers any that does not parse
-                raise grpc_transport.AbortError(grpc_wire.UNPARSEABLE_CODE,
-                                                grpc_wire.UNPARSEABLE_MESSAGE) from None
+        if type(request) is grpc_infer_read.ReadInfer:  # read by our transport already
+            request, decoded = request.message, request.decoded
+        else:
+            decoded = None
+            if not isinstance(request, pb.ModelInferRequest):  # bytes, on our transport
+                try:
+                    request, raw_contents = grpc_split.split_infer_request(request)
+                except DecodeError:  # as our transport answers any that does not parse
+                    raise grpc_transport.AbortError(grpc_wire.UNPARSEABLE_CODE,
+                                                    grpc_wire.UNPARSEABLE_MESSAGE) from None
         try:
-            infer_request = self._decode(request, context, raw_contents)
+            infer_request = self._decode(request, context, raw_contents, decoded)
 
             # Our transport sends what it is given as it is; grpc.aio wants the message.
             encode = grpc_codec.serialize_infer_response \
@@ -352,12 +359,18 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
                 self.options.stream_max_queued_bytes, self.options.stream_max_in_flight):
             yield message
 
-    def _decode(self, message, context, raw_contents: list | None = None):
+    def _decode(self, message, context, raw_contents: list | None = None, decoded=None):
         """The InferenceRequest of a message, with the call's forwarded metadata. As in
         Triton, the model is looked up before the message is read: an unknown or failed
-        model is NOT_FOUND whatever the message holds (only a failing message pays)."""
+        model is NOT_FOUND whatever the message holds (only a failing message pays).
+        `decoded`: what decoding it gave already (grpc_infer_read.ReadInfer)."""
         try:
-            infer_request = grpc_codec.decode_infer_request(message, raw_contents)
+            if decoded is None:
+                infer_request = grpc_codec.decode_infer_request(message, raw_contents)
+            elif isinstance(decoded, TritonError):
+                raise decoded
+            else:
+                infer_request = decoded
         except TritonError:  # a bad version string is refused first, as in Triton
             version = grpc_parameters.model_version(message.model_version)
             self.service.model_config(message.model_name, version)
@@ -408,12 +421,16 @@ async def start_server(service: InferenceService, address: str, port: int,
         await server.start()
         return server, bound
     methods = grpc_transport.methods_of(frontend, SERVICE, pb, NATIVE_RAW_REQUESTS)
+    # a ModelInfer message of many fields is read off the loop
+    methods[MODEL_INFER] = dataclasses.replace(
+        methods[MODEL_INFER], read_on_loop=grpc_infer_read.read_on_loop,
+        read_anywhere=grpc_infer_read.read_anywhere)
     if frontend.options.response_compression != "none":
         for path in COMPRESSED_RPCS:  # as Triton: only inference responses are compressed
             methods[path] = dataclasses.replace(methods[path], compress_responses=True)
     server = grpc_transport.GrpcServer(methods, max_receive_message_size, limits,
                                        frontend.options.response_compression,
-                                       service.tracer)
+                                       service.tracer, frontend.options.message_threads)
     context = server_context(tls, ["h2"]) if tls is not None else None
     try:
         bound = await server.listen(address, port, context, reuse_port, accept_limits)

@@ -20,6 +20,8 @@ Cut by concern, as HTTP/2 libraries are:
 - http2_output.py: frames out, flow control, backpressure;
 - http2_upkeep.py: the clocks: timeouts, keepalive, connection age, graceful GOAWAY;
 - grpc_calls.py: a stream's call: routing, messages, handlers, deadlines, statuses;
+- grpc_offload.py: what grows with a client's message, on worker threads: inflating,
+  reading many-field messages, compressing large responses;
 - this module: the connection class made of those parts, and the server that listens,
   owns the connections, looks at their clocks and stops gracefully.
 """
@@ -28,11 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from .accept_gate import AcceptGate, AcceptLimits, listen
 from .grpc_calls import (AbortError, CallContext, GrpcCalls, Method, RawRequest,  # noqa: F401
                          Stream)
 from .grpc_hpack import HeaderDecoder  # noqa: F401
+from .grpc_offload import OffLoop
 from .grpc_wire import binary_header_value  # noqa: F401
 from .http2_connection import Http2Connection
 from .http2_limits import Http2Limits
@@ -41,6 +45,9 @@ log = logging.getLogger("mini_triton.grpc")
 
 # The largest request message by default, inflated or not: INT32_MAX, as tritonserver.
 MAX_MESSAGE_SIZE = 2**31 - 1
+# Threads that inflate, read and compress large messages off the event loop
+# (--grpc-message-thread-count).
+DEFAULT_MESSAGE_THREADS = 2
 
 
 class _NotTracing:
@@ -52,8 +59,9 @@ class _NotTracing:
 _NOT_TRACING = _NotTracing()
 
 
-class GrpcConnection(GrpcCalls, Http2Connection):
-    """One client connection: frames in, calls dispatched, frames out."""
+class GrpcConnection(GrpcCalls, OffLoop, Http2Connection):
+    """One client connection: frames in, calls dispatched, large messages' work on the
+    server's workers, frames out."""
 
 
 class GrpcServer:
@@ -62,7 +70,7 @@ class GrpcServer:
     def __init__(self, methods: dict[bytes, Method],
                  max_receive_message_size: int = MAX_MESSAGE_SIZE,
                  limits: Http2Limits | None = None, response_compression: str = "none",
-                 tracer=None):
+                 tracer=None, message_threads: int = DEFAULT_MESSAGE_THREADS):
         self.methods = methods
         # Whose `sampling` says whether calls are stamped for traces (tracing.Tracer).
         self.tracer = tracer or _NOT_TRACING
@@ -71,6 +79,8 @@ class GrpcServer:
         # marked when it is "none") do at it
         self.response_compression = response_compression
         self.limits = limits or Http2Limits()
+        # what grpc_offload keeps off the loop runs here
+        self.workers = ThreadPoolExecutor(message_threads, "grpc-messages")
         self.loop = asyncio.get_running_loop()
         self.connections: set[GrpcConnection] = set()
         self.over_limit = 0  # of them, opened past limits.max_connections: refused
@@ -121,6 +131,7 @@ class GrpcServer:
         while any(c.streams for c in self.connections) and self.loop.time() < deadline:
             await asyncio.sleep(0.02)
         self._clock.cancel()
+        self.workers.shutdown(wait=False, cancel_futures=True)
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection._finish_go_away()

@@ -38,18 +38,37 @@ def parse_timeout(value: bytes) -> float:
     return int(digits) * TIMEOUT_UNITS[unit]
 
 
-def inflate(message: bytes, encoding: bytes, limit: int) -> bytes:
-    """`message` inflated, never holding more than `limit` + 1 bytes of output: a
+# Output of one zlib call while inflating: memory grows in steps this large, and the
+# limit is checked after each.
+INFLATE_STEP = 1 << 20
+
+
+def inflate(message, encoding: bytes, limit: int) -> bytearray:
+    """`message` inflated step by step, never more than `limit` + 1 bytes of output: a
     compression bomb stops at the limit (MessageTooLarge) instead of being inflated in
     full first. zlib.error for data that is not of the encoding, or is cut short;
-    KeyError for an encoding we do not inflate."""
+    KeyError for an encoding we do not inflate. zlib lets the GIL go while it works."""
     inflater = zlib.decompressobj(WINDOW_BITS[encoding])
-    out = inflater.decompress(message, limit + 1)
-    if len(out) > limit:
-        raise MessageTooLarge(f"more than {limit} bytes")
-    if not inflater.eof:  # all input taken, no end of stream: cut short
-        raise zlib.error("incomplete or truncated stream")
+    out, pending = bytearray(), message
+    while not inflater.eof:
+        piece = inflater.decompress(pending, min(INFLATE_STEP, limit + 1 - len(out)))
+        out += piece
+        if len(out) > limit:
+            raise MessageTooLarge(f"more than {limit} bytes")
+        pending = inflater.unconsumed_tail
+        if not piece and not pending:  # all input taken, no end of stream: cut short
+            raise zlib.error("incomplete or truncated stream")
     return out
+
+
+class Deflated:
+    """A request message still compressed, too large to inflate on the event loop: it
+    is inflated on a worker thread (grpc_offload.py)."""
+
+    __slots__ = ("data", "encoding")
+
+    def __init__(self, data: bytes, encoding: bytes):
+        self.data, self.encoding = data, encoding
 
 
 # --- what we send: gRPC's message prefix, response headers and status trailers ---
@@ -115,8 +134,30 @@ def compress(message: bytes, encoding: bytes) -> bytes | None:
     uncompressed, so the client does not spend time inflating it."""
     compressor = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED,
                                   WINDOW_BITS[encoding])
-    out = compressor.compress(message) + compressor.flush()
+    pieces = message.pieces if type(message) is ScatteredMessage else (message,)
+    out = b"".join([*map(compressor.compress, pieces), compressor.flush()])
     return out if len(out) < len(message) else None
+
+
+class Compressed:
+    """A response message ready to send: its payload and message prefix, compressed or
+    (when that did not make it smaller) as it was. What a worker thread hands back for
+    a large response (grpc_offload.py); `len()` is the payload's."""
+
+    __slots__ = ("payload", "prefix")
+
+    def __init__(self, message, encoding: bytes):
+        compressed = compress(message, encoding)
+        if compressed is None:
+            self.payload = message.SerializeToString() \
+                if type(message) is ScatteredMessage else message
+            self.prefix = MESSAGE_PREFIX.pack(False, len(self.payload))
+        else:
+            self.payload = compressed
+            self.prefix = MESSAGE_PREFIX.pack(True, len(compressed))
+
+    def __len__(self) -> int:
+        return len(self.payload)
 
 
 def status_block(code: grpc.StatusCode, message: str) -> bytes:

@@ -20,6 +20,7 @@ from hpack.exceptions import OversizedHeaderListError
 
 from .grpc_calls import Stream
 from .grpc_hpack import HeaderDecoder
+from .grpc_offload import READ_CHECKED_FROM
 from .grpc_wire import MESSAGE_PREFIX
 from .http2_bodies import LARGE_BODY, BodyPool
 from .http2_control import Http2Control
@@ -68,6 +69,8 @@ class Http2Connection(Http2Receive, Http2Control, Http2Output, Http2Upkeep,
         self.max_message = server.max_receive_message_size
         # a unary call's body holds one message: its prefix and at most max_message bytes
         self.max_unary_body = self.max_message + MESSAGE_PREFIX.size
+        # a unary message at most this large is read as it comes (grpc_offload)
+        self.max_whole = min(self.max_message, READ_CHECKED_FROM - 1)
         self.max_frame = limits.max_frame_size
         self.max_streams = limits.max_concurrent_streams
         self.max_held_back = limits.max_held_back_bytes

@@ -24,7 +24,7 @@ import struct
 import grpc
 
 from .grpc_wire import (COMPRESSED_RESPONSE_HEADERS, MESSAGE_PREFIX, OK_TRAILERS,
-                        RESPONSE_HEADERS, ScatteredMessage, compress, status_block)
+                        RESPONSE_HEADERS, Compressed, ScatteredMessage, status_block)
 from .http2_frames import (CONTINUATION, DATA, END_HEADERS, END_STREAM, FRAME_HEADER, GOAWAY,
                            HEADERS, NO_ERROR, RST_STREAM, frame)
 
@@ -88,10 +88,12 @@ class Http2Output:
         case (headers not sent, uncompressed, no table size update to announce,
         nothing held back, the message fits the windows and one frame, the client's
         half closed); anything else goes through `_send`."""
+        if stream.compress is not None:  # a large one is compressed off the loop
+            self._send_compressed(stream, message, OK_TRAILERS)
+            return
         length = len(message)
         size = length + 5
-        if stream.headers_sent or stream.compress is not None or self.table_update \
-                or self.held_back or not stream.ended \
+        if stream.headers_sent or self.table_update or self.held_back or not stream.ended \
                 or size > min(stream.send_window, self.send_window, self.peer_frame_size,
                               LARGE_MESSAGE):  # as any ScatteredMessage (never smaller)
             self._send(stream, message, OK_TRAILERS)
@@ -110,7 +112,7 @@ class Http2Output:
                           length),
             message, _pack_ok_tail(stream_id, OK_TRAILERS))))
 
-    def _send(self, stream, message: bytes | ScatteredMessage | None,
+    def _send(self, stream, message: bytes | ScatteredMessage | Compressed | None,
               trailers: bytes | None = None) -> None:
         """The response headers when not sent yet, one message and the trailers, each
         optional, in one write (headers and trailers in one frame when there is no
@@ -135,8 +137,10 @@ class Http2Output:
         if message is not None:
             if stream.compress is None:
                 prefix = MESSAGE_PREFIX.pack(False, len(message))
-            else:
-                message, prefix = _compressed(message, stream.compress)
+            else:  # compressed here, or already (grpc_offload.py)
+                ready = message if type(message) is Compressed \
+                    else Compressed(message, stream.compress)
+                message, prefix = ready.payload, ready.prefix
             size = len(message) + len(prefix)
             pieces = message.pieces if type(message) is ScatteredMessage else (message,)
             if self._must_hold(stream, size):
@@ -291,16 +295,6 @@ class Http2Output:
             self.transport.abort()
         else:
             self.transport.close()
-
-
-def _compressed(message, encoding: bytes) -> tuple[bytes, bytes]:
-    """The message to send and its prefix: compressed when that makes it smaller."""
-    if type(message) is ScatteredMessage:
-        message = message.SerializeToString()  # zlib takes one buffer
-    compressed = compress(message, encoding)
-    if compressed is None:
-        return message, MESSAGE_PREFIX.pack(False, len(message))
-    return compressed, MESSAGE_PREFIX.pack(True, len(compressed))
 
 
 def _take_pending(stream, size: int) -> list[memoryview]:

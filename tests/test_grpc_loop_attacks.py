@@ -1,0 +1,129 @@
+"""Nothing a gRPC client sends may hold the event loop for long: each test runs an
+attack on our transport while a victim client times `/v2/health/live` (HTTP) and
+ServerLive (gRPC), and checks the victim's slowest answer and the attacker's status.
+
+- A request message of millions of 2-byte fields (16 MiB, 8 million fields): its walk
+  and parse were Python on the loop, about 4 s (10 s seen) of every client waiting.
+- The same as 16 KB of gzip: inflated, then walked, on the loop.
+- A large response at --grpc-infer-response-compression-level=high: compressed on the
+  loop (another client's p50 went from 1 ms to 300 ms).
+
+The bound on the victim is generous for two busy cores; the loop held for seconds
+fails it several times over.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2 as pb
+
+from h2_client import INFER, serve_cleanly
+
+pytestmark = pytest.mark.timeout(180)
+
+# The victim's slowest answer while an attack runs, at most (the attacks held it 2-10 s).
+VICTIM_BOUND = 1.0
+FIELDS = 8 << 20  # 2-byte unknown fields: 16 MiB
+# An unknown varint field (number 15), value 0: a field protobuf keeps, nothing reads.
+TINY_FIELD = b"\x78\x00"
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from serve_cleanly("--grpc-infer-response-compression-level=high")
+
+
+class Victim:
+    """A client asking the server whether it is live, over HTTP and gRPC in turn, for
+    as long as it runs; `slowest` is its slowest answer in seconds."""
+
+    def __init__(self, server):
+        self.http = http.client.HTTPConnection("127.0.0.1", server.ports["http"], timeout=60)
+        self.grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        self.times: list[float] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._ask, daemon=True)
+
+    def _ask(self) -> None:
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            self.http.request("GET", "/v2/health/live")
+            assert self.http.getresponse().read() == b""
+            assert self.grpc.is_server_live()
+            self.times.append(time.monotonic() - started)
+            time.sleep(0.01)
+
+    def __enter__(self) -> "Victim":
+        self.thread.start()
+        while not self.times:  # answered once before the attack
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopping.set()
+        self.thread.join(60)
+        self.http.close()
+        self.grpc.close()
+
+    @property
+    def slowest(self) -> float:
+        return max(self.times)
+
+
+def raw_infer(server, message: bytes, compression=None):
+    """The status of a ModelInfer call carrying `message` as it is (bytes, not a
+    ModelInferRequest built by protobuf), sent by grpc core, compressed or not."""
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.unary_unary(INFER, request_serializer=None,
+                                   response_deserializer=None)
+        try:
+            call(message, timeout=120, compression=compression)
+        except grpc.RpcError as error:
+            return error.code(), error.details()
+    return grpc.StatusCode.OK, ""
+
+
+def many_fields_request() -> bytes:
+    """A request for identity_fp32 with no inputs, then FIELDS unknown fields."""
+    head = pb.ModelInferRequest(model_name="identity_fp32").SerializeToString()
+    return head + TINY_FIELD * FIELDS
+
+
+@pytest.mark.parametrize("compression", [None, grpc.Compression.Gzip],
+                         ids=["uncompressed", "gzip"])
+def test_a_message_of_millions_of_fields_does_not_hold_the_loop(server, compression):
+    message = many_fields_request()
+    with Victim(server) as victim:
+        code, details = raw_infer(server, message, compression)
+        time.sleep(0.1)  # answered once after the attack
+    del message
+    # read whole (unknown fields skipped), then refused as Triton refuses no inputs
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert "inputs" in details, details
+    assert victim.slowest < VICTIM_BOUND, f"the victim waited {victim.slowest:.2f} s"
+
+
+def test_compressing_a_large_response_does_not_hold_the_loop(server):
+    """At level high the client's gzip is chosen; 48 MiB of random floats take zlib
+    seconds (and shrink a little: it is sent compressed), on a worker: the victim is
+    answered meanwhile, and the echo comes back whole."""
+    values = np.random.default_rng(7).random(12 << 20, dtype=np.float32)
+    tensor = grpcclient.InferInput("INPUT0", [1, values.size], "FP32")
+    tensor.set_data_from_numpy(values[None])
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        with Victim(server) as victim:
+            result = client.infer("identity_fp32", [tensor])
+            time.sleep(0.1)
+    finally:
+        client.close()
+    assert np.array_equal(result.as_numpy("OUTPUT0")[0], values)
+    assert victim.slowest < VICTIM_BOUND, f"the victim waited {victim.slowest:.2f} s"
+
