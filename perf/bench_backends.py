@@ -7,7 +7,7 @@
 A case is one function below (`CASES`): it writes a Triton model folder into the
 repository (dynamic batching, one instance) and returns the framework's own predict
 over the same file. The server runs as a child process; `perf/loadgen.py` keeps
-`--concurrency` single-row requests in flight over gRPC; then, with the server idle,
+`--concurrency` requests of `--rows-per-request` rows (1) in flight over gRPC; then, with the server idle,
 the framework predicts batches of the size the batcher formed (the statistics
 extension's mean) in this process, with the same threads the server's instance has.
 Reported per case: rows/s of each, their ratio, and CPU milliseconds per row (the
@@ -29,6 +29,11 @@ from typing import Callable
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
+
+# The framework's own runs under the OpenMP wait policy the server's backends set
+# (backends/fil, backends/pytorch): idle OpenMP threads spinning would otherwise take
+# the cores from whichever side runs second.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 PERF = Path(__file__).resolve().parent
 ROOT = PERF.parent
@@ -192,7 +197,8 @@ def own_cpu() -> float:
 
 def through_server(server: ServerProcess, case: Case, args) -> dict:
     spec = LoadSpec(model=case.model, url=server.grpc_url, protocol="grpc",
-                    shapes={case.input_name: [case.width]}, measurement_ms=args.measurement_ms,
+                    shapes={case.input_name: [case.width]}, batch_size=args.rows_per_request,
+                    measurement_ms=args.measurement_ms,
                     warmup_ms=1000, max_trials=3, server=case.model, progress=False)
     rows_before, runs_before = model_stats(server.http_url, case.model)
     server_before, client_before = process_tree_cpu(server.proc.pid), own_cpu()
@@ -239,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--measurement-ms", type=int, default=2000)
     parser.add_argument("--own-seconds", type=float, default=3.0)
+    parser.add_argument("--rows-per-request", type=int, default=1,
+                        help="rows in each request (a scoring request often carries many)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         repository = Path(folder)
@@ -252,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                                         args.own_seconds)
                     results.append({"case": case.model, "round": round_index, **served, **own})
                     print(table(results[-1:]).splitlines()[-1], flush=True)
-    print(f"\n{os.cpu_count()} CPUs; gRPC c{args.concurrency}, single-row requests, dynamic "
+    print(f"\n{os.cpu_count()} CPUs; gRPC c{args.concurrency}, {args.rows_per_request} row(s) "
+          "per request, dynamic "
           "batching, one instance; load average "
           + "/".join(f"{v:.1f}" for v in os.getloadavg()))
     print(table(results))
