@@ -17,8 +17,14 @@ from conftest import server_settings
 from mini_triton.config import MAX_CONFIG_BYTES
 from mini_triton.core.files import FileRefused, check_regular, read_regular
 from mini_triton.server import ServerThread
+from python_models import IDENTITY
 from serverproc import ServerProcess
 from test_sagemaker import write_model
+
+
+PYTHON_CONFIG = ('backend: "python"\nmax_batch_size: 0\n'
+                 'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+                 'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
 
 
 def make_fifo(path):
@@ -66,11 +72,18 @@ def test_repository_scan_refuses_fifo_and_device_configs(tmp_path):
     make_fifo(repository / "fifo" / "config.pbtxt")
     (repository / "zero" / "1").mkdir(parents=True)
     (repository / "zero" / "config.pbtxt").symlink_to("/dev/zero")
+    # A Python model whose folder holds a FIFO named like code: the look for
+    # auto_complete_config skips it, and the model loads.
+    (repository / "py" / "1").mkdir(parents=True)
+    (repository / "py" / "1" / "model.py").write_text(IDENTITY)
+    make_fifo(repository / "py" / "1" / "helper.py")
+    (repository / "py" / "config.pbtxt").write_text(PYTHON_CONFIG)
     with ServerThread(server_settings(repository, exit_on_error=False)) as server:
         index = httpx.post(f"http://127.0.0.1:{server.ports['http']}/v2/repository/index",
                            timeout=30).json()
     states = {entry["name"]: entry for entry in index}
     assert states["echo"]["state"] == "READY"
+    assert states["py"]["state"] == "READY", states["py"]
     assert states["fifo"]["state"] == "UNAVAILABLE"
     assert "is a FIFO, not a regular file" in states["fifo"]["reason"]
     assert states["zero"]["state"] == "UNAVAILABLE"

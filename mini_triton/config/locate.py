@@ -20,6 +20,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.errors import TritonError, invalid_arg
+from ..core.files import check_regular
 from . import scalars
 from .errors import ConfigError
 from .syntax import FieldNode, ListNode, MessageNode, ScalarNode, parse_fields
@@ -43,6 +44,7 @@ def where(source: Path | None, path: tuple) -> str:
     if source is None:
         return ""
     try:
+        check_regular(source)  # replaced by a FIFO since it was parsed: not read
         text = Path(source).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import internal, invalid_arg
+from .files import check_regular
 from .tensor import Tensor
 
 
@@ -38,6 +39,7 @@ def read_labels(path) -> list[str]:
     """A model's label file, one label a line; a file that cannot be read is the
     request's INTERNAL error (never an exception loose in the delivering thread)."""
     try:
+        check_regular(path)  # never a FIFO (it would hold the thread) or a device
         with open(path, encoding="utf-8") as handle:
             return [line.rstrip("\n") for line in handle]
     except (OSError, UnicodeDecodeError) as error:

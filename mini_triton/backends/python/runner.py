@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 
 from ... import PACKAGE_DIR
+from ...core.files import check_regular
 from . import utils as pb
 
 log = logging.getLogger("mini_triton.backends.python")
@@ -85,6 +86,7 @@ def mentions_auto_complete(model_file: Path) -> bool:
     (a cheap look before starting a process only to ask)."""
     for path in model_file.parent.glob("*.py"):
         try:
+            check_regular(path)  # a FIFO named *.py would hold the loading thread
             if "auto_complete_config" in path.read_text(errors="replace"):
                 return True
         except OSError:
