@@ -119,6 +119,12 @@ KNOWN: dict[tuple[str, str], Known] = {
         "is started again, doubled with each death in a row (default 100)"),
     ("python", "worker-restart-max-backoff-ms"): Known(
         _positive, HONOURED, "the cap on that wait (default 30000)"),
+    ("python", "execution-env-max-unpacked-bytes"): Known(
+        _positive, HONOURED, "the most bytes an EXECUTION_ENV_PATH archive may unpack to "
+        "(default 17179869184, 16 GiB)"),
+    ("python", "execution-env-max-unpacked-files"): Known(
+        _positive, HONOURED, "the most files an EXECUTION_ENV_PATH archive may unpack to "
+        "(default 500000)"),
     ("python", "thread-pool-size"): Known(
         _at_least_one, NOT_APPLICABLE, "a worker's messages are read on the event loop, "
         "not by a thread pool"),

@@ -42,6 +42,9 @@ class ModelContext:
     # name the place a field was written (config/locate.py).
     config_source: Path | None = None
     namespace: str = ""  # the model's repository, with --model-namespacing; "" without
+    # The model's folder was written from a load request's files (the server made it,
+    # and removes it at unload): what is in it came from a client.
+    uploaded: bool = False
 
     @property
     def version_dir(self) -> Path:

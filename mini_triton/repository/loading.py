@@ -19,6 +19,7 @@ from ..scheduling import create_scheduler, prepare_version
 from ..scheduling.warmup import warm_up
 from . import scan
 from .model_config import backend_name, read_config  # noqa: F401 (read_config: tests)
+from .overrides import is_private_model
 from .records import LoadedVersion, ModelRecord, ServerOptions, State, VersionStatus
 
 log = logging.getLogger("mini_triton.repository")
@@ -61,7 +62,8 @@ def _load_version(record: ModelRecord, version: int, options: ServerOptions, ser
     config.CopyFrom(record.config)
     context = ModelContext(record.name, version, config, record.model_dir,
                            record.model_dir.parent, server, options=vars(options),
-                           config_source=record.config_source, namespace=record.namespace)
+                           config_source=record.config_source, namespace=record.namespace,
+                           uploaded=is_private_model(record.model_dir))
     try:
         loaded = _start_version(context)
     except TritonError as error:

@@ -25,6 +25,7 @@ from ..backends.python.exec_env import configured_path
 from ..core.errors import invalid_arg, unavailable
 from ..core.names import file_name_problem, printable
 from . import scan
+from .overrides import is_private_model
 
 
 def read_config(name: str, folder: Path, options, server=None,
@@ -107,7 +108,8 @@ def complete_config(name: str, folder: Path, config: mc.ModelConfig, options,
             return
         versions = scan.available_versions(folder)
         context = ModelContext(name, versions[-1] if versions else 1, config, folder,
-                               folder.parent, server, options=vars(options))
+                               folder.parent, server, options=vars(options),
+                               uploaded=is_private_model(folder))
         cls.auto_complete(config, context)
 
     if folder.name != name:

@@ -95,6 +95,16 @@ def _override_target(folder: Path, key: str, name: str) -> Path:
     return target
 
 
+def is_private_model(folder: Path) -> bool:
+    """Whether `folder` is a private model directory this process wrote (its files
+    came from a load request)."""
+    root = _root
+    try:
+        return root is not None and Path(folder).resolve().parent.parent == root
+    except (OSError, RuntimeError):
+        return False
+
+
 def remove_private_model(record) -> None:
     """Delete the directory a record's file overrides were written into, if any."""
     if record.private_dir is not None:

@@ -20,6 +20,7 @@ from ...core.errors import invalid_arg, unavailable
 from ..backend_config import settings_for
 from ..base import Backend, ModelContext, ModelInstance
 from . import exec_env, process_mode, worker_process
+from .env_archive import UnpackLimits
 from .bridge import ServerBridge
 from .exec_env import EXECUTION_ENV_PATH
 from .restarts import RestartPolicy
@@ -102,6 +103,13 @@ def model_file_of(config: mc.ModelConfig, version_dir: Path) -> Path:
     return version_dir / (config.default_model_filename or "model.py")
 
 
+def _environment(config: mc.ModelConfig, context: ModelContext):
+    """The model's execution environment (exec_env), unpacked within the limits of the
+    python backend's --backend-config settings."""
+    limits = UnpackLimits.from_settings(settings_for(context.options, "python"))
+    return exec_env.from_config(config, context.model_dir, limits, context.uploaded)
+
+
 class PythonBackend(Backend):
     @classmethod
     def auto_complete(cls, config: mc.ModelConfig, context: ModelContext) -> None:
@@ -120,7 +128,7 @@ class PythonBackend(Backend):
             except ModelError as error:
                 raise unavailable(str(error)) from None
         elif mentions_auto_complete(model_file):
-            environment = exec_env.from_config(config, context.model_dir)
+            environment = _environment(config, context)
             try:
                 completed = worker_process.auto_complete(model_file, config_json, label,
                                                          environment)
@@ -147,7 +155,7 @@ class PythonBackend(Backend):
         self.model_file = model_file_of(self.config, context.version_dir)
         if not self.model_file.exists():
             raise unavailable(f"Python model file not found in '{self.model_file}'")
-        self.environment = (exec_env.from_config(self.config, context.model_dir)
+        self.environment = (_environment(self.config, context)
                             if self.settings.mode == "process" else None)
         self.restart_policy = RestartPolicy.from_settings(settings_for(context.options,
                                                                        "python"))

@@ -3,7 +3,9 @@
 Where an archive is unpacked, and when a copy is deleted, is env_cache.py's. Unpacking
 is safe against hostile archives: no member may land outside its folder, and no
 link may point outside it (Python's `tarfile` "data" filter, then a check of every
-link left on disk). Then `bin/conda-unpack`, where the archive has one, fixes the
+link left on disk), and the members may add up to no more than UnpackLimits allow
+(a 1 MiB archive of zeros unpacks to a gigabyte; the filter counts each member's size
+before it is written, so nothing over the limits reaches the disk). Then `bin/conda-unpack`, where the archive has one, fixes the
 prefixes conda-pack left in the files, in the folder the environment will be used
 from.
 """
@@ -14,6 +16,7 @@ import os
 import subprocess
 import tarfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...core.errors import internal
@@ -22,11 +25,51 @@ CONDA_UNPACK_TIMEOUT_S = 600.0
 _ERROR_TAIL_CHARS = 2000  # of a failed conda-unpack's output, in the load error
 
 
-def unpack(archive: Path, target: Path) -> None:
-    """Unpack `archive` into the empty folder `target` safely, then run its
-    `bin/conda-unpack` there. Raises a TritonError (INTERNAL) naming the archive and
-    what is wrong with it; the caller removes what was left."""
-    _extract(archive, target)
+@dataclass(frozen=True)
+class UnpackLimits:
+    """What one archive may unpack to (--backend-config=python,SETTING=N)."""
+
+    max_bytes: int = 16 * 1024**3  # execution-env-max-unpacked-bytes
+    max_files: int = 500_000  # execution-env-max-unpacked-files
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, str]) -> "UnpackLimits":
+        """From the python backend's --backend-config settings (checked at start-up)."""
+        defaults = cls()
+        return cls(int(settings.get(MAX_BYTES_SETTING, defaults.max_bytes)),
+                   int(settings.get(MAX_FILES_SETTING, defaults.max_files)))
+
+
+MAX_BYTES_SETTING = "execution-env-max-unpacked-bytes"
+MAX_FILES_SETTING = "execution-env-max-unpacked-files"
+
+
+class _Budget:
+    """The members extracted so far, against the limits: a member that would pass
+    either is refused before it is written."""
+
+    def __init__(self, limits: UnpackLimits):
+        self.limits, self.bytes, self.files = limits, 0, 0
+
+    def charge(self, member: tarfile.TarInfo) -> None:
+        self.files += 1
+        self.bytes += max(member.size, 0) if member.isreg() else 0
+        if self.files > self.limits.max_files:
+            raise _OverLimit(f"more than {self.limits.max_files} files ({MAX_FILES_SETTING})")
+        if self.bytes > self.limits.max_bytes:
+            raise _OverLimit(f"more than {self.limits.max_bytes} bytes ({MAX_BYTES_SETTING})")
+
+
+class _OverLimit(tarfile.FilterError):
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def unpack(archive: Path, target: Path, limits: UnpackLimits = UnpackLimits()) -> None:
+    """Unpack `archive` into the empty folder `target` safely and within `limits`, then
+    run its `bin/conda-unpack` there. Raises a TritonError (INTERNAL) naming the archive
+    and what is wrong with it; the caller removes what was left."""
+    _extract(archive, target, _Budget(limits))
     _check_links(archive, target)
     _run_conda_unpack(archive, target)
 
@@ -35,7 +78,7 @@ def _failed(archive: Path) -> str:
     return f"Failed to extract the Python execution environment '{archive}'"
 
 
-def _extract(archive: Path, target: Path) -> None:
+def _extract(archive: Path, target: Path, budget: _Budget) -> None:
     if not hasattr(tarfile, "data_filter"):
         raise internal(f"{_failed(archive)}: this Python has no safe tar extraction "
                        "(tarfile filters, Python 3.10.12, 3.11.4 and later); unpack it into a "
@@ -43,7 +86,12 @@ def _extract(archive: Path, target: Path) -> None:
     try:
         with tarfile.open(archive, "r:*") as tar:
             tar.errorlevel = 2  # every problem is an error, none only a debug message
-            tar.extractall(target, filter=_member_filter)
+            tar.extractall(target, filter=lambda member, destination: _member_filter(
+                member, destination, budget))
+    except _OverLimit as error:
+        raise internal(f"{_failed(archive)}: it unpacks to {error}, more than allowed; "
+                       "raise the limit with --backend-config=python,SETTING=N if the "
+                       "environment is really that large") from None
     except tarfile.FilterError as error:
         raise internal(f"{_failed(archive)}: unsafe archive member: {error}") from None
     except (tarfile.TarError, EOFError, zlib.error) as error:
@@ -53,12 +101,16 @@ def _extract(archive: Path, target: Path) -> None:
         raise internal(f"{_failed(archive)}: {error}") from None
 
 
-def _member_filter(member: tarfile.TarInfo, destination: str) -> tarfile.TarInfo:
+def _member_filter(member: tarfile.TarInfo, destination: str,
+                   budget: _Budget) -> tarfile.TarInfo:
     """Python's "data" filter, which also refuses absolute member names (it would
-    strip their leading '/'), as python_backend's extraction does."""
+    strip their leading '/'), as python_backend's extraction does; then the member is
+    charged to the budget."""
     if member.name.startswith(("/", os.sep)):
         raise tarfile.AbsolutePathError(member)
-    return tarfile.data_filter(member, destination)
+    checked = tarfile.data_filter(member, destination)
+    budget.charge(checked)
+    return checked
 
 
 def _check_links(archive: Path, target: Path) -> None:

@@ -22,6 +22,12 @@ real folder (never a link, never followed) whose name is the digest of the archi
 that its marker file, written first, names. A folder in the way that is not ours is a
 load error, never removed.
 
+An archive sent with a load request (a file override in a private model folder,
+`uploaded`) lives in a fresh folder at each load, so its path says nothing: its copy is
+`<cache>/upload-<digest of its content>/`, the same for every load of the same archive,
+and it is deleted as soon as nothing holds it (when its last model is unloaded), and
+otherwise when this server exits. Unpacking is bounded by env_archive.UnpackLimits.
+
 The cache is `$MINI_TRITON_PYTHON_ENV_CACHE`, else `mini_triton-python-envs-<uid>` in
 the temporary folder; it must belong to the server's user and be writable by no one
 else.
@@ -29,6 +35,7 @@ else.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import json
@@ -38,12 +45,14 @@ import re
 import shutil
 import stat
 import tempfile
+import threading
 import time
 import weakref
 from pathlib import Path
 
 from ...core.errors import TritonError, internal
 from . import env_archive
+from .env_archive import UnpackLimits
 
 log = logging.getLogger("mini_triton.python")
 
@@ -54,6 +63,11 @@ _COMPLETE = ".mini_triton-unpacked"  # written last: the folder is whole
 _MARKER_MAX_BYTES = 64 * 1024  # a marker is a line of JSON; anything bigger is not ours
 _COPY_NAME = re.compile(r"[A-Za-z0-9._-]{0,48}-[0-9a-f]{20}")
 _RETRY_S = 0.05
+_UPLOAD_PREFIX = "upload"
+_HASH_CHUNK_BYTES = 1024 * 1024
+# Copies of uploaded archives this process used, removed at exit if nothing holds them.
+_uploads_used: set[str] = set()
+_uploads_lock = threading.Lock()
 
 
 def cache_root() -> Path:
@@ -79,37 +93,105 @@ class Lease:
     """A shared hold on one unpacked copy: while it is held (and while any worker that
     inherited `fd` runs), the copy is never pruned."""
 
-    def __init__(self, copy: Path, archive: Path, fd: int):
-        self.copy, self.archive, self.fd = copy, archive, fd
+    def __init__(self, copy: Path, archive: Path, fd: int, uploaded: bool = False):
+        self.copy, self.archive, self.fd, self.uploaded = copy, archive, fd, uploaded
         self._closer = weakref.finalize(self, os.close, fd)  # a lease dropped unreleased
 
     def release(self) -> None:
         """Let go of the copy (workers started from it keep it until they end), then
-        prune the archive's copies that nothing holds. Releasing twice does nothing."""
+        delete it if it is an uploaded archive's that nothing holds any more, else prune
+        the archive's copies that nothing holds. Releasing twice does nothing."""
         if self._closer.detach() is None:
             return
         os.close(self.fd)
-        _prune_quietly(self.archive, current_key(self.archive))
+        if self.uploaded:
+            _remove_upload_quietly(self.copy.parent, self.copy.name)
+        else:
+            _prune_quietly(self.archive, current_key(self.archive))
 
 
-def acquire(archive: Path) -> Lease:
-    """Hold the copy of `archive` as it is now, unpacking it first unless an earlier
-    load did; then prune the archive's older copies that nothing holds. Raises a
-    TritonError (INTERNAL) naming the archive and what is wrong with it."""
+def acquire(archive: Path, limits: UnpackLimits = UnpackLimits(),
+            uploaded: bool = False) -> Lease:
+    """Hold the copy of `archive` as it is now, unpacking it first (within `limits`)
+    unless an earlier load did; then prune the archive's older copies that nothing
+    holds. An `uploaded` archive's copy is keyed by its content. Raises a TritonError
+    (INTERNAL) naming the archive and what is wrong with it."""
     try:
         info = archive.stat()
+        marker = _upload_marker(archive, info) if uploaded else _path_marker(archive, info)
     except OSError as error:
         raise internal(f"Failed to read the Python execution environment '{archive}': "
                        f"{error.strerror}") from None
     root = cache_root()
-    key = _cache_key(str(archive), info.st_mtime_ns, info.st_size)
-    fd = _held_whole(archive, info, root / key)
-    lease = Lease(root / key, archive, fd)
-    _prune_quietly(archive, key)
+    key = _key_of(marker)
+    if uploaded:
+        with _uploads_lock:
+            _uploads_used.add(key)
+    fd = _held_whole(archive, marker, root / key, limits)
+    lease = Lease(root / key, archive, fd, uploaded)
+    if not uploaded:
+        _prune_quietly(archive, key)
     return lease
 
 
-def _held_whole(archive: Path, info: os.stat_result, copy: Path) -> int:
+def _path_marker(archive: Path, info: os.stat_result) -> dict:
+    """What names a repository archive's copy: its path, modification time and size."""
+    return {"archive": str(archive), "mtime_ns": info.st_mtime_ns, "size": info.st_size}
+
+
+def _upload_marker(archive: Path, info: os.stat_result) -> dict:
+    """What names an uploaded archive's copy: a digest of its content."""
+    digest = hashlib.sha256()
+    with open(archive, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return {"archive": str(archive), "sha256": digest.hexdigest(), "size": info.st_size}
+
+
+def _key_of(marker: dict) -> str:
+    """The copy's folder name that a marker stands for (KeyError, TypeError when it is
+    not one of ours)."""
+    if "sha256" in marker:
+        if not re.fullmatch(r"[0-9a-f]{64}", marker["sha256"]):
+            raise TypeError("not a digest")
+        return f"{_UPLOAD_PREFIX}-{marker['sha256'][:20]}"
+    return _cache_key(marker["archive"], marker["mtime_ns"], marker["size"])
+
+
+def remove_uploaded_copies() -> list[Path]:
+    """Delete the copies of uploaded archives this process used that nothing holds
+    (at exit: what is still there was held when its model was unloaded)."""
+    with _uploads_lock:
+        keys = sorted(_uploads_used)
+    removed = []
+    for key in keys:
+        root = cache_root()
+        if os.path.lexists(root / key) and _remove_if_free(root, key):
+            removed.append(root / key)
+    return removed
+
+
+def _remove_upload_quietly(root: Path, key: str) -> None:
+    try:
+        if _remove_if_free(root, key):
+            log.info("Removed the unpacked Python execution environment '%s': its uploaded "
+                     "archive's last model was unloaded", root / key)
+    except OSError as error:
+        log.warning("Could not remove the unpacked Python execution environment '%s': %s",
+                    root / key, error)
+
+
+def _remove_uploads_at_exit() -> None:
+    try:
+        remove_uploaded_copies()
+    except (OSError, TritonError):
+        pass  # the cache is gone or not ours any more: nothing of ours to delete
+
+
+atexit.register(_remove_uploads_at_exit)
+
+
+def _held_whole(archive: Path, marker: dict, copy: Path, limits: UnpackLimits) -> int:
     """A descriptor holding `copy` shared once it is whole, unpacking it first under
     the exclusive lock if no one has. Neither lock is waited on alone: a load waiting
     to unpack must see another finish (and hold the copy shared for its model's whole
@@ -126,7 +208,7 @@ def _held_whole(archive: Path, info: os.stat_result, copy: Path) -> int:
         if fd is not None:
             try:
                 if not _is_complete(copy):
-                    _unpack(archive, info, copy)
+                    _unpack(archive, marker, copy, limits)
             finally:
                 os.close(fd)
             continue  # whole now: come back for the shared lock
@@ -181,7 +263,7 @@ def _cache_key(archive: str, mtime_ns: int, size: int) -> str:
     return f"{readable}-{digest.hexdigest()[:20]}"
 
 
-def _unpack(archive: Path, info: os.stat_result, target: Path) -> None:
+def _unpack(archive: Path, marker: dict, target: Path, limits: UnpackLimits) -> None:
     """Unpack into `target`, which must be absent or an unfinished copy of ours; the
     markers say whose the folder is (first) and that it is whole (last)."""
     if os.path.lexists(target):
@@ -190,13 +272,12 @@ def _unpack(archive: Path, info: os.stat_result, target: Path) -> None:
                            f"'{target}' is in the way and was not made by this server; "
                            "remove it")
         shutil.rmtree(target)  # an unpacking of ours that did not finish
-    marker = json.dumps({"archive": str(archive), "mtime_ns": info.st_mtime_ns,
-                         "size": info.st_size})
+    text = json.dumps(marker)
     target.mkdir(mode=0o700)
     try:
-        (target / _STARTED).write_text(marker)
-        env_archive.unpack(archive, target)
-        (target / _COMPLETE).write_text(marker)
+        (target / _STARTED).write_text(text)
+        env_archive.unpack(archive, target, limits)
+        (target / _COMPLETE).write_text(text)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
@@ -224,7 +305,7 @@ def _marker(copy: Path, names: tuple[str, ...] = (_COMPLETE, _STARTED)) -> dict:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return {}
             marker = json.loads(os.read(fd, _MARKER_MAX_BYTES))
-            mine = _cache_key(marker["archive"], marker["mtime_ns"], marker["size"])
+            mine = _key_of(marker)
         except (ValueError, KeyError, TypeError, OSError):
             return {}
         finally:

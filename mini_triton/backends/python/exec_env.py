@@ -34,6 +34,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ... import PACKAGE_DIR
 from ...core.errors import internal
 from . import env_cache
+from .env_archive import UnpackLimits
 
 log = logging.getLogger("mini_triton.python")
 
@@ -118,10 +119,14 @@ def configured_path(config: mc.ModelConfig, model_dir: Path) -> str | None:
     return value.replace(MODEL_DIRECTORY_KEYWORD, str(model_dir), 1)
 
 
-def from_config(config: mc.ModelConfig, model_dir: Path) -> ExecutionEnvironment | None:
-    """The model's checked environment, unpacking an archive first; None when the
-    model runs in the server's own Python. Raises a TritonError (INTERNAL) naming
-    the path and what is wrong with it."""
+def from_config(config: mc.ModelConfig, model_dir: Path,
+                limits: UnpackLimits = UnpackLimits(),
+                uploaded: bool = False) -> ExecutionEnvironment | None:
+    """The model's checked environment, unpacking an archive first (within `limits`;
+    `uploaded`: the model's folder was written from a load request, so an archive in
+    it is keyed by content and deleted once unused); None when the model runs in the
+    server's own Python. Raises a TritonError (INTERNAL) naming the path and what is
+    wrong with it."""
     source = configured_path(config, model_dir)
     if source is None:
         return None
@@ -130,7 +135,8 @@ def from_config(config: mc.ModelConfig, model_dir: Path) -> ExecutionEnvironment
         resolved = Path(os.path.realpath(source, strict=True))
     except OSError:
         raise internal(f"Failed to get the canonical path for {source}.") from None
-    lease = None if resolved.is_dir() else env_cache.acquire(resolved)
+    uploaded = uploaded and resolved.is_relative_to(Path(model_dir).resolve())
+    lease = None if resolved.is_dir() else env_cache.acquire(resolved, limits, uploaded)
     environment = ExecutionEnvironment(source, lease.copy if lease else resolved, lease=lease)
     try:
         version = _checked_version(environment)
