@@ -189,7 +189,7 @@ def test_instances_share_the_cores_without_a_thread_count(server):
     from mini_triton.backends.pytorch.settings import available_cores
 
     loaded = instances(server, "shared_cores")
-    expected = max(1, available_cores() // 2)
+    expected = max(1, (available_cores() - 1) // 2)  # one core left to the front end
     for instance in loaded:
         assert settings_seen_in_a_new_thread(instance) == (expected, True)
 

@@ -5,8 +5,9 @@ names, for every PyTorch model that does not set its own).
 Threads: each instance runs its forward passes in its own worker thread, and torch's
 intra-op thread count (OpenMP) belongs to the calling thread, so each instance gets
 `INTRA_OP_THREAD_COUNT` (or the Python runtime's `NUM_THREADS`) threads, and without
-either its share of the machine's cores: the instances of a model together use at
-most the cores there are, where Triton's default gives every instance all of them.
+either its share of the machine's cores less one (the front end's): the instances of a
+model together use at most the cores there are, where Triton's default gives every
+instance all of them.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class TorchSettings:
     tensor_fuser: bool | None = None
     jit_profiling: bool | None = None
     jit_executor: bool | None = None
-    intra_op_threads: int = 0  # 0: the instance's share of the cores
+    intra_op_threads: int = 0  # 0: the instance's share of the cores (intra_op_threads())
     inter_op_threads: int = 0  # 0: torch's own pool size
 
 
@@ -103,7 +104,12 @@ def available_cores() -> int:
 
 
 def intra_op_threads(settings: TorchSettings, instances: int, cores: int) -> int:
-    """An instance's intra-op threads: the setting, else its share of the cores."""
+    """An instance's intra-op threads: the setting, else its share of the cores but one.
+
+    The core left over is the front end's: with every core in torch's pool, each forward
+    pass waits at its barrier for the thread that shares a core with the event loop
+    (measured with perf/bench_backends.py on two cores: server CPU per row of the MLP
+    2.8-3.3 ms with two threads, 2.2-2.4 with one, torch alone 2.1)."""
     if settings.intra_op_threads > 0:
         return settings.intra_op_threads
-    return max(1, cores // max(1, instances))
+    return max(1, (cores - 1) // max(1, instances))
