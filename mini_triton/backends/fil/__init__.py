@@ -3,7 +3,8 @@ read from the folders Triton's FIL backend (r24.10) reads.
 
 The model is `input__0` (FP32 rows of features) → `output__0` (FP32), shaped by
 the parameters as FIL shapes it (outputs.py). Each instance loads its own copy of
-the model and predicts with its share of the machine's cores (or `cpu_nthread`).
+the model and predicts with its share of the machine's cores less the front end's one
+(cpu_share.py), or `cpu_nthread` threads.
 This server has no GPU forest: KIND_GPU instances run on the CPU, with a note.
 """
 
@@ -24,6 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from ...core.errors import invalid_arg  # noqa: E402
 from ..base import Backend, ModelContext, TensorBatchInstance  # noqa: E402
+from ..cpu_share import instance_threads  # noqa: E402
 from ..model_checks import format_dims  # noqa: E402
 from .forest import Forest, load_forest  # noqa: E402
 from .outputs import answers, columns_per_row, squeezed_shape  # noqa: E402
@@ -62,11 +64,10 @@ class FilBackend(Backend):
         return FilInstance(self.config, forest, self.settings)
 
     def _threads_per_instance(self) -> int:
-        """`cpu_nthread` where given; else the cores shared out among the instances."""
+        """`cpu_nthread` where given; else the instance's share of the cores."""
         if self.settings.cpu_nthread > 0:
             return self.settings.cpu_nthread
-        instances = sum(max(group.count, 1) for group in self.config.instance_group) or 1
-        return max(1, _cores() // instances)
+        return instance_threads(self.config)
 
     def _note_gpu_only_parameters(self) -> None:
         given = [key for key in GPU_ONLY if key in self.config.parameters]
@@ -143,9 +144,3 @@ def _check_columns(config, tensor, forest: Forest, settings: FilSettings, path: 
             f"predict_proba={str(settings.predict_proba).lower()} output '{OUTPUT}' has "
             f"dims [{expected}]; the configuration gives {format_dims(tensor.dims)}")
 
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1

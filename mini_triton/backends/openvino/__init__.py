@@ -3,13 +3,12 @@ OpenVINO backend (r24.10) reads: an IR or an ONNX file, `parameters` for the CPU
 plugin, the config completed from the model (signature.py).
 
 Each instance compiles its own copy of the model with its own infer request, its
-inference threads the instance's share of the machine's cores unless
+inference threads the instance's share of the machine's cores less the front end's one
+(cpu_share.py) unless
 INFERENCE_NUM_THREADS says otherwise. Like Triton's, it runs on the CPU only.
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -17,6 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ...core.errors import internal, invalid_arg
 from ..backend_config import settings_for
 from ..base import Backend, ModelContext, TensorBatchInstance
+from ..cpu_share import instance_threads
 from . import model as models
 from .signature import DEFAULT_MAX_BATCH_SIZE, auto_complete, check_inputs, check_outputs
 
@@ -59,14 +59,10 @@ class OpenVinoBackend(Backend):
         if kind != "KIND_CPU":
             raise invalid_arg(f"unable to load model '{self.config.name}', Triton openVINO "
                               "backend supports only CPU device")
-        properties = {"INFERENCE_NUM_THREADS": self._threads_per_instance(),
+        properties = {"INFERENCE_NUM_THREADS": instance_threads(self.config),
                       **self.properties}
         compiled = models.compile_model(self.core, self.model, self.config, properties)
         return OpenVinoInstance(self.config, compiled, self.settings)
-
-    def _threads_per_instance(self) -> int:
-        instances = sum(max(group.count, 1) for group in self.config.instance_group) or 1
-        return max(1, _cores() // instances)
 
     def unload(self) -> None:
         self.model = self.core = None
@@ -121,9 +117,3 @@ def _default_max_batch_size(context: ModelContext) -> int:
     settings = settings_for(context.options, "openvino")
     return int(settings.get("default-max-batch-size", DEFAULT_MAX_BATCH_SIZE))
 
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
