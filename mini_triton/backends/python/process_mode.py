@@ -124,7 +124,7 @@ class ProcessInstance(ModelInstance):
         """`_start_worker` for a restart: a failed try lets parked batches end."""
         try:
             return self._start_worker()
-        except TritonError:
+        except (TritonError, OSError):
             self._unpark()
             raise
 
@@ -337,6 +337,7 @@ class ProcessInstance(ModelInstance):
             self._fail_open(unavailable(f"model '{self.model}' instance '{self.name}': {cause}"))
             return
         self._die(self._unhealthy(cause))
+        stop_process(worker.process, worker.link)  # its descriptors and memory, and reaped
         self.restarts.run(f"model '{self.model}' instance '{self.name}': {cause}")
 
     def _dispatch(self, message) -> None:

@@ -108,12 +108,12 @@ class Restarter:
         while self.backoff.wait(delay):
             try:
                 pid = self.start()
-            except TritonError as error:
+            except (TritonError, OSError) as error:  # OSError: no process could be made
                 if self.backoff.stopped.is_set():
                     return
                 delay = self.backoff.after_failed_start()
                 log.error("%s: its worker process did not start again (%s); next try in "
-                          "%.1f s", self.label, error.message, delay)
+                          "%.1f s", self.label, getattr(error, "message", error), delay)
                 continue
             self.backoff.started_now()
             log.info("%s: its worker process started again (pid %d)", self.label, pid)
