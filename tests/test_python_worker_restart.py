@@ -18,6 +18,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from conftest import STATUS, connect, server_settings, wait_for
+from mini_triton.backends.python.restarts import Backoff, RestartPolicy
 from mini_triton.server import ServerThread
 from python_backend_models import write_model
 
@@ -283,3 +284,27 @@ def test_worker_that_dies_on_every_start_is_retried_with_a_capped_backoff(tmp_pa
             assert infer(control, "dies_on_start", 6) == 6
         finally:
             control.client.close()
+
+
+@pytest.mark.parametrize("settings, delays", [
+    ({}, [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]),
+    ({"worker-restart-backoff-ms": "250", "worker-restart-max-backoff-ms": "1000"},
+     [0.25, 0.5, 1.0, 1.0]),
+    ({"worker-restart-backoff-ms": "5000", "worker-restart-max-backoff-ms": "1000"},
+     [5.0, 5.0]),  # a cap under the first delay is the first delay
+])
+def test_restart_delays_double_up_to_the_cap(settings, delays):
+    policy = RestartPolicy.from_settings(settings)
+    assert [policy.delay_s(failures) for failures in range(len(delays))] == delays
+    assert policy.delay_s(10_000) == delays[-1]
+
+
+def test_a_worker_that_stayed_up_starts_the_count_afresh():
+    backoff = Backoff(RestartPolicy(0.1, 0.4))
+    backoff.started -= 1.0  # up for a second, longer than the cap
+    assert [backoff.after_death(), backoff.after_failed_start(),
+            backoff.after_failed_start()] == [0.1, 0.2, 0.4]
+    backoff.started_now()
+    assert backoff.after_death() == 0.4  # died again at once: the count goes on
+    backoff.started -= 1.0
+    assert backoff.after_death() == 0.1
