@@ -141,3 +141,22 @@ def test_a_wrong_datatype_is_refused_with_tritons_words(proto):
     assert proto.status_of(error.value) == STATUS[proto.name]["INVALID_ARG"]
     assert ("inference input 'input__0' data-type is 'FP64', but model 'xgb_proba' expects "
             "'FP32'") in str(error.value)
+
+
+def test_speed_parameters_of_fils_own_forests_are_named_and_answers_unchanged(
+        tmp_path, caplog):
+    regressor = xgboost_regressor()
+    write_fil_model(tmp_path, "tuned", fil_config(
+        "tuned", "xgboost_json", 1, output_class="false", storage_type="SPARSE",
+        threads_per_tree="4", use_experimental_optimizations="true"),
+        "xgboost.json", regressor.get_booster().save_model)
+    with ServerThread(server_settings(tmp_path)) as server:
+        proto = connect("http", server)
+        x = rows(4)
+        tensor = proto.module.InferInput("input__0", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        got = proto.client.infer("tuned", [tensor]).as_numpy("output__0")
+        proto.client.close()
+    assert ("parameters storage_type, threads_per_tree, use_experimental_optimizations tune "
+            "the speed of FIL's own forests") in caplog.text
+    assert got.tolist() == pytest.approx(regressor.predict(x).tolist(), rel=1e-5)

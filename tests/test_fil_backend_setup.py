@@ -49,3 +49,4 @@ def _config(*counts: int) -> mc.ModelConfig:
 def test_instances_share_the_cores_less_the_front_ends_one(monkeypatch, cores, counts, threads):
     monkeypatch.setattr(cpu_share, "available_cores", lambda: cores)
     assert cpu_share.instance_threads(_config(*counts)) == threads
+

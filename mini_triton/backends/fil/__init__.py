@@ -29,7 +29,7 @@ from ..cpu_share import instance_threads  # noqa: E402
 from ..model_checks import format_dims  # noqa: E402
 from .forest import Forest, load_forest  # noqa: E402
 from .outputs import answers, columns_per_row, squeezed_shape  # noqa: E402
-from .settings import GPU_ONLY, FilSettings, model_file, read_settings  # noqa: E402
+from .settings import NO_EFFECT_HERE, FilSettings, model_file, read_settings  # noqa: E402
 
 __all__ = ["FilBackend", "FilInstance"]
 
@@ -50,7 +50,7 @@ class FilBackend(Backend):
         self.settings = read_settings(self.config)
         self.path = model_file(self.config, context.version_dir, self.settings)
         self.checked = False
-        self._note_gpu_only_parameters()
+        self._note_parameters_without_effect()
 
     def create_instance(self, index: int, kind: str, device_id: int) -> "FilInstance":
         if kind == "KIND_GPU":
@@ -69,11 +69,12 @@ class FilBackend(Backend):
             return self.settings.cpu_nthread
         return instance_threads(self.config)
 
-    def _note_gpu_only_parameters(self) -> None:
-        given = [key for key in GPU_ONLY if key in self.config.parameters]
+    def _note_parameters_without_effect(self) -> None:
+        given = [key for key in NO_EFFECT_HERE if key in self.config.parameters]
         if given:
-            log.info("model '%s': parameters %s tune FIL's GPU forest; on the CPU they have "
-                     "no effect", self.config.name, ", ".join(given))
+            log.warning("model '%s': parameters %s tune the speed of FIL's own forests; "
+                        "here Treelite, XGBoost or LightGBM predict, and they have no effect",
+                        self.config.name, ", ".join(given))
 
 
 class FilInstance(TensorBatchInstance):

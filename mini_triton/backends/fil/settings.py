@@ -23,9 +23,12 @@ MODEL_FILES = {
     "treelite_checkpoint": ("checkpoint.tl", "a Treelite checkpoint"),
 }
 
-# GPU-only tuning parameters of FIL: checked as FIL reads them, without effect on the CPU.
+# FIL's tuning parameters that change speed, never answers: its GPU forest's, and its
+# experimental CPU forest's switch. Read (storage_type checked as FIL checks it) and
+# named at load as without effect here.
 STORAGE_TYPES = ("AUTO", "DENSE", "SPARSE", "SPARSE8")
-GPU_ONLY = ("storage_type", "algo", "threads_per_tree", "blocks_per_sm", "transfer_threshold")
+NO_EFFECT_HERE = ("storage_type", "algo", "threads_per_tree", "blocks_per_sm",
+                  "transfer_threshold", "use_experimental_optimizations")
 
 
 @dataclass(frozen=True)
