@@ -1,6 +1,7 @@
-"""The FIL backend served end to end: Triton FIL folders of XGBoost, LightGBM and
-scikit-learn (as a Treelite checkpoint) models answer as the frameworks' own
-predict does, over HTTP and gRPC with stock tritonclient."""
+"""The FIL backend served end to end: Triton FIL folders of XGBoost (JSON, UBJSON and
+the legacy binary format), LightGBM and scikit-learn (as a Treelite checkpoint)
+models answer as the frameworks' own predict does, over HTTP and gRPC with stock
+tritonclient."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from fil_models import (fil_config, lightgbm_classifier, lightgbm_regressor,  # 
                         xgboost_classifier, xgboost_regressor)
 from mini_triton.backends.fil.forest import NATIVE_XGBOOST_FROM_ROWS  # noqa: E402
 from mini_triton.server import ServerThread  # noqa: E402
+from xgboost_legacy import save_legacy_binary  # noqa: E402
 
 TRAINED = {}
 
@@ -49,6 +51,16 @@ def _models():
                                      output_class="false"),
                           "xgboost.json", regressor.get_booster().save_model,
                           regressor.predict),
+        # model_type "xgboost": the legacy binary format (tests/xgboost_legacy.py writes it)
+        "xgb_legacy": (fil_config("xgb_legacy", "xgboost", 2, output_class="true",
+                                  threshold="0.5", predict_proba="true"),
+                       "xgboost.model", lambda p: save_legacy_binary(booster, p),
+                       binary.predict_proba),
+        "xgb_legacy_regressor": (fil_config("xgb_legacy_regressor", "xgboost", 1,
+                                            output_class="false"),
+                                 "xgboost.model",
+                                 lambda p: save_legacy_binary(regressor.get_booster(), p),
+                                 regressor.predict),
         "lgb_regressor": (fil_config("lgb_regressor", "lightgbm", 1, output_class="false",
                                      instances="instance_group [{ kind: KIND_CPU count: 2 }]"),
                           "model.txt", lambda p: lgb_regressor.booster_.save_model(str(p)),
@@ -84,8 +96,8 @@ def infer(proto, model: str, x: np.ndarray, datatype: str = "FP32") -> np.ndarra
 
 
 @pytest.mark.parametrize("model", ["xgb_proba", "xgb_class", "xgb_multi", "xgb_multi_proba",
-                                   "xgb_regressor", "lgb_regressor", "lgb_score",
-                                   "sklearn_forest"])
+                                   "xgb_regressor", "xgb_legacy", "xgb_legacy_regressor",
+                                   "lgb_regressor", "lgb_score", "sklearn_forest"])
 def test_answers_equal_the_frameworks_own(proto, model):
     x = rows(7, seed=5)
     expected = np.asarray(TRAINED[model](x), dtype=np.float32)
