@@ -30,6 +30,7 @@ log = logging.getLogger("mini_triton")
 # per-stream bound of 32 MiB.
 DEFAULT_STREAM_MAX_TOTAL_QUEUED_BYTES = 256 << 20
 TOTAL_LIMIT_FLAG = "--stream-max-total-queued-bytes"
+LOG_INTERVAL_SECS = 1.0
 
 
 class StreamBudget:
@@ -38,13 +39,16 @@ class StreamBudget:
     releases what its reader takes; to be ended it has `evict(message)`, which drops
     its queue without releasing (the budget has taken its bytes back already)."""
 
-    __slots__ = ("limit", "queued", "held", "memory")
+    __slots__ = ("limit", "queued", "held", "memory", "_logged_at", "_unlogged")
 
     def __init__(self, limit: int = DEFAULT_STREAM_MAX_TOTAL_QUEUED_BYTES):
         self.limit = limit
         self.queued = 0
         self.held: dict[object, int] = {}  # holder -> its bytes (holders with some)
         self.memory = MemoryReturn()
+        # One log line a second at most: an attack can end many small streams.
+        self._logged_at = -LOG_INTERVAL_SECS
+        self._unlogged = 0
 
     def charge(self, holder, size: int) -> bool:
         """Count `size` more bytes queued by `holder`, first ending the streams that
@@ -82,9 +86,19 @@ class StreamBudget:
                    f"past {self.limit} ({TOTAL_LIMIT_FLAG}): this stream, which holds the "
                    f"most of them ({holds} bytes), is ended")
         self.queued -= holds
-        log.warning("ending a stream: %s", message)
+        self._log(message)
         holder.evict(message)
         self.memory.freed(holds)
+
+    def _log(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._logged_at < LOG_INTERVAL_SECS:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more streams were ended since the last line)" \
+            if self._unlogged else ""
+        log.warning("ending a stream: %s%s", message, more)
+        self._logged_at, self._unlogged = now, 0
 
 
 # After this many bytes of queued responses are dropped, freed pages go back to the
@@ -110,9 +124,13 @@ class MemoryReturn:
         self.dropped += size
         if self.dropped < TRIM_AFTER_BYTES or self.pending or _TRIM is None:
             return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (the server is gone): nothing to schedule on
+            return
         self.pending = True
         delay = max(0.1, self.last + TRIM_INTERVAL_SECS - time.monotonic())
-        asyncio.get_running_loop().call_later(delay, self._trim)
+        loop.call_later(delay, self._trim)
 
     def _trim(self) -> None:
         self.dropped = 0

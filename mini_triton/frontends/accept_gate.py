@@ -159,6 +159,10 @@ class AcceptGate:
             self._refused_one()
             return
         connection.setblocking(False)
+        if connection.family != socket.AF_UNIX:
+            # as asyncio's and uvloop's own accepting: replies are small writes, and
+            # Nagle's algorithm with delayed ACKs would hold them back
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.handshaking += 1
         task = self.loop.create_task(self._connect(connection))
         self.tasks.add(task)
