@@ -32,7 +32,7 @@ from .logsettings import FORMATS as LOG_FORMATS
 from .logsettings import TritonFormatter
 from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
 from .metrics import DEFAULT_PINNED_POOL_BYTES
-from .tracing import Tracer
+from .tracing import LIMIT_SETTINGS, Tracer, TraceLimits
 from .triton_flags import (NOT_APPLICABLE, accepted_flags_given, add_accepted_flags,
                            grouped_adder)
 from .server import Settings, run
@@ -267,7 +267,9 @@ def tls_files(args: argparse.Namespace, prefix: str, port_name: str) -> TlsFiles
 
 def add_trace_flags(add) -> None:
     add("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
-        help="trace settings: file, level, rate, count, log-frequency, mode (repeatable)")
+        help="trace settings: file, level, rate, count, log-frequency, mode, and what a "
+        "trace may hold in memory: triton,max-buffered-bytes (default 67108864) and "
+        "triton,max-tensor-data-bytes (default 16777216) (repeatable)")
     for name in ("trace-file", "trace-rate", "trace-count", "trace-log-frequency"):
         add(f"--{name}", default=None, help=f"deprecated: --trace-config {name[6:]}=...")
     add("--trace-level", action="append", default=[],
@@ -290,6 +292,8 @@ def trace_settings(args: argparse.Namespace) -> dict:
     for item in args.trace_config:
         setting, equals, value = item.partition("=")
         mode, _, setting = setting.rpartition(",")
+        if setting in LIMIT_SETTINGS and mode in ("", "triton"):
+            continue  # trace_limits' (not a setting of the trace API)
         if mode and mode != "triton":
             raise ValueError(f"--trace-config: trace mode '{mode}' is not supported (only "
                              "'triton')")
@@ -309,6 +313,21 @@ def trace_settings(args: argparse.Namespace) -> dict:
     except ValueError as error:
         raise ValueError(f"--trace-config: {error}") from None
     return settings
+
+
+def trace_limits(args: argparse.Namespace) -> TraceLimits:
+    """What a trace may hold in memory: --trace-config triton,max-buffered-bytes=N and
+    triton,max-tensor-data-bytes=N (tracing.TraceLimits' defaults otherwise)."""
+    values = {}
+    for item in args.trace_config:
+        setting, _, value = item.partition("=")
+        setting = setting.removeprefix("triton,")
+        if setting in LIMIT_SETTINGS:
+            if not (value.isascii() and value.isdigit()) or int(value) < 1:
+                raise ValueError(f"--trace-config: {setting} must be a whole number of bytes "
+                                 f"of at least 1, got '{value}'")
+            values[LIMIT_SETTINGS[setting]] = int(value)
+    return TraceLimits(**values)
 
 
 def log_settings(args: argparse.Namespace) -> dict:
@@ -347,6 +366,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         model_namespacing=args.model_namespacing,
         log_settings=log_settings(args),
         trace_settings=trace_settings(args),
+        trace_limits=trace_limits(args),
         http_max_input_size=args.http_max_input_size,
         http_max_url_size=args.http_max_url_size,
         http_max_header_size=args.http_max_header_size,

@@ -39,6 +39,7 @@ from .repository.storage import StorageError, is_url
 from .scheduling.rate_limiter import RateLimiter
 from .service import EXTENSIONS, InferenceService
 from .startup_tables import log_model_table, log_options_table
+from .tracing import TraceLimits
 
 log = logging.getLogger("mini_triton")
 
@@ -94,6 +95,7 @@ class Settings:
     model_namespacing: bool = False  # --model-namespacing
     log_settings: dict = field(default_factory=dict)  # --log-*: the logging extension's keys
     trace_settings: dict = field(default_factory=dict)  # --trace-config: the trace API's keys
+    trace_limits: TraceLimits = field(default_factory=TraceLimits)  # --trace-config triton,max-*
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     http_max_url_size: int = DEFAULT_MAX_URL_SIZE
     http_max_header_size: int = DEFAULT_MAX_HEADER_SIZE
@@ -168,6 +170,7 @@ class Server:
                                               mode=settings.model_control_mode)
         self.service = InferenceService(self.manager, settings.strict_readiness)
         self.service.server_id = settings.server_id
+        self.service.tracer.limits = settings.trace_limits
         self.service.tracer.update(settings.trace_settings)
         self.manager.server = self.service
         self.service.stream_budget = StreamBudget(settings.stream_max_total_queued_bytes)

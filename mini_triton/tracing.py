@@ -19,6 +19,13 @@ goes to the next one); 0 writes to `<trace_file>` itself. There each trace is
 appended as it finishes by one write that replaces the closing bracket, so the
 file is one valid JSON array between appends and can be read while the server runs
 (tritonserver writes it at exit).
+
+What a trace holds in memory is bounded (TraceLimits, `--trace-config
+triton,max-buffered-bytes=N` and `triton,max-tensor-data-bytes=N`): a log_frequency
+file's traces are written as soon as they hold that many bytes of JSON, even before
+N traces are in (the next file takes the rest), and a TENSORS entry keeps only the first
+elements of a tensor whose text would pass its cap, saying so in a `truncated` note
+(tritonserver writes every element, and holds every trace until it writes them).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import json
 import os
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,6 +47,20 @@ from .trace_front_end import COMPLETE, HTTP, QUEUED, FrontEndStamps
 DEFAULTS = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
             "log_frequency": "0", "trace_file": "", "trace_mode": "triton"}
 _LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TraceLimits:
+    """What traces may hold in memory (--trace-config triton,SETTING=N)."""
+
+    max_buffered_bytes: int = 64 * MIB  # max-buffered-bytes: a log_frequency file's
+    max_tensor_data_bytes: int = 16 * MIB  # max-tensor-data-bytes: one tensor's text
+
+
+# --trace-config triton,SETTING=N → TraceLimits' field.
+LIMIT_SETTINGS = {"max-buffered-bytes": "max_buffered_bytes",
+                  "max-tensor-data-bytes": "max_tensor_data_bytes"}
 
 
 class Trace:
@@ -128,10 +150,15 @@ class Trace:
         return {"id": self.id, "timestamps": [{"name": name, "ns": ns}]}
 
     def _tensor(self, activity: str, tensor) -> dict:
-        return {"id": self.id, "activity": activity,
-                "tensor": {"name": tensor.name, "data": tensor_text(tensor),
-                           "shape": ",".join(str(d) for d in tensor.shape),
-                           "dtype": tensor.datatype}}
+        limit = self.tracer.limits.max_tensor_data_bytes
+        text, written, total = capped_tensor_text(tensor, limit)
+        entry = {"name": tensor.name, "data": text,
+                 "shape": ",".join(str(d) for d in tensor.shape), "dtype": tensor.datatype}
+        if written < total:
+            entry["truncated"] = (f"{written} of {total} elements written: the tensor's text "
+                                  f"passes {limit} bytes (--trace-config "
+                                  "triton,max-tensor-data-bytes)")
+        return {"id": self.id, "activity": activity, "tensor": entry}
 
 
 # The timestamps Triton records before the request's inputs are traced (at enqueue).
@@ -152,18 +179,32 @@ def tensor_text(tensor) -> str:
     """A tensor's elements as Triton's TENSORS trace writes them: comma-separated,
     floats as C++ streams print them (6 significant digits), BOOL as 0/1, BYTES
     elements quoted, FP16 and BF16 left empty (Triton writes no data for them)."""
+    return capped_tensor_text(tensor, None)[0]
+
+
+def capped_tensor_text(tensor, limit: int | None) -> tuple[str, int, int]:
+    """(text, elements written, elements): tensor_text, stopped before the element
+    that would take it past `limit` characters (None: no limit). Only what is written
+    is ever formatted, so a huge tensor costs no more than the limit."""
     if tensor.datatype in ("FP16", "BF16"):
-        return ""
+        return "", 0, 0
     flat = _elements(tensor)
     if flat is None:
-        return ""
-    if tensor.datatype == "BYTES":
-        return ",".join('"' + _text(item) + '"' for item in flat)
-    if tensor.datatype in ("FP32", "FP64"):
-        return ",".join(_float_text(float(x)) for x in flat)
-    if tensor.datatype == "BOOL":
-        return ",".join("1" if x else "0" for x in flat)
-    return ",".join(str(int(x)) for x in flat)
+        return "", 0, 0
+    texts = map(_FORMATS.get(tensor.datatype, _integer_text), flat)
+    if limit is None:
+        return ",".join(texts), len(flat), len(flat)
+    kept, size = [], -1
+    for text in texts:
+        size += len(text) + 1
+        if size > limit:
+            break
+        kept.append(text)
+    return ",".join(kept), len(kept), len(flat)
+
+
+def _integer_text(value) -> str:
+    return str(int(value))
 
 
 def _elements(tensor):
@@ -189,13 +230,20 @@ def _text(item) -> str:
     return item.decode("utf-8", "replace") if isinstance(item, (bytes, bytearray)) else str(item)
 
 
+# Each element's text by datatype (tensor_text's formats; others are integers).
+_FORMATS = {"BYTES": lambda item: '"' + _text(item) + '"',
+            "FP32": lambda x: _float_text(float(x)), "FP64": lambda x: _float_text(float(x)),
+            "BOOL": lambda x: "1" if x else "0"}
+
+
 def _level_on(level) -> bool:
     """Whether a trace_level setting (a list of levels; None: not set) traces."""
     return bool(level) and level != ["OFF"]
 
 
 class Tracer:
-    def __init__(self):
+    def __init__(self, limits: TraceLimits = TraceLimits()):
+        self.limits = limits
         self.global_settings = dict(DEFAULTS)
         self.model_settings: dict[str, dict] = {}
         self.lock = threading.Lock()
@@ -292,10 +340,11 @@ class Tracer:
             return
         with self.lock:
             if frequency > 0:
-                batches = self.batches.setdefault(path, _Batches(path))
+                batches = self.batches.setdefault(
+                    path, _Batches(path, self.limits.max_buffered_bytes))
                 batches.add(entries, frequency)
             else:
-                _append_to_array(path, entries, fresh=path not in self.started)
+                _append_to_array(path, _items(entries), fresh=path not in self.started)
                 self.started.add(path)
 
     def flush(self) -> None:
@@ -306,32 +355,43 @@ class Tracer:
 
 
 class _Batches:
-    """The traces of one trace file with log_frequency > 0, written N at a time."""
+    """The traces of one trace file with log_frequency > 0, written N at a time, or as
+    soon as they hold `max_bytes` of JSON (held as text, so the bound is what is held)."""
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, max_bytes: int):
+        self.path, self.max_bytes = path, max_bytes
         self.index = 0
-        self.pending: list = []
+        self.pending: list[str] = []
+        self.bytes = 0
         self.traces = 0
 
     def add(self, entries: list, frequency: int) -> None:
-        self.pending.extend(entries)
+        items = _items(entries)
+        self.pending.append(items)
+        self.bytes += len(items)
         self.traces += 1
-        if self.traces >= frequency:
+        if self.traces >= frequency or self.bytes >= self.max_bytes:
             self.write()
 
     def write(self) -> None:
         if not self.traces:
             return
-        _append_to_array(f"{self.path}.{self.index}", self.pending, fresh=True)
+        _append_to_array(f"{self.path}.{self.index}", ",".join(filter(None, self.pending)),
+                         fresh=True)
         self.index += 1
-        self.pending, self.traces = [], 0
+        self.pending, self.bytes, self.traces = [], 0, 0
 
 
-def _append_to_array(path: str, entries: list, fresh: bool) -> None:
-    """Add `entries` to the JSON array in `path` (a new file when `fresh`), rewriting
+def _items(entries: list) -> str:
+    """Entries as the comma-separated items of a JSON array."""
+    return ",".join(json.dumps(entry) for entry in entries)
+
+
+def _append_to_array(path: str, items: str, fresh: bool) -> None:
+    """Add `items` to the JSON array in `path` (a new file when `fresh`), rewriting
     only its closing bracket: the cost of a trace does not grow with the file."""
-    items = ",".join(json.dumps(entry) for entry in entries)
+    if not items and not fresh and os.path.exists(path):
+        return  # nothing to add (an abandoned trace): ",]" would break the array
     if fresh or not os.path.exists(path):
         # Written aside and moved in place: a reader never finds the file empty.
         fresh_path = f"{path}.{os.getpid()}.new"
