@@ -42,8 +42,9 @@ def _table(status: str, note: str, paths: str, applies: Callable | None = None) 
     return {path: Coverage(status, note, applies) for path in paths.split()}
 
 
-# Backends whose GPU instances fail to load without a GPU (a load error, not silence).
-_GPU_ONLY_BACKENDS = ("onnxruntime", "tensorrt")
+# Backends whose GPU instances fail to load without a GPU (a load error, not silence);
+# OpenVINO's always do, as Triton's OpenVINO backend runs on the CPU only.
+_GPU_ONLY_BACKENDS = ("onnxruntime", "tensorrt", "openvino")
 
 
 def _is_gpu_kind(value, config, backend, gpu_available) -> bool:
