@@ -37,8 +37,7 @@ class BodyReceiver:
         self.grown: bytearray | None = None  # a large body appended as it arrives
 
     def begin(self) -> None:
-        self.chunks, self.size, self.too_large, self.into = [], 0, False, None
-        self.grown = None
+        self.chunks, self.size, self.too_large, self.into, self.grown = [], 0, False, None, None
 
     def expect(self, declared: int) -> None:
         """The head declared a Content-Length (not chunked): receive a large body into
@@ -59,7 +58,7 @@ class BodyReceiver:
             self.chunks, self.grown = [], None
         elif self.grown is not None:
             self.grown += chunk  # amortised: the buffer grows by an eighth at a time
-        elif not self.too_large:
+        else:  # not too large: the size only grows, so the branch above stays taken
             self.chunks.append(chunk)
             if self.size >= LARGE_BODY:
                 self.grown = bytearray().join(self.chunks)

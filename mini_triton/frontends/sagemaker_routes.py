@@ -32,7 +32,7 @@ from ..core.files import read_regular
 from ..core.names import printable
 from ..service import InferenceService
 from .errors import http_status
-from .http_codec import loads
+from .http_codec import loads_body
 from .http_exchange import Exchange, HttpReply, HttpRequest
 from .http_server import HttpFrontend, InferReplies, error_reply, json_reply
 from .restrictions import Restriction, http_refusal, unmet
@@ -244,7 +244,7 @@ class SagemakerFrontend:
         """Register the model's folder and load it under its target name: 200, 409 when
         the name is taken, 507 when memory ran out, else 400."""
         try:
-            name, url = _load_request(request.body)
+            name, url = await self.v2.decoder.decode(request.body, _load_request, request.body)
             repository, subfolder = await asyncio.get_running_loop().run_in_executor(
                 None, model_folder_of, url)
         except TritonError as error:
@@ -311,7 +311,7 @@ def _load_request(body: bytes) -> tuple[str, str]:
     if not body:
         return "", ""
     try:
-        document = loads(body)
+        document = loads_body(body)
     except ValueError as error:
         raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
     if not isinstance(document, dict):

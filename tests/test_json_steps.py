@@ -1,0 +1,108 @@
+"""core/json_steps.py: a document parsed in bounded steps is the value orjson gives it,
+whatever the step; what orjson refuses is refused; nesting is bounded. And the
+conversions a large body's decoding makes a slice at a time give what one call gave."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mini_triton.core import json_steps
+from mini_triton.core.errors import TritonError
+from mini_triton.frontends import http_codec
+
+# Steps from barely more than the longest number up to more than most documents: each
+# cuts the documents below at other places.
+STEPS = (32, 33, 47, 64, 101, 4096)
+
+scalars = st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) \
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=6)
+                      | st.dictionaries(st.text(max_size=8), inner, max_size=6),
+                      max_leaves=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=values, indent=st.booleans())
+def test_a_document_parsed_in_steps_is_orjsons_value(value, indent):
+    document = orjson.dumps(value, option=orjson.OPT_INDENT_2 if indent else 0)
+    expected = orjson.loads(document)
+    for step in STEPS:
+        assert json_steps.loads(document, step=step) == expected
+
+
+def test_long_strings_are_cut_between_whole_characters_and_escapes():
+    text = 'aé😀\n"\\\u2028\ud7ff\U0010ffff' * 400
+    document = orjson.dumps({"k": [text, {"t": text}], text: 1})
+    for step in (32, 33, 34, 35, 50, 257):
+        assert json_steps.loads(document, step=step) == orjson.loads(document)
+    escaped = ('"' + "\\ud83d\\ude00\\u00e9\\n" * 300 + '"').encode()
+    for step in (32, 33, 37, 41):
+        assert json_steps.loads(escaped, step=step) == orjson.loads(escaped)
+
+
+def test_a_large_document_has_orjsons_value():
+    document = orjson.dumps({"inputs": [{"name": "I", "shape": [2, 3],
+                                         "data": [[i, i + 0.5, -i] for i in range(50_000)]}],
+                             "messages": [{"role": "user", "content": "x" * 300_000}] * 3})
+    assert json_steps.loads(document) == orjson.loads(document)
+
+
+@pytest.mark.parametrize("document", [
+    "", " ", "[", "]", "[1,]", "[,1]", "[1 2]", "[1,,2]", '{"a"}', '{"a":}', '{"a":1,}',
+    '{1:2}', '{"a" 1}', "[1]x", "[tru]", "nul", '"abc', '["a\\x"]', '["\x01"]', "01",
+    "[1]]", "{}}", '{"a":1 "b":2}', "[" * 5, '"\\ud83d"',
+])
+def test_what_orjson_refuses_is_refused(document):
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(document)
+    for step in STEPS:
+        with pytest.raises(ValueError):
+            json_steps.loads(document, step=step)
+
+
+def test_nesting_is_bounded():
+    value, depth = json_steps.loads("[" * 1024 + "]" * 1024, step=32), 1
+    while value:  # walked, not compared: == on it would recurse too deep
+        value, depth = value[0], depth + 1
+    assert value == [] and depth == 1024
+    with pytest.raises(ValueError, match="nested deeper than 1024"):
+        json_steps.loads("[" * 1025 + "]" * 1025, step=32)
+    with pytest.raises(ValueError, match="nested deeper than 100"):
+        json_steps.loads('{"a":' * 101 + "1" + "}" * 101, max_depth=100)
+    assert json_steps.loads('{"a":' * 100 + "1" + "}" * 100, max_depth=100) is not None
+    with pytest.raises(ValueError):  # a hundred thousand deep: refused, not a crash
+        json_steps.loads("[" * 100_000 + "]" * 100_000)
+
+
+@pytest.mark.parametrize("text, limit, deeper", [
+    ("[[[]]]", 3, False), ("[[[]]]", 2, True), ('["[[[["]', 1, False),
+    ('{"a\\"[[":[[1]]}', 2, True), ('{"a\\"[[":[[1]]}', 3, False), ('""', 0, False),
+    ("[]" * 1000, 1, False), ("{" * 101, 100, True),
+])
+def test_deeper_than_counts_brackets_outside_strings(text, limit, deeper):
+    assert json_steps.deeper_than(text, limit) is deeper
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "INT64", "UINT8", "BOOL", "BF16", "BYTES"])
+def test_long_data_converts_to_what_one_call_gave(datatype):
+    count = 3 * http_codec.CONVERT_SLICE + 7
+    data = {"BOOL": [i % 3 == 0 for i in range(count)],
+            "BYTES": [str(i) for i in range(count)]}.get(datatype, [i % 200 for i in range(count)])
+    array = http_codec.json_to_array(data, datatype, "I", (count,))
+    assert len(array) == count
+    if datatype == "BYTES":
+        assert array[-1] == str(count - 1).encode() and array.dtype == np.object_
+    elif datatype == "BF16":
+        assert array.dtype == http_codec.json_to_array(data[:10], "BF16", "I", (10,)).dtype
+    else:
+        np.testing.assert_array_equal(array, np.array(data, dtype=array.dtype))
+
+
+def test_a_value_out_of_range_in_a_late_slice_is_triton_s_error():
+    count = 2 * http_codec.CONVERT_SLICE + 1
+    with pytest.raises(TritonError, match="unable to parse 'data' of input 'I' as INT8"):
+        http_codec.json_to_array([1] * (count - 1) + [300], "INT8", "I", (count,))
