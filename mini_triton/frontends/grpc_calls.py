@@ -359,7 +359,7 @@ class GrpcCalls:
         self._end_unary(stream, response)
 
     def _begin_unary(self, stream: Stream, message: bytes, read: bool = False) -> None:
-        if read or stream.method.request_type is RawRequest:
+        if stream.method.request_type is RawRequest or read:
             request = message  # read already, or by its handler (RawRequest.FromString)
         else:
             request = self._parse_request(stream, message)

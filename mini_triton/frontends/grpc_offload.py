@@ -58,9 +58,9 @@ class OffLoop:
                              "a compressed message without a grpc-encoding")
         deflated = Deflated(message, stream.encoding)
         if self.max_message <= INFLATE_ON_LOOP:
-            return inflated(deflated, self.max_message)
+            return bytes(inflated(deflated, self.max_message))
         try:
-            return inflated(deflated, INFLATE_ON_LOOP)
+            return bytes(inflated(deflated, INFLATE_ON_LOOP))  # small: bytes, as sent
         except AbortError as error:
             if error.code != grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise

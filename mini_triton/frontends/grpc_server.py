@@ -301,19 +301,18 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Start the inference; `reply` gets the response message, or the AbortError or
         exception the call ends with, from the call that delivers the final response
         (our transport writes it from there). Returns what cancels the request."""
-        raw_contents = None
-        if type(request) is grpc_infer_read.ReadInfer:  # read by our transport already
-            request, decoded = request.message, request.decoded
-        else:
-            decoded = None
-            if not isinstance(request, pb.ModelInferRequest):  # bytes, on our transport
-                try:
-                    request, raw_contents = grpc_split.split_infer_request(request)
-                except DecodeError:  # as our transport answers any that does not parse
-                    raise grpc_transport.AbortError(grpc_wire.UNPARSEABLE_CODE,
-                                                    grpc_wire.UNPARSEABLE_MESSAGE) from None
+        raw_contents = read = None
+        if type(request) is bytes:  # a small message, on our transport: read here
+            try:
+                request, raw_contents = grpc_split.split_infer_request(request)
+            except DecodeError:  # as our transport answers any that does not parse
+                raise grpc_transport.AbortError(grpc_wire.UNPARSEABLE_CODE,
+                                                grpc_wire.UNPARSEABLE_MESSAGE) from None
+        elif type(request) is grpc_infer_read.ReadInfer:  # read by our transport already
+            read, request = request, request.message
         try:
-            infer_request = self._decode(request, context, raw_contents, decoded)
+            infer_request = self._decode(request, context, raw_contents) if read is None \
+                else self._decoded(read, context)
 
             # Our transport sends what it is given as it is; grpc.aio wants the message.
             encode = grpc_codec.serialize_infer_response \
@@ -359,22 +358,36 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
                 self.options.stream_max_queued_bytes, self.options.stream_max_in_flight):
             yield message
 
-    def _decode(self, message, context, raw_contents: list | None = None, decoded=None):
+    def _decode(self, message, context, raw_contents: list | None = None):
         """The InferenceRequest of a message, with the call's forwarded metadata. As in
         Triton, the model is looked up before the message is read: an unknown or failed
-        model is NOT_FOUND whatever the message holds (only a failing message pays).
-        `decoded`: what decoding it gave already (grpc_infer_read.ReadInfer)."""
+        model is NOT_FOUND whatever the message holds (only a failing message pays)."""
         try:
-            if decoded is None:
-                infer_request = grpc_codec.decode_infer_request(message, raw_contents)
-            elif isinstance(decoded, TritonError):
-                raise decoded
-            else:
-                infer_request = decoded
-        except TritonError:  # a bad version string is refused first, as in Triton
-            version = grpc_parameters.model_version(message.model_version)
-            self.service.model_config(message.model_name, version)
+            infer_request = grpc_codec.decode_infer_request(message, raw_contents)
+        except TritonError:
+            self._refuse(message)
             raise
+        if self.header_pattern is not None:  # as _forwarded does, inline: once per call
+            forward_headers(self.header_pattern, context.invocation_metadata() or (),
+                            infer_request.parameters)
+        return infer_request
+
+    def _decoded(self, read: grpc_infer_read.ReadInfer, context):
+        """`_decode`'s answer for a message our transport has decoded already."""
+        if isinstance(read.decoded, TritonError):
+            self._refuse(read.message)
+            raise read.decoded
+        return self._forwarded(read.decoded, context)
+
+    def _refuse(self, message) -> None:
+        """Before a message's own error: a bad version string is refused first, then an
+        unknown model, as in Triton (each raises its TritonError)."""
+        version = grpc_parameters.model_version(message.model_version)
+        self.service.model_config(message.model_name, version)
+
+    def _forwarded(self, infer_request, context):
+        """`infer_request` with the call's metadata that --grpc-header-forward-pattern
+        finds as parameters."""
         if self.header_pattern is not None:
             forward_headers(self.header_pattern, context.invocation_metadata() or (),
                             infer_request.parameters)
