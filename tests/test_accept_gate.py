@@ -23,7 +23,6 @@ import select
 import socket
 import time
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient

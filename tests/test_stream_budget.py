@@ -72,8 +72,8 @@ def test_no_limit_counts_and_never_ends_a_stream():
 
 
 def response(size: int, final: bool = False) -> InferenceResponse:
-    return InferenceResponse("m", "1", "id", [Tensor("OUT", "UINT8", (size,), np.zeros(size, np.uint8))],
-                             final=final)
+    tensor = Tensor("OUT", "UINT8", (size,), np.zeros(size, np.uint8))
+    return InferenceResponse("m", "1", "id", [tensor], final=final)
 
 
 def test_a_response_stream_charges_the_budget_and_is_ended_by_it():
