@@ -44,6 +44,7 @@ RESERVE_FLAG = "--file-descriptor-reserve"
 ACCEPTS_PER_TURN = 64
 # While paused for descriptors, how often the count is looked at again.
 RESUME_CHECK_SECS = 0.25
+PAUSE_LOG_INTERVAL_SECS = 5.0
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _FD_FOLDER = "/proc/self/fd"
 
@@ -106,6 +107,8 @@ class AcceptGate:
         self.handshaking = 0  # accepted, not yet with their protocol
         self.refused = 0      # TLS connections closed at the cap, since the last log line
         self.paused = False
+        self._pause_logged = False
+        self._last_pause_log = -PAUSE_LOG_INTERVAL_SECS
         self.closed = False
         self._resume_timer: asyncio.TimerHandle | None = None
         self.tasks: set[asyncio.Task] = set()
@@ -203,10 +206,16 @@ class AcceptGate:
             return
         self.paused = True
         self._unwatch_all()
-        descriptors = self.descriptors
-        log.warning("%s: not accepting connections while fewer than %d of the process's %d "
-                    "file descriptors are free (%s)%s", self.name, descriptors.reserve,
-                    descriptors.limit, RESERVE_FLAG, f"; {why}" if why else "")
+        now = self.loop.time()
+        # A pause that follows soon after the last (a system-wide shortage that /proc
+        # does not show) is not logged again, nor is its end.
+        self._pause_logged = now - self._last_pause_log >= PAUSE_LOG_INTERVAL_SECS
+        if self._pause_logged:
+            self._last_pause_log = now
+            descriptors = self.descriptors
+            log.warning("%s: not accepting connections while fewer than %d of the process's "
+                        "%d file descriptors are free (%s)%s", self.name, descriptors.reserve,
+                        descriptors.limit, RESERVE_FLAG, f"; {why}" if why else "")
         self._resume_timer = self.loop.call_later(RESUME_CHECK_SECS, self._try_resume)
 
     def _try_resume(self) -> None:
@@ -217,7 +226,9 @@ class AcceptGate:
             self._resume_timer = self.loop.call_later(RESUME_CHECK_SECS, self._try_resume)
             return
         self.paused = False
-        log.warning("%s: accepting connections again (file descriptors are free)", self.name)
+        if self._pause_logged:
+            log.warning("%s: accepting connections again (file descriptors are free)",
+                        self.name)
         self._watch_all()
 
 
