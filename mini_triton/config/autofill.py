@@ -27,8 +27,10 @@ TENSORRT = Framework("tensorrt", "tensorrt_plan", "model.plan", "file")
 ONNXRUNTIME = Framework("onnxruntime", "onnxruntime_onnx", "model.onnx", "any")
 OPENVINO = Framework("openvino", "", "model.xml", "any")
 PYTORCH = Framework("pytorch", "pytorch_libtorch", "model.pt", "file")
+# An AOTInductor package (torch._inductor.aoti_compile_and_package), Triton 26.03's.
+TORCH_AOTI = Framework("pytorch", "torch_aoti", "model.pt2", "file")
 PYTHON = Framework("python", "", "model.py", "any")
-FRAMEWORKS = (TENSORRT, ONNXRUNTIME, OPENVINO, PYTORCH, PYTHON)
+FRAMEWORKS = (TENSORRT, ONNXRUNTIME, OPENVINO, PYTORCH, TORCH_AOTI, PYTHON)
 TF_SAVEDMODEL = Framework("tensorflow", "tensorflow_savedmodel", "model.savedmodel", "dir")
 TF_GRAPHDEF = Framework("tensorflow", "tensorflow_graphdef", "model.graphdef", "file")
 _TENSORFLOW = (TF_SAVEDMODEL, TF_GRAPHDEF)
@@ -100,7 +102,7 @@ def _complete_framework(config: mc.ModelConfig, framework: Framework,
             _holds(found, framework)
         if named or detected:
             config.backend = framework.backend
-    if config.backend != framework.backend:
+    if config.backend != framework.backend or _other_platform(config, framework):
         return False
     if framework.platform and not config.platform:
         config.platform = framework.platform
@@ -109,6 +111,12 @@ def _complete_framework(config: mc.ModelConfig, framework: Framework,
             framework is PYTORCH and config.runtime == PYTHON.filename):
         config.default_model_filename = framework.filename
     return True
+
+
+def _other_platform(config: mc.ModelConfig, framework: Framework) -> bool:
+    """The config names another platform of the framework's backend (pytorch has two)."""
+    return config.platform != framework.platform and any(
+        f.backend == framework.backend and f.platform == config.platform for f in FRAMEWORKS)
 
 
 def _complete_custom_backend(config: mc.ModelConfig) -> None:
@@ -128,8 +136,8 @@ def default_model_filename(config: mc.ModelConfig) -> str:
     if config.default_model_filename:
         return config.default_model_filename
     for framework in FRAMEWORKS + _TENSORFLOW:
-        if framework.backend == config.backend or (
-                framework.platform and framework.platform == config.platform):
+        if (framework.backend == config.backend and not _other_platform(config, framework)) \
+                or (framework.platform and framework.platform == config.platform):
             return framework.filename
     return ""
 

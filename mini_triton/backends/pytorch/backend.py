@@ -1,5 +1,6 @@
 """The PyTorch backend (`backend: "pytorch"`, `platform: "pytorch_libtorch"`): a
-TorchScript `model.pt` served as Triton's pytorch backend serves it.
+TorchScript `model.pt` served as Triton's pytorch backend serves it; with
+`platform: "torch_aoti"`, an AOTInductor `model.pt2` (aoti.py).
 
 Each instance loads its own copy of the module (one copy per device with
 `ENABLE_WEIGHT_SHARING`) and runs forward() in its worker thread with its own share
@@ -19,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ...core.errors import TritonError, internal
 from ..backend_config import settings_for
 from ..base import Backend, ModelContext, TensorBatchInstance
+from . import aoti
 from .module import first_line, forward_arguments, load_module, model_path
 from .naming import InputPlan, OutputPlan, plan_inputs, plan_outputs
 from .settings import TorchSettings, available_cores, intra_op_threads, read_settings
@@ -37,9 +39,8 @@ class PyTorchBackend(Backend):
 
     @classmethod
     def check_model_file(cls, config: mc.ModelConfig, context: ModelContext) -> None:
-        module = load_module(model_path(config, context.version_dir), config.name,
-                             torch.device("cpu"))
-        plan_model(config, module)
+        device = torch.device("cpu")
+        plan_model(config, load(config, model_path(config, context.version_dir), device))
 
     def __init__(self, context: ModelContext):
         super().__init__(context)
@@ -62,19 +63,30 @@ class PyTorchBackend(Backend):
     def _module(self, device: torch.device, kind: str):
         where = None if kind == "KIND_MODEL" else device  # KIND_MODEL: the saved devices
         if not self.settings.weight_sharing:
-            return load_module(self.path, self.config.name, where)
+            return load(self.config, self.path, where)
         key = str(where)
         if key not in self.shared:
-            self.shared[key] = load_module(self.path, self.config.name, where)
+            self.shared[key] = load(self.config, self.path, where)
         return self.shared[key]
 
     def unload(self) -> None:
         self.shared.clear()
 
 
+def load(config: mc.ModelConfig, path, device: torch.device | None):
+    """The TorchScript module, or the AOTInductor package of a torch_aoti model."""
+    if config.platform == aoti.PLATFORM:
+        package = aoti.load_package(path, config.name)
+        aoti.check_device(package, device or torch.device("cpu"), config.name)
+        return package
+    return load_module(path, config.name, device)
+
+
 def plan_model(config: mc.ModelConfig, module) -> tuple[InputPlan, OutputPlan]:
     """The config checked against the module: datatypes, then the tensors' positions."""
     check_datatypes(config)
+    if isinstance(module, aoti.AotiModule):
+        return aoti.plan(config, module)
     return plan_inputs(config, forward_arguments(module)), plan_outputs(config)
 
 

@@ -15,7 +15,7 @@ _BACKEND_TYPE = {"tensorflow": "tensorflow", "tensorrt": "tensorrt",
                  "onnxruntime": "onnxruntime", "pytorch": "pytorch"}
 _PLATFORM_TYPE = {"tensorflow_graphdef": "tensorflow", "tensorflow_savedmodel": "tensorflow",
                   "tensorrt_plan": "tensorrt", "onnxruntime_onnx": "onnxruntime",
-                  "pytorch_libtorch": "pytorch"}
+                  "pytorch_libtorch": "pytorch", "torch_aoti": "pytorch"}
 
 
 def name_is_given(config: mc.ModelConfig) -> None:
