@@ -123,8 +123,8 @@ def test_an_unknown_backend_is_refused_as_loading_refuses_it(tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"{tmp_path / 'm' / 'config.pbtxt'}: model 'm' breaks rule backend_auto_complete: "
         "unable to find backend library for backend 'warp_drive', try specifying runtime on "
-        "the model configuration. Known backends: ensemble, identity, onnxruntime, python, "
-        "tensorrt\n")
+        "the model configuration. Known backends: ensemble, fil, identity, onnxruntime, "
+        "openvino, python, pytorch, tensorrt\n")
 
 
 def test_check_config_in_a_fresh_process(configs):
