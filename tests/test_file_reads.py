@@ -78,12 +78,18 @@ def test_repository_scan_refuses_fifo_and_device_configs(tmp_path):
     (repository / "py" / "1" / "model.py").write_text(IDENTITY)
     make_fifo(repository / "py" / "1" / "helper.py")
     (repository / "py" / "config.pbtxt").write_text(PYTHON_CONFIG)
+    # A Python model whose model.py is a FIFO: refused, not imported.
+    (repository / "py_fifo" / "1").mkdir(parents=True)
+    make_fifo(repository / "py_fifo" / "1" / "model.py")
+    (repository / "py_fifo" / "config.pbtxt").write_text(PYTHON_CONFIG)
     with ServerThread(server_settings(repository, exit_on_error=False)) as server:
         index = httpx.post(f"http://127.0.0.1:{server.ports['http']}/v2/repository/index",
                            timeout=30).json()
     states = {entry["name"]: entry for entry in index}
     assert states["echo"]["state"] == "READY"
     assert states["py"]["state"] == "READY", states["py"]
+    assert states["py_fifo"]["state"] == "UNAVAILABLE"
+    assert "model.py' is a FIFO, not a regular file" in states["py_fifo"]["reason"]
     assert states["fifo"]["state"] == "UNAVAILABLE"
     assert "is a FIFO, not a regular file" in states["fifo"]["reason"]
     assert states["zero"]["state"] == "UNAVAILABLE"

@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ...config.json_format import config_from_json, config_to_json
 from ...core.errors import invalid_arg, unavailable
+from ...core.files import check_regular
 from ..backend_config import settings_for
 from ..base import Backend, ModelContext, ModelInstance
 from . import exec_env, process_mode, worker_process
@@ -116,8 +117,8 @@ class PythonBackend(Backend):
         """Triton's auto-complete for Python models: the model's `auto_complete_config`."""
         settings = PythonSettings.from_config(config)
         model_file = model_file_of(config, context.version_dir)
-        if not model_file.exists():
-            return  # loading reports the missing file
+        if not model_file.is_file():
+            return  # loading reports the missing file, or what it is instead
         config_json = json.dumps(config_to_json(config, including_defaults=True))
         label = f"{config.name}_auto_complete"
         if settings.mode == "thread":
@@ -155,6 +156,10 @@ class PythonBackend(Backend):
         self.model_file = model_file_of(self.config, context.version_dir)
         if not self.model_file.exists():
             raise unavailable(f"Python model file not found in '{self.model_file}'")
+        try:
+            check_regular(self.model_file)  # a FIFO would hold the process importing it
+        except OSError as error:
+            raise unavailable(f"Python model file {error}") from None
         self.environment = (_environment(self.config, context)
                             if self.settings.mode == "process" else None)
         self.restart_policy = RestartPolicy.from_settings(settings_for(context.options,
