@@ -527,7 +527,9 @@ def _recorder(stats, trace=None, lookup: CacheLookup | None = None):
             request.release_regions()
         if lookup is not None:
             lookup.record(stats, response)
-        if response.error is None:
+        if request.stats_released:
+            pass  # a decoupled request, counted when the backend released it
+        elif response.error is None:
             stats.record_request(elapsed, True)
         else:
             stats.record_request(elapsed, False,

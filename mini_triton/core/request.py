@@ -268,6 +268,9 @@ class InferenceRequest:
     # and how many times that happened (scheduling/sequence.py, the Python backend).
     rescheduled: ClassVar[bool] = False
     iterations: ClassVar[int] = 0
+    # A decoupled request's statistics, recorded when the backend released it
+    # (scheduling.base), so its final response does not count it again.
+    stats_released: ClassVar[bool] = False
 
     def __init__(self, model_name: str, model_version: str = "", id: str = "",
                  inputs: list[Tensor] | None = None,

@@ -205,21 +205,39 @@ def end_batch(instance, requests: list, taps: list, start: int, timing: Executio
                  internal(f"model '{request.model_name}' sent no response for the request"))
     batch_rows = 0
     succeeded = []  # (queue start, rows) of each request that counts as a success
+    released = []  # (request, succeeded) of each decoupled request
     for request, request_tap in zip(requests, taps):
         request.timing = timing  # before the answers: a request's trace reads it
         request_rows = request.batch_size or 1
         batch_rows += request_rows
-        if (request_tap.final_seen and request_tap.failed) or (nulls and id(request) in nulls):
+        if nulls and id(request) in nulls:
             continue
         if request.rescheduled:
             continue  # an iterative request counts once, in the execution that releases it
+        failed = request_tap.final_seen and request_tap.failed
+        if request.decoupled:
+            released.append((request, not failed))
+        if failed:
+            continue
         succeeded.append((queue_start(request) if queue_start else request.queue_start_ns,
                           request_rows))
+    if released:
+        _record_released(released, stats)
     if answer_first:
         _release(taps)
     stats.record_executed(timing, batch_rows, succeeded)
     if not answer_first:
         _release(taps)
+
+
+def _record_released(released: list, stats: ModelStats) -> None:
+    """A decoupled request's duration and outcome as Triton counts them: when the
+    backend releases the request (execute returned), however long its stream goes
+    on; its final response is then not counted again (`stats_released`)."""
+    now = time.monotonic_ns()
+    for request, succeeded in released:
+        request.stats_released = True
+        stats.record_request(now - request.arrival_ns, succeeded, "BACKEND")
 
 
 def _release(taps: list) -> None:

@@ -162,8 +162,9 @@ def _request_recorder(stats: ModelStats):
     """A warmup request's final response, counted as the service counts a client's."""
 
     def record(request: InferenceRequest, response) -> None:
-        elapsed = time.monotonic_ns() - request.arrival_ns
-        stats.record_request(elapsed, response.error is None, "BACKEND")
+        if not request.stats_released:  # a decoupled request is counted when released
+            elapsed = time.monotonic_ns() - request.arrival_ns
+            stats.record_request(elapsed, response.error is None, "BACKEND")
 
     return record
 
