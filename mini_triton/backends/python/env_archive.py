@@ -5,9 +5,9 @@ is safe against hostile archives: no member may land outside its folder, and no
 link may point outside it (Python's `tarfile` "data" filter, then a check of every
 link left on disk), and the members may add up to no more than UnpackLimits allow
 (a 1 MiB archive of zeros unpacks to a gigabyte; the filter counts each member's size
-before it is written, so nothing over the limits reaches the disk). Then `bin/conda-unpack`, where the archive has one, fixes the
-prefixes conda-pack left in the files, in the folder the environment will be used
-from.
+before it is written, so nothing over the limits reaches the disk). Then
+`bin/conda-unpack`, where the archive has one, fixes the prefixes conda-pack left in the
+files, in the folder the environment will be used from.
 """
 
 from __future__ import annotations
