@@ -7,9 +7,10 @@
 A case is one function below (`CASES`): it writes a Triton model folder into the
 repository (dynamic batching, one instance) and returns the framework's own predict
 over the same file. The server runs as a child process; `perf/loadgen.py` keeps
-`--concurrency` requests of `--rows-per-request` rows (1) in flight over gRPC; then, with the server idle,
-the framework predicts batches of the size the batcher formed (the statistics
-extension's mean) in this process, with the same threads the server's instance has.
+`--concurrency` requests of `--rows-per-request` rows (1) in flight over gRPC; then,
+with the server idle, the framework predicts batches of the size the batcher formed (the
+statistics extension's mean) in this process, with the same threads the server's
+instance has. `identity_floor` has no framework: what the server itself costs per request.
 Reported per case: rows/s of each, their ratio, and CPU milliseconds per row (the
 server process's, and the load generator's apart; the framework's own).
 """
@@ -42,6 +43,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from loadgen import LoadSpec, measure  # noqa: E402
 from measurements import process_tree_cpu, save_run  # noqa: E402
+from mini_triton.backends.cpu_share import available_cores  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
 FEATURES = 16
@@ -61,8 +63,9 @@ class Case:
 
 
 def _threads() -> int:
-    """What the server gives a single instance: every core (backends/fil, openvino)."""
-    return len(os.sched_getaffinity(0))
+    """What the server gives a single instance: the cores less the front end's one
+    (backends/cpu_share.py)."""
+    return max(1, available_cores() - 1)
 
 
 def _fil_config(name: str, model_type: str, output_dims: int, **parameters) -> str:
@@ -173,10 +176,22 @@ def case_pytorch_mlp(repository: Path) -> Case:
     return Case("pytorch_mlp", "INPUT__0", widths[0], predict)
 
 
+def case_identity_floor(repository: Path) -> Case:
+    """No framework: the identity backend on rows of 16 FP32, the server's own cost per
+    request (front end, batcher, statistics), which every case above pays too."""
+    _version_folder(repository, "identity_floor", (  # an empty version folder: no file
+        f'backend: "identity"\nmax_batch_size: {MAX_BATCH}\n'
+        f'input [{{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {FEATURES} ] }}]\n'
+        f'output [{{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {FEATURES} ] }}]\n'
+        + SINGLE_INSTANCE + DYNAMIC_BATCHING))
+    return Case("identity_floor", "INPUT0", FEATURES, np.copy)
+
+
 CASES: dict[str, Callable[[Path], Case]] = {
     "xgboost_classifier": case_xgboost_classifier,
     "lightgbm_regressor": case_lightgbm_regressor,
     "openvino_ir": case_openvino_ir,
+    "identity_floor": case_identity_floor,
     "pytorch_mlp": case_pytorch_mlp,
 }
 
