@@ -5,6 +5,9 @@ ServerLive (gRPC), and checks the victim's slowest answer and the attacker's sta
 - A request message of millions of 2-byte fields (16 MiB, 8 million fields): its walk
   and parse were Python on the loop, about 4 s (10 s seen) of every client waiting.
 - The same as 16 KB of gzip: inflated, then walked, on the loop.
+- One input of 64 million int_contents: parsed by protobuf in one call and converted
+  to numpy in one more, each holding the GIL (on a worker too) for as long as the
+  array is long.
 - A large response at --grpc-infer-response-compression-level=high: compressed on the
   loop (another client's p50 went from 1 ms to 300 ms).
 
@@ -88,6 +91,41 @@ def raw_infer(server, message: bytes, compression=None):
         except grpc.RpcError as error:
             return error.code(), error.details()
     return grpc.StatusCode.OK, ""
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+def length_delimited(number: int, value: bytes) -> bytes:
+    return varint(number << 3 | 2) + varint(len(value)) + value
+
+
+def int_contents_request(count: int) -> bytes:
+    """A request for identity_fp32 whose one input carries `count` INT32 contents of
+    value 1 (packed, a byte each), built by hand (protobuf would take seconds). Refused
+    by the model (not FP32) once decoded."""
+    contents = length_delimited(2, b"\x01" * count)
+    tensor = pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="INT32",
+                                                   shape=[1, count]).SerializeToString()
+    tensor += length_delimited(5, contents)
+    head = pb.ModelInferRequest(model_name="identity_fp32").SerializeToString()
+    return head + length_delimited(5, tensor)
+
+
+def test_one_input_of_millions_of_typed_contents_does_not_hold_the_loop(server):
+    message = int_contents_request(64 << 20)
+    with Victim(server) as victim:
+        code, details = raw_infer(server, message)
+        time.sleep(0.1)
+    del message
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert "data-type" in details, details
+    assert victim.slowest < VICTIM_BOUND, f"the victim waited {victim.slowest:.2f} s"
 
 
 def many_fields_request() -> bytes:

@@ -97,7 +97,9 @@ def _decode_input(item, raw: _RawContents, model: str) -> Tensor:
     if datatype not in datatypes.BY_NAME:
         datatype = datatypes.INVALID
     parameters = item.parameters
-    tensor = Tensor(item.name, datatype, tuple(item.shape),
+    shape = item.shape
+    tensor = Tensor(item.name, datatype, tuple(shape) if len(shape) <= CHUNK else
+                    tuple(np.concatenate(_chunks(shape, np.int64)).tolist()),
                     parameters=read_parameters(parameters) if parameters else {})
     if parameters and check_shared_memory_parameters(item):
         if item.HasField("contents"):  # Triton's words
@@ -141,14 +143,33 @@ def _typed_contents(item, datatype: str, model: str) -> np.ndarray:
         raise invalid_arg(f"unexpected explicit tensor data for {where} of type "
                           f"'{field_type}', expected datatype '{datatype}'")
     values = getattr(item.contents, field)
-    if datatype == "BYTES":
-        array = np.empty(len(values), dtype=np.object_)
-        array[:] = list(values)
-        return array
+    dtype = np.object_ if datatype == "BYTES" else datatypes.from_name(datatype).numpy
     try:
-        return np.array(values, dtype=datatypes.from_name(datatype).numpy)
+        if len(values) <= CHUNK:
+            if datatype != "BYTES":
+                return np.array(values, dtype=dtype)
+            array = np.empty(len(values), dtype=np.object_)
+            array[:] = list(values)
+            return array
+        return np.concatenate(_chunks(values, dtype))
     except OverflowError as error:
         raise invalid_arg(f"input '{item.name}': {error}") from None
+
+
+# Elements of a repeated field converted in one C call at most: each call holds the GIL,
+# so a worker converting millions of them lets the event loop in between.
+CHUNK = 65536
+
+
+def _chunks(values, dtype) -> list[np.ndarray]:
+    """`values` (a protobuf repeated field) as arrays of at most CHUNK elements."""
+    out = []
+    for start in range(0, len(values), CHUNK):
+        part = values[start:start + CHUNK]  # a list, in one C call
+        array = np.empty(len(part), dtype=dtype)
+        array[:] = part
+        out.append(array)
+    return out
 
 
 def encode_infer_response(response: InferenceResponse,

@@ -14,11 +14,15 @@ What a walk or a parse costs grows with the fields a client sends (a 16 MiB mess
   `split_anywhere` on a worker thread;
 - there, the walk is Python (which gives the GIL up every few milliseconds) and
   protobuf's C parser, which holds the GIL throughout a call, gets runs of whole fields
-  of at most PARSE_PIECE bytes at a time (parse(a + b) is parse(a) merged with b).
+  of at most PARSE_PIECE bytes at a time (parse(a + b) is parse(a) merged with b). A
+  larger field is taken apart the same way: a message (an input, its contents) field by
+  field, a packed array (a shape, int_contents) in parts of whole elements.
 """
 
 from __future__ import annotations
 
+import numpy as np
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
@@ -34,6 +38,12 @@ MAX_FIELDS_ON_LOOP = 64
 # Bytes handed to protobuf's C parser in one call off the loop (it holds the GIL).
 PARSE_PIECE = 64 * 1024
 _LENGTH_DELIMITED, _VARINT, _FIXED64, _FIXED32 = 2, 0, 1, 5
+# The element size of each packed type of fixed width (the others are varints).
+_FIXED_WIDTH = {FieldDescriptor.TYPE_FLOAT: 4, FieldDescriptor.TYPE_FIXED32: 4,
+                FieldDescriptor.TYPE_SFIXED32: 4, FieldDescriptor.TYPE_DOUBLE: 8,
+                FieldDescriptor.TYPE_FIXED64: 8, FieldDescriptor.TYPE_SFIXED64: 8}
+_NOT_PACKED = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES,
+               FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP)
 
 
 class _TooManyFields(Exception):
@@ -77,23 +87,94 @@ def split_on_loop(data) -> tuple[pb.ModelInferRequest, list | None] | None:
 
 def split_anywhere(data) -> tuple[pb.ModelInferRequest, list]:
     """split_infer_request's answer for a worker thread: every field walked, protobuf
-    given at most PARSE_PIECE bytes at a time (a field larger than that alone), unknown
-    fields skipped. DecodeError when the message is not well formed."""
+    given at most PARSE_PIECE bytes at a time (_Pieces), unknown fields skipped.
+    DecodeError when the message is not well formed."""
     view = memoryview(data)
     message, raws = pb.ModelInferRequest(), []
-    run, run_size = [], 0
+    pieces = _Pieces(message)
     for number, start, value_start, end in _fields(view):
         if number == _RAW_INPUT_CONTENTS:
             raws.append(view[value_start:end])
         elif number in _KNOWN_FIELDS:
-            if run and run_size + end - start > PARSE_PIECE:
-                message.MergeFromString(b"".join(run))
-                run, run_size = [], 0
-            run.append(view[start:end])
-            run_size += end - start
-    if run:
-        message.MergeFromString(b"".join(run))
+            pieces.add(view, number, start, value_start, end)
+    pieces.flush()
     return message, raws
+
+
+class _Pieces:
+    """The fields of one message, merged into it in runs of at most PARSE_PIECE bytes.
+    A field larger than that is merged alone, and taken apart first when it is a
+    message (its fields merged the same way into the element or field it fills) or a
+    packed array (in parts of whole elements, which protobuf appends one after another)."""
+
+    def __init__(self, message):
+        self.message, self.run, self.size = message, [], 0
+
+    def add(self, view: memoryview, number: int, start: int, value_start: int,
+            end: int) -> None:
+        if end - start > PARSE_PIECE:
+            field = self.message.DESCRIPTOR.fields_by_number.get(number)
+            if field is not None and self._apart(field, view[value_start:end]):
+                return
+        if self.run and self.size + end - start > PARSE_PIECE:
+            self.flush()
+        self.run.append(view[start:end])
+        self.size += end - start
+
+    def flush(self) -> None:
+        if self.run:
+            self.message.MergeFromString(b"".join(self.run))
+            self.run, self.size = [], 0
+
+    def _apart(self, field, value: memoryview) -> bool:
+        """Merge the large length-delimited `value` of `field` in parts; False when it
+        is of a kind merged whole (bytes and strings: one copy; a map's entry)."""
+        repeated = field.is_repeated
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            if field.message_type.GetOptions().map_entry:
+                return False
+            self.flush()  # what came before stays before
+            target = getattr(self.message, field.name)
+            if repeated:
+                target = target.add()
+            else:
+                target.SetInParent()  # present, as parsing it would make it, even empty
+            pieces = _Pieces(target)
+            for number, start, value_start, end in _fields(value):
+                pieces.add(value, number, start, value_start, end)
+            pieces.flush()
+            return True
+        if not repeated or field.type in _NOT_PACKED:
+            return False
+        self.flush()
+        tag = _encoded_varint(field.number << 3 | _LENGTH_DELIMITED)
+        for part in _packed_parts(value, _FIXED_WIDTH.get(field.type)):
+            self.message.MergeFromString(tag + _encoded_varint(len(part)) + part)
+        return True
+
+
+def _packed_parts(value: memoryview, width: int | None) -> list[memoryview]:
+    """`value`, a packed array's bytes, cut into parts of whole elements of at most
+    about PARSE_PIECE bytes: `width` bytes each, or varints (each ends with a byte
+    under 0x80, found by numpy in one pass)."""
+    if width is not None:
+        step = max(width, PARSE_PIECE - PARSE_PIECE % width)
+        return [value[at:at + step] for at in range(0, len(value), step)]
+    ends = np.flatnonzero(np.frombuffer(value, np.uint8) < 0x80) + 1
+    if not len(ends) or ends[-1] != len(value):
+        raise DecodeError("a packed varint array ends inside a varint")
+    cuts = ends[np.searchsorted(ends, np.arange(PARSE_PIECE, len(value), PARSE_PIECE))]
+    bounds = [0, *sorted(set(cuts.tolist())), len(value)]
+    return [value[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _encoded_varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _fields(view: memoryview):
