@@ -71,6 +71,14 @@ class AsDouble(torch.nn.Module):
         return x.double()
 
 
+class Accumulate(torch.nn.Module):
+    """Implicit state: the running sum of a sequence's inputs."""
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor):
+        total = state + x
+        return total, total
+
+
 class Project(torch.nn.Module):
     """Fails on inputs of another width than 4 (a shape the config leaves free)."""
 
@@ -175,3 +183,11 @@ AS_DOUBLE = 'backend: "pytorch"\nmax_batch_size: 4\n' + io(
 
 PROJECT = 'backend: "pytorch"\nmax_batch_size: 4\n' + io(
     [tensor("x__0", "TYPE_FP32", "-1")], [tensor("y__0", "TYPE_FP32", "2")])
+
+ACCUMULATE = """backend: "pytorch"
+max_batch_size: 4
+sequence_batching {
+  state [ { input_name: "STATE_IN__1" output_name: "STATE_OUT__1" data_type: TYPE_INT32
+            dims: [ 1 ] } ]
+}
+""" + io([tensor("INPUT__0", "TYPE_INT32", "1")], [tensor("OUTPUT__0", "TYPE_INT32", "1")])

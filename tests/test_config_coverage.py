@@ -79,7 +79,8 @@ def test_fields_warned_about_for_one_reason_share_one_line():
         "model 'm': 'sequence_batching.state.input_name', 'sequence_batching.state.output_name'"
         ", 'sequence_batching.state.data_type', 'sequence_batching.state.dims' are set but not "
         "honoured here: the backend keeps no implicit state (Triton's onnxruntime, tensorrt and "
-        "pytorch backends do; here onnxruntime and identity do): the model must keep its own"]
+        "pytorch backends do; here onnxruntime, pytorch and identity do): the model must keep "
+        "its own"]
 
 
 @pytest.mark.parametrize("text", [

@@ -269,7 +269,7 @@ STATUS_WORDS = {HONOURED: "honoured", WARNED: "warned about", IRRELEVANT: "no ef
 # When a field is warned about only in some cases (Coverage.applies), in words.
 WHEN = {"_is_gpu_kind": "`KIND_GPU` on a machine without a GPU",
         "_without_gpu": "on a machine without a GPU",
-        "_stateless_backend": "for a backend other than onnxruntime and identity"}
+        "_stateless_backend": "for a backend other than onnxruntime, pytorch and identity"}
 
 
 def config_field_table() -> str:

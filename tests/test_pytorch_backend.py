@@ -58,6 +58,7 @@ def repository(tmp_path_factory) -> Path:
     models.write(root, "upper_batched", models.Upper(), models.UPPER_BATCHED)
     models.write(root, "dict_sum", models.DictSum(), models.DICT_SUM, filename="summing.pt")
     models.write(root, "ordered", models.Ordered(), models.ORDERED)
+    models.write(root, "accumulate", models.Accumulate(), models.ACCUMULATE)
     for name, mode in (("flag_default", None), ("flag_on", "true"), ("flag_off", "false")):
         models.write(root, name, models.InferenceFlag(), models.flag_config(mode))
     # NVIDIA's BLS example: a Python model calling the model named in MODEL_NAME, here
@@ -178,6 +179,22 @@ def test_names_of_neither_convention_follow_the_config_order(torch_proto):
                                                   infer_input(torch_proto, "first", x, "FP32")])
     np.testing.assert_array_equal(result.as_numpy("combined"), x * 100 + y)
     np.testing.assert_array_equal(result.as_numpy("difference"), x - y)
+
+
+def test_implicit_state_carries_over_a_sequence(torch_proto):
+    def send(sequence_id: int, value: int, **flags) -> int:
+        result = torch_proto.client.infer(
+            "accumulate",
+            [infer_input(torch_proto, "INPUT__0", np.array([[value]], np.int32), "INT32")],
+            sequence_id=sequence_id, **flags)
+        return int(result.as_numpy("OUTPUT__0")[0, 0])
+
+    base = 100 if torch_proto.name == "grpc" else 200  # the protocols run as separate tests
+    assert send(base + 1, 5, sequence_start=True) == 5
+    assert send(base + 2, 100, sequence_start=True) == 100
+    assert send(base + 1, 2) == 7
+    assert send(base + 2, 1, sequence_end=True) == 101
+    assert send(base + 1, 3, sequence_end=True) == 10
 
 
 # --- parameters ---

@@ -109,6 +109,13 @@ def test_a_dict_argument_takes_every_input_by_name():
      'CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] } ] }\n'
      + tensors("input", "x") + tensors("output", "o"), ARGS,
      "input 'START' does not follow <name>__<index> naming convention."),
+    ('sequence_batching { state [ { input_name: "s__1" output_name: "t__1" data_type: '
+     'TYPE_FP32 dims: [ 1 ] } ] }\n' + tensors("input", "x") + tensors("output", "o__0"), ARGS,
+     "is using sequence batching with state but not all inputs and outputs follow the "
+     "<name>__<index> naming convention."),
+    ('sequence_batching { state [ { input_name: "s" output_name: "t__1" data_type: '
+     'TYPE_FP32 dims: [ 1 ] } ] }\n' + tensors("input", "x__0") + tensors("output", "o__0"),
+     ARGS, "state 's' does not follow the <name>__<index> naming convention."),
 ])
 def test_plans_refused_with_a_message(text, arguments, message):
     with pytest.raises(TritonError) as caught:

@@ -60,7 +60,7 @@ def _stateless_backend(value, config, backend, gpu_available) -> bool:
     return backend not in STATE_BACKENDS
 
 
-STATE_BACKENDS = ("onnxruntime", "onnxruntime_onnx", "identity")
+STATE_BACKENDS = ("onnxruntime", "onnxruntime_onnx", "pytorch", "pytorch_libtorch", "identity")
 _CUDA = "CUDA-only: there is no CUDA execution here, so it has no effect"
 
 FIELDS: dict[str, Coverage] = {
@@ -124,8 +124,8 @@ FIELDS: dict[str, Coverage] = {
     **_table(WARNED, "there is no GPU here; the instances run on the CPU",
              "instance_group.gpus", _without_gpu),
     **_table(WARNED, "the backend keeps no implicit state (Triton's onnxruntime, tensorrt and "
-             "pytorch backends do; here onnxruntime and identity do): the model must keep "
-             "its own", """
+             "pytorch backends do; here onnxruntime, pytorch and identity do): the model must "
+             "keep its own", """
         sequence_batching.state sequence_batching.state.input_name
         sequence_batching.state.output_name sequence_batching.state.data_type
         sequence_batching.state.dims sequence_batching.state.initial_state

@@ -20,7 +20,7 @@ from ..base import Backend, ModelContext, TensorBatchInstance
 from . import session as sessions
 from .signature import (DEFAULT_MAX_BATCH_SIZE, Signature, auto_complete, check_against_model,
                         signature_of)
-from .state import ImplicitState
+from ..sequence_state import ImplicitState
 
 __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeInstance"]
 

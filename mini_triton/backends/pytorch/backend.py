@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ...core.errors import TritonError, internal
 from ..backend_config import settings_for
 from ..base import Backend, ModelContext, TensorBatchInstance
+from ..sequence_state import ImplicitState
 from . import aoti
 from .module import first_line, forward_arguments, load_module, model_path
 from .naming import InputPlan, OutputPlan, plan_inputs, plan_outputs
@@ -57,8 +58,10 @@ class PyTorchBackend(Backend):
         threads = intra_op_threads(self.settings, self.instance_count, available_cores())
         log.info("model '%s' instance %d: TorchScript on %s, %d intra-op threads",
                  self.config.name, index, device, threads)
+        state = (ImplicitState(self.config, self.context.model_dir, self.context.config_source)
+                 if self.config.sequence_batching.state else None)
         return PyTorchInstance(self.config, module, inputs, outputs, self.settings,
-                               device, threads)
+                               device, threads, state)
 
     def _module(self, device: torch.device, kind: str):
         where = None if kind == "KIND_MODEL" else device  # KIND_MODEL: the saved devices
@@ -121,7 +124,7 @@ def apply_interop_threads(model: str, count: int) -> None:
 class PyTorchInstance(TensorBatchInstance):
     def __init__(self, config: mc.ModelConfig, module, inputs: InputPlan,
                  outputs: OutputPlan, settings: TorchSettings, device: torch.device,
-                 threads: int):
+                 threads: int, state: ImplicitState | None = None):
         super().__init__(config)
         self.module = module
         self.inputs = inputs
@@ -132,10 +135,29 @@ class PyTorchInstance(TensorBatchInstance):
         self.strings = {t.name for t in config.input if t.data_type == mc.TYPE_STRING}
         self.reshapes = {o.name: tuple(o.dims) for o in config.output if o.HasField("reshape")}
         self.batched = config.max_batch_size > 0
+        self.state = state
+        # What forward() gives back: the config's outputs, then state outputs it has not.
+        self.results = [(o.name, o.data_type) for o in config.output] + [
+            (s.output_name, s.data_type) for s in config.sequence_batching.state
+            if s.output_name not in self.output_types]
         self._thread: int | None = None  # the thread whose torch settings are ours
+        self._requests: list = []  # the batch being computed, for its sequences' state
+
+    def forget_sequence(self, correlation_id) -> None:
+        if self.state is not None:
+            self.state.forget(correlation_id)
+
+    def execute(self, requests):
+        self._requests = requests
+        try:
+            return super().execute(requests)
+        finally:
+            self._requests = []
 
     def compute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self._set_up_thread()
+        if self.state is not None:
+            inputs = {**inputs, **self.state.inputs(self._requests)}
         arguments = self._arguments(inputs)
         with self._execution():
             try:
@@ -148,6 +170,9 @@ class PyTorchInstance(TensorBatchInstance):
             outputs = self._outputs(results)
         if self.settings.cache_cleaning and self.device.type == "cuda":
             torch.cuda.empty_cache()
+        if self.state is not None:
+            self.state.update(self._requests, outputs)
+            outputs = {n: a for n, a in outputs.items() if n in self.output_types}
         return outputs
 
     def _set_up_thread(self) -> None:
@@ -193,16 +218,16 @@ class PyTorchInstance(TensorBatchInstance):
 
     def _outputs(self, results: list) -> dict[str, np.ndarray]:
         outputs = {}
-        for tensor in self.config.output:
-            index = self.outputs.positions[tensor.name]
+        for name, data_type in self.results:
+            index = self.outputs.positions[name]
             if index >= len(results):
-                raise internal(f"output '{tensor.name}' is result {index} of forward(), but "
-                               f"the model returned {len(results)}")
-            array = to_array(tensor.name, results[index], tensor.data_type)
-            dims = self.reshapes.get(tensor.name)
+                raise internal(f"output '{name}' is result {index} of forward(), but the "
+                               f"model returned {len(results)}")
+            array = to_array(name, results[index], data_type)
+            dims = self.reshapes.get(name)
             if dims is not None:
                 array = array.reshape(array.shape[:1] + dims if self.batched else dims)
-            outputs[tensor.name] = array
+            outputs[name] = array
         return outputs
 
     def finalize(self) -> None:

@@ -5,8 +5,9 @@ output is, by the rules of Triton's pytorch backend (r24.10):
   else by `<name>__<index>` when every input is named so; else by their order in the
   config (with a warning where a name has `__` but no index after it);
 - outputs are `<name>__<index>`, else taken in config order, with the same warning;
-- sequence controls must be `<name>__<index>`; batch inputs take the positions after the
-  config inputs unless named;
+- sequence controls and implicit-state tensors must be `<name>__<index>` (with state,
+  every input and output must be); batch inputs take the positions after the config
+  inputs unless named;
 - a `forward(self, inputs: Dict[str, Tensor])` model gets every input by its name.
 
 Beyond Triton, positions that fall outside `forward()`'s arguments or that two tensors
@@ -108,19 +109,15 @@ def plan_inputs(config: mc.ModelConfig, arguments: list[Argument]) -> InputPlan:
     if not config.input:
         raise internal("model configuration must contain at least one input, none were "
                        "specified.")
-    if config.sequence_batching.state:
-        raise invalid_arg(
-            f"unable to load model '{config.name}': implicit sequence state "
-            "(sequence_batching.state) is not supported by this server's pytorch backend; "
-            "the model must keep its own state")
     names = [t.name for t in config.input]
     controls = control_inputs(config)
     batch_inputs = list(dict.fromkeys(batch_input_names(config)))
+    states = [state.input_name for state in config.sequence_batching.state]
     if len(arguments) == 1 and arguments[0].kind == "DictType":
-        every = names + batch_inputs + controls
+        every = names + batch_inputs + controls + states
         return InputPlan({name: index for index, name in enumerate(every)}, 1, True)
     _check_argument_kinds(arguments)
-    expected = len(names) + len(config.batch_input) + len(controls)
+    expected = len(names) + len(config.batch_input) + len(controls) + len(states)
     if len(arguments) != expected:
         raise invalid_arg(f"unable to load model '{config.name}', configuration expects "
                           f"{expected} inputs, model provides {len(arguments)}")
@@ -130,6 +127,7 @@ def plan_inputs(config: mc.ModelConfig, arguments: list[Argument]) -> InputPlan:
         positions[name] = _position(name, len(names) + offset, arguments, convention)
     for name in controls:
         positions[name] = named_index(name)
+    positions.update(_state_positions(config, states, convention))
     _check_positions(config.name, "input", positions, len(arguments))
     return InputPlan(positions, len(arguments))
 
@@ -177,8 +175,30 @@ def _check_positions(model: str, kind: str, positions: dict[str, int], count: in
         taken[position] = name
 
 
+def _state_positions(config: mc.ModelConfig, names: list[str],
+                     convention: Convention) -> dict[str, int]:
+    """Implicit-state tensors are `<name>__<index>`, and so must every input or output
+    be beside them (Triton's rule, with its words)."""
+    if not names:
+        return {}
+    if convention is not Convention.NAMED_INDEX:
+        raise invalid_arg(
+            f"PyTorch model '{config.name}' is using sequence batching with state but not all "
+            "inputs and outputs follow the <name>__<index> naming convention. ")
+    positions = {}
+    for name in names:
+        index = named_index(name)
+        if index is None:
+            raise invalid_arg(
+                f"PyTorch model '{config.name}' is using sequence batching with state but "
+                f"state '{name}' does not follow the <name>__<index> naming convention. ")
+        positions[name] = index
+    return positions
+
+
 def plan_outputs(config: mc.ModelConfig) -> OutputPlan:
-    """Each config output's index among forward()'s results."""
+    """Each config output's (and implicit-state output's) index among forward()'s
+    results."""
     if not config.output:
         raise internal("model configuration must contain at least one output, none were "
                        "specified.")
@@ -187,4 +207,7 @@ def plan_outputs(config: mc.ModelConfig) -> OutputPlan:
     positions = _positions(names, [], convention)
     _check_positions(config.name, "output", positions, len(names) if
                      convention is Convention.CONFIG_ORDER else max(positions.values()) + 1)
+    states = [state.output_name for state in config.sequence_batching.state]
+    for name, index in _state_positions(config, states, convention).items():
+        positions.setdefault(name, index)  # a state output may be a config output too
     return OutputPlan(positions)

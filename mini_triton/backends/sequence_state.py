@@ -1,4 +1,5 @@
-"""Implicit sequence state (`sequence_batching { state [...] }`) kept for the model.
+"""Implicit sequence state (`sequence_batching { state [...] }`) kept for a model whose
+backend feeds it (ONNX Runtime, PyTorch).
 
 Each state is an input/output pair the client never sends: the state output
 of a sequence's i-th request becomes the state input of its (i+1)-th. A
@@ -16,8 +17,8 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ...core.validate import SEQUENCE_END, SEQUENCE_START
-from ...scheduling.implicit_state import initial_values
+from ..core.validate import SEQUENCE_END, SEQUENCE_START
+from ..scheduling.implicit_state import initial_values
 
 
 class ImplicitState:
