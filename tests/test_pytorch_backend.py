@@ -265,3 +265,16 @@ def test_statistics_have_compute_input_infer_and_output(torch_proto):
     stats = torch_proto.model_statistics("add_sub")["inference_stats"]
     for phase in ("compute_input", "compute_infer", "compute_output"):
         assert int(stats[phase]["count"]) >= 1, phase
+
+
+def test_metrics_count_the_model_as_for_any_backend(server, torch_proto):
+    import urllib.request
+
+    torch_proto.client.infer("add_sub", [
+        infer_input(torch_proto, "INPUT0", np.ones((2, 4), np.float32), "FP32"),
+        infer_input(torch_proto, "INPUT1", np.ones((2, 4), np.float32), "FP32")])
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.ports['metrics']}/metrics") as reply:
+        text = reply.read().decode()
+    counts = [line for line in text.splitlines()
+              if line.startswith('nv_inference_count{model="add_sub",version="1"}')]
+    assert counts and float(counts[0].split()[-1]) >= 2
