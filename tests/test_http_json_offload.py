@@ -1,6 +1,7 @@
-"""Large JSON bodies are decoded off the event loop (frontends/http_offload.py): while
-an attacker posts tens of MiB of JSON, another client's small requests are answered
-within a bound, and the attacker gets its answer. Config overrides nested 100,000
+"""Large JSON bodies are decoded, and long JSON replies written, off the event loop
+(frontends/http_offload.py): while an attacker posts tens of MiB of JSON or asks for
+them back, another client's small requests are answered within a bound, and the
+attacker gets its answer. Config overrides nested 100,000
 deep are INVALID_ARG on both protocols; numbers in headers are ASCII digits only.
 
 The server runs in its own process, so that the test's clients do not share its GIL.
@@ -130,6 +131,29 @@ def test_a_large_chat_body_leaves_other_clients_served(server):
         status, reply = post(server, "/v1/chat/completions", body)
         assert status == 200, reply[:300]
         assert json.loads(reply)["object"] == "chat.completion"
+
+    assert second_worst(under_attack(server, attack)) < VICTIM_BOUND
+
+
+def test_a_long_json_reply_leaves_other_clients_served(server):
+    """The output of a binary request as large as --http-max-input-size allows (64 MiB),
+    written back as JSON: about 150 MiB of it."""
+    count = 16_777_000
+    header = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, count],
+                                       "parameters": {"binary_data_size": 4 * count}}]})
+    data = np.full(count, 0.5, np.float32)
+    data[-1] = 7.25
+    body = header + data.tobytes()
+
+    def attack() -> None:
+        status, reply = post(server, "/v2/models/identity_fp32/infer", body,
+                             {"Inference-Header-Content-Length": str(len(header))})
+        assert status == 200, reply[:300]
+        # checked at its ends: parsing it here would hold this process's GIL
+        assert reply.startswith(('{"model_name":"identity_fp32","model_version":"1",'
+                                 '"outputs":[{"name":"OUTPUT0","datatype":"FP32",'
+                                 f'"shape":[1,{count}],"data":[0.5,0.5,').encode())
+        assert reply.endswith(b",0.5,7.25]}]}") and reply.count(b",") == count + 5
 
     assert second_worst(under_attack(server, attack)) < VICTIM_BOUND
 

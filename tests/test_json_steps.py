@@ -1,6 +1,7 @@
 """core/json_steps.py: a document parsed in bounded steps is the value orjson gives it,
 whatever the step; what orjson refuses is refused; nesting is bounded. And the
-conversions a large body's decoding makes a slice at a time give what one call gave."""
+conversions a large body's decoding (and a long reply's writing) makes a slice at a
+time give what one call gave."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 
 from mini_triton.core import json_steps
 from mini_triton.core.errors import TritonError
+from mini_triton.core.request import InferenceRequest, InferenceResponse
+from mini_triton.core.tensor import RequestedOutput, Tensor
 from mini_triton.frontends import http_codec
 
 # Steps from barely more than the longest number up to more than most documents: each
@@ -106,3 +109,28 @@ def test_a_value_out_of_range_in_a_late_slice_is_triton_s_error():
     count = 2 * http_codec.CONVERT_SLICE + 1
     with pytest.raises(TritonError, match="unable to parse 'data' of input 'I' as INT8"):
         http_codec.json_to_array([1] * (count - 1) + [300], "INT8", "I", (count,))
+
+
+def test_a_long_json_reply_is_written_in_steps_as_one_call_wrote_it():
+    """An output of more than CONVERT_SLICE elements to write as JSON is refused on the
+    loop (LongJsonOutputs); written in steps, the reply is byte for byte the same."""
+    count = 2 * http_codec.CONVERT_SLICE + 3
+    long = Tensor("OUT", "FP32", (1, count), data=np.linspace(-1, 1, count, dtype=np.float32))
+    words = Tensor("W", "BYTES", (count,),
+                   data=np.array([str(i).encode() for i in range(count)], dtype=np.object_))
+    small = Tensor("S", "INT32", (2,), data=np.array([1, 2], np.int32))
+    binary = Tensor("B", "UINT8", (3,), data=np.array([7, 8, 9], np.uint8))
+    response = InferenceResponse("m", "1", outputs=[long, small, words, binary], id="x")
+    request = InferenceRequest("m", "1", outputs=[RequestedOutput("B", {"binary_data": True})])
+    with pytest.raises(http_codec.LongJsonOutputs):
+        http_codec.encode_infer_response(response, request, False)
+    pieces, json_length = http_codec.encode_infer_response(response, request, False, True)
+    document = {"model_name": "m", "model_version": "1", "id": "x", "outputs": [
+        {"name": "OUT", "datatype": "FP32", "shape": [1, count],
+         "data": http_codec.array_to_json(long)},
+        {"name": "S", "datatype": "INT32", "shape": [2], "data": [1, 2]},
+        {"name": "W", "datatype": "BYTES", "shape": [count],
+         "data": [str(i) for i in range(count)]},
+        {"name": "B", "datatype": "UINT8", "shape": [3], "parameters": {"binary_data_size": 3}}]}
+    expected = http_codec.dumps(document)
+    assert b"".join(pieces) == expected + bytes([7, 8, 9]) and json_length == len(expected)

@@ -399,10 +399,18 @@ def _decode_output(item) -> RequestedOutput:
 # --- responses ---
 
 
+class LongJsonOutputs(Exception):
+    """The response has an output of more than CONVERT_SLICE elements to write as JSON:
+    too long for the event loop. The caller encodes it with `stepped=True` on
+    http_offload's thread."""
+
+
 def encode_infer_response(response: InferenceResponse, request: InferenceRequest,
-                          binary_default: bool) -> tuple[list, int | None]:
+                          binary_default: bool, stepped: bool = False
+                          ) -> tuple[list, int | None]:
     """The response body as a list of byte chunks, and the JSON header length
-    when binary outputs follow (None for a pure JSON body).
+    when binary outputs follow (None for a pure JSON body). Long JSON outputs raise
+    LongJsonOutputs, unless `stepped`: then they are written a slice at a time.
 
     Triton's rule: an output the request lists is binary only if its own
     `binary_data` says so; `binary_default` (the request's `binary_data_output`)
@@ -430,6 +438,8 @@ def encode_infer_response(response: InferenceResponse, request: InferenceRequest
                     header = _HEADERS.remember(key, _encode_document(response, request,
                                                                      binary_default)[0])
                 return [header, raw], len(header)
+    if stepped:
+        return _encode_in_steps(response, request, binary_default)
     chunks = _encode_document(response, request, binary_default)
     return chunks, (len(chunks[0]) if len(chunks) > 1 else None)
 
@@ -454,6 +464,26 @@ _HEADERS = ResponseHeaders()
 def _encode_document(response: InferenceResponse, request: InferenceRequest,
                      binary_default: bool) -> list:
     """The JSON header, then each binary output's bytes."""
+    document, chunks = _document(response, request, binary_default, None)
+    return [dumps(document), *chunks]
+
+
+def _encode_in_steps(response: InferenceResponse, request: InferenceRequest,
+                     binary_default: bool) -> tuple[list, int | None]:
+    """encode_infer_response's answer, long JSON outputs written in steps: the JSON
+    comes in pieces (never joined: that too would be one long call)."""
+    long_data: list[tuple[dict, Tensor]] = []
+    document, chunks = _document(response, request, binary_default, long_data)
+    pieces = _spliced(dumps(document), long_data, document)
+    return pieces + chunks, (sum(map(len, pieces)) if chunks else None)
+
+
+def _document(response: InferenceResponse, request: InferenceRequest, binary_default: bool,
+              long_data: list | None) -> tuple[dict, list]:
+    """The response's JSON document and its binary outputs' bytes. An output of more
+    than CONVERT_SLICE elements to write as JSON raises LongJsonOutputs, unless
+    `long_data` is given: then a marker stands for its data, and (its entry, it) is
+    added to `long_data`."""
     wants_binary = {o.name: o.parameters.get("binary_data", False) for o in request.outputs}
     outputs, chunks = [], []
     for tensor in response.outputs:
@@ -465,8 +495,13 @@ def _encode_document(response: InferenceResponse, request: InferenceRequest,
             raw = tensor.raw_bytes()
             parameters["binary_data_size"] = len(raw)
             chunks.append(raw)
-        else:
+        elif datatypes.element_count(tensor.shape) <= CONVERT_SLICE:
             entry["data"] = array_to_json(tensor)
+        elif long_data is not None:
+            entry["data"] = _LONG_DATA  # written by _spliced
+            long_data.append((entry, tensor))
+        else:
+            raise LongJsonOutputs
         if parameters:
             entry["parameters"] = parameters
         outputs.append(entry)
@@ -476,17 +511,51 @@ def _encode_document(response: InferenceResponse, request: InferenceRequest,
     if response.parameters:
         document["parameters"] = response.parameters
     document["outputs"] = outputs
-    return [dumps(document), *chunks]
+    return document, chunks
+
+
+# Stands for a long output's data in the document until _spliced writes it there.
+_LONG_DATA = "\0data written in steps\0"
+_LONG_DATA_JSON = dumps(_LONG_DATA)
+
+
+def _spliced(header: bytes, long_data: list[tuple[dict, Tensor]], document: dict
+             ) -> list[bytes]:
+    """The document's pieces, each long output's data in place of its marker, written
+    CONVERT_SLICE elements per orjson call."""
+    parts = header.split(_LONG_DATA_JSON)
+    if len(parts) != len(long_data) + 1:  # a string of the response holds the marker
+        for entry, tensor in long_data:
+            entry["data"] = array_to_json(tensor)
+        return [dumps(document)]  # in one go: right, if slower
+    pieces = [parts[0]]
+    for (_, tensor), part in zip(long_data, parts[1:]):
+        flat = _flat(tensor)
+        pieces.append(b"[")
+        for start in range(0, len(flat), CONVERT_SLICE):
+            if start:
+                pieces.append(b",")
+            values = _json_values(flat[start:start + CONVERT_SLICE], tensor.datatype)
+            pieces.append(dumps(values)[1:-1])
+        pieces += (b"]", part)
+    return pieces
 
 
 def array_to_json(tensor: Tensor) -> list:
+    return _json_values(_flat(tensor), tensor.datatype)
+
+
+def _flat(tensor: Tensor) -> np.ndarray:
     data = tensor.data
     if data is None:
         data = np.frombuffer(tensor.raw_bytes(), datatypes.from_name(tensor.datatype).numpy)
-    flat = np.asarray(data).reshape(-1)
-    if tensor.datatype == "BYTES":
+    return np.asarray(data).reshape(-1)
+
+
+def _json_values(flat: np.ndarray, datatype: str) -> list:
+    if datatype == "BYTES":
         return [_bytes_to_str(v) for v in flat]
-    if tensor.datatype == "BF16":
+    if datatype == "BF16":
         flat = datatypes.bf16_to_float32(flat)
     return flat.tolist()
 

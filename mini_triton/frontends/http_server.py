@@ -25,7 +25,7 @@ from .errors import http_status
 from .header_forward import forward_headers
 from .http_generate import GenerateEndpoints
 from .http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES
-from .http_offload import DEFAULT_JSON_OFFLOAD_SIZE, BodyDecoder
+from .http_offload import DEFAULT_JSON_OFFLOAD_SIZE, BodyDecoder, off_loop
 from .http_protocol import Exchange, HttpReply, HttpRequest, Router
 from .openai_routes import OpenAIRoutes
 from .restrictions import Restriction, http_refusal
@@ -373,8 +373,8 @@ class HttpFrontend:
             return
         try:  # partial, not closures: fewer steps per request
             service.start_unary(infer_request, "HTTP end point",
-                                partial(_answer_infer, exchange, infer_request, binary_output,
-                                        replies))
+                                partial(_answer_infer, exchange, exchange.answer,
+                                        infer_request, binary_output, replies))
         except TritonError as error:
             exchange.answer(replies.error(error))
             return
@@ -388,10 +388,7 @@ class HttpFrontend:
         service = self.service
         stamps = FrontEndStamps(front_end_trace.HTTP, *exchange.protocol.received_ns(request))
         send = stamps.timed(exchange.answer)
-
-        def answer(response) -> None:
-            send(_infer_reply(response, infer_request, binary_output, replies))
-
+        answer = partial(_answer_infer, exchange, send, infer_request, binary_output, replies)
         with service.tracer.receiving(stamps):
             try:
                 service.start_unary(infer_request, "HTTP end point", answer)
@@ -438,21 +435,36 @@ V2_REPLIES = InferReplies(lambda error: error_reply(http_status(error.code), err
                           _v2_binary_headers)
 
 
-def _answer_infer(exchange: Exchange, request, binary_output: bool, replies: InferReplies,
-                  response) -> None:
-    """Answer with the HTTP reply of an inference's final response."""
-    exchange.answer(_infer_reply(response, request, binary_output, replies))
+def _answer_infer(exchange: Exchange, send: Callable[[HttpReply], None], request,
+                  binary_output: bool, replies: InferReplies, response) -> None:
+    """Answer (through `send`) with the HTTP reply of an inference's final response; one
+    with long outputs to write as JSON is written on http_offload's thread."""
+    reply = _infer_reply(response, request, binary_output, replies)
+    if reply is None:
+        exchange.spawn(_send_written_off_loop(send, response, request, binary_output,
+                                              replies))
+        return
+    send(reply)
 
 
-def _infer_reply(response, request, binary_output: bool, replies: InferReplies) -> HttpReply:
-    """The HTTP reply of an inference's final response."""
+async def _send_written_off_loop(send: Callable[[HttpReply], None], response, request,
+                                 binary_output: bool, replies: InferReplies) -> None:
+    send(await off_loop(_infer_reply, response, request, binary_output, replies, True))
+
+
+def _infer_reply(response, request, binary_output: bool, replies: InferReplies,
+                 stepped: bool = False) -> HttpReply | None:
+    """The HTTP reply of an inference's final response; None when it has long outputs
+    to write as JSON and is not `stepped` (see http_codec.LongJsonOutputs)."""
     if response.error is not None:
         return replies.error(response.error)
     try:
         chunks, json_length = http_codec.encode_infer_response(response, request,
-                                                               binary_output)
+                                                               binary_output, stepped)
     except TritonError as error:
         return replies.error(error)
+    except http_codec.LongJsonOutputs:
+        return None
     except Exception as error:  # a bug here must not reach the model's scheduler
         log.exception("cannot encode the response of model '%s'", request.model_name)
         return error_reply(500, f"internal error: {error}")
