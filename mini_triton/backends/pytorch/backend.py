@@ -122,6 +122,8 @@ def apply_interop_threads(model: str, count: int) -> None:
 
 
 class PyTorchInstance(TensorBatchInstance):
+    """One instance: its module (or package), where each tensor goes, its threads."""
+
     def __init__(self, config: mc.ModelConfig, module, inputs: InputPlan,
                  outputs: OutputPlan, settings: TorchSettings, device: torch.device,
                  threads: int, state: ImplicitState | None = None):
@@ -161,8 +163,7 @@ class PyTorchInstance(TensorBatchInstance):
         arguments = self._arguments(inputs)
         with self._execution():
             try:
-                value = self._forward(arguments)
-                results = results_of(value)
+                results = results_of(self.module(*arguments))
             except TritonError:
                 raise
             except Exception as error:  # the model failed: its message, not its trace
@@ -195,9 +196,6 @@ class PyTorchInstance(TensorBatchInstance):
         for name, value in converted.items():
             arguments[self.inputs.positions[name]] = value
         return arguments
-
-    def _forward(self, arguments: list):
-        return self.module(*arguments)
 
     @contextlib.contextmanager
     def _execution(self):
