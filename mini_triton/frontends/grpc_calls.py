@@ -52,8 +52,10 @@ class Method:
 
     A method whose messages cost more to read the more fields a client packs into them
     reads them itself (its request_type is RawRequest): `read_on_loop(message)` returns
-    what begin takes, or None when that costs the event loop too much, and then
-    `read_anywhere(message)` reads it on a worker thread (grpc_offload.py)."""
+    what begin (or a streaming handler) takes, or None when that costs the event loop
+    too much, and then `read_anywhere(message)` reads it on a worker thread
+    (grpc_offload.py). Messages under grpc_offload.READ_CHECKED_FROM reach the handler
+    as bytes."""
     request_type: Any
     handler: Callable
     client_streaming: bool
@@ -127,7 +129,8 @@ class GrpcCalls:
     """The calls of one connection. Expects the connection's `server`, `loop`,
     `max_message`, `max_unary_body`, `max_whole`, `streams`, `ready`, and its `_send`,
     `_reset`, `_drop_held_back`, `_give_back_stream` (http2_connection.Http2Connection),
-    `_decompress`, `_read_checked`, `_compressed`, `_inflate_streamed` (grpc_offload)."""
+    `_decompress`, `_read_checked`, `_compressed`, `_inflate_streamed`, `_read_streamed`
+    (grpc_offload)."""
 
     # --- from the connection: a stream's headers and body ---
 
@@ -433,6 +436,8 @@ class GrpcCalls:
                 message = await self._inflate_streamed(stream, message)
                 if message is None:  # the call is ended
                     return
+            if len(message) > self.max_whole and stream.method.read_anywhere is not None:
+                message = await self._read_streamed(stream, message)  # grpc_offload
             yield stream.method.request_type.FromString(message)
 
     # --- ending a call ---

@@ -10,6 +10,7 @@ small protobuf part is read where it arrives; any other goes to a worker.
 
 from __future__ import annotations
 
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from ..core.errors import TritonError
@@ -22,7 +23,8 @@ MAX_ENTRIES_ON_LOOP = 64
 
 class ReadInfer:
     """A ModelInferRequest message read: the message (raw contents split off) and the
-    InferenceRequest it decodes to, or the TritonError decoding it raised."""
+    InferenceRequest it decodes to, or the TritonError decoding it raised (a stream's
+    message that does not parse: no message, and its DecodeError)."""
 
     __slots__ = ("message", "decoded")
 
@@ -43,6 +45,16 @@ def read_on_loop(data) -> ReadInfer | None:
 def read_anywhere(data) -> ReadInfer:
     """The message read on a worker thread; DecodeError when it does not parse."""
     return _decoded(*grpc_split.split_anywhere(data))
+
+
+def read_stream_anywhere(data) -> ReadInfer:
+    """read_anywhere for a ModelStreamInfer message: one that does not parse is
+    answered in the stream, so its DecodeError comes back as the read's `decoded`,
+    with no message."""
+    try:
+        return read_anywhere(data)
+    except DecodeError as error:
+        return ReadInfer(None, error)
 
 
 def _decoded(message: pb.ModelInferRequest, raws: list | None) -> ReadInfer:

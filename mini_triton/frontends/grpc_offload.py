@@ -110,6 +110,17 @@ class OffLoop:
         except Exception as error:
             self._fail_stream(stream, error)
 
+    async def _read_streamed(self, stream: Stream, message):
+        """A streaming call's large request message, read here when its method says
+        that is cheap, else on a worker (its `read_anywhere` answers messages that do
+        not parse itself)."""
+        method = stream.method
+        read = method.read_on_loop(message)
+        if read is None:
+            read = await self.loop.run_in_executor(self.server.workers,
+                                                   method.read_anywhere, message)
+        return read
+
     async def _inflate_streamed(self, stream: Stream, message: Deflated):
         """A streaming call's request message inflated on a worker; None when it
         cannot be (the call is then ended with why, and its handler stopped)."""

@@ -148,7 +148,8 @@ class GrpcOptions:
 # The RPCs whose responses --grpc-infer-response-compression-level compresses (Triton's
 # infer handlers set the level; the others do not).
 MODEL_INFER = b"/inference.GRPCInferenceService/ModelInfer"
-COMPRESSED_RPCS = (MODEL_INFER, b"/inference.GRPCInferenceService/ModelStreamInfer")
+MODEL_STREAM_INFER = b"/inference.GRPCInferenceService/ModelStreamInfer"
+COMPRESSED_RPCS = (MODEL_INFER, MODEL_STREAM_INFER)
 
 
 class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -352,7 +353,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Requests and responses interleave (grpc_stream.stream_responses; an async
         generator function itself, as grpc.aio wants one). The request messages come
         as bytes (RAW_REQUESTS), so that one that does not parse can be answered."""
-        decode = functools.partial(self._decode, context=context)
+        decode = functools.partial(self._decode_streamed, context=context)
         async for message in grpc_stream.stream_responses(
                 self.service, request_messages, context, decode,
                 self.options.stream_max_queued_bytes, self.options.stream_max_in_flight):
@@ -371,6 +372,11 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
             forward_headers(self.header_pattern, context.invocation_metadata() or (),
                             infer_request.parameters)
         return infer_request
+
+    def _decode_streamed(self, message, read: grpc_infer_read.ReadInfer | None, context):
+        """`_decode` for a stream's message, which our transport may have read (and
+        decoded) already: `read`."""
+        return self._decode(message, context) if read is None else self._decoded(read, context)
 
     def _decoded(self, read: grpc_infer_read.ReadInfer, context):
         """`_decode`'s answer for a message our transport has decoded already."""
@@ -434,10 +440,13 @@ async def start_server(service: InferenceService, address: str, port: int,
         await server.start()
         return server, bound
     methods = grpc_transport.methods_of(frontend, SERVICE, pb, NATIVE_RAW_REQUESTS)
-    # a ModelInfer message of many fields is read off the loop
+    # a ModelInfer or ModelStreamInfer message of many fields is read off the loop
     methods[MODEL_INFER] = dataclasses.replace(
         methods[MODEL_INFER], read_on_loop=grpc_infer_read.read_on_loop,
         read_anywhere=grpc_infer_read.read_anywhere)
+    methods[MODEL_STREAM_INFER] = dataclasses.replace(
+        methods[MODEL_STREAM_INFER], read_on_loop=grpc_infer_read.read_on_loop,
+        read_anywhere=grpc_infer_read.read_stream_anywhere)
     if frontend.options.response_compression != "none":
         for path in COMPRESSED_RPCS:  # as Triton: only inference responses are compressed
             methods[path] = dataclasses.replace(methods[path], compress_responses=True)

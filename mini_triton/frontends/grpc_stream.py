@@ -43,6 +43,7 @@ from ..core.errors import Code, TritonError
 from . import grpc_codec
 from .errors import grpc_status
 from .grpc_calls import AbortError
+from .grpc_infer_read import ReadInfer
 
 # Default bound on one stream's requests under way (as SETTINGS_MAX_CONCURRENT_STREAMS
 # bounds a connection's unary calls).
@@ -243,7 +244,7 @@ async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
     waiting = [time.monotonic_ns() if tracer.sampling else 0]
     try:
         async for raw in request_messages:
-            message = _parse(raw)
+            message, read = _parse(raw)
             if isinstance(message, TritonError):
                 if grpc_errors:
                     outbox.put(AbortError(grpc_status(message.code), message.message))
@@ -254,7 +255,7 @@ async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
             if tracer.sampling:  # the only question about traces per request
                 stamps = _received(waiting)
             try:
-                infer_request = decode(message)
+                infer_request = decode(message, read)
                 stream = service.infer(infer_request) if stamps is None \
                     else _infer_stamped(service, infer_request, stamps, waiting, traced)
             except TritonError as error:  # refused before a model: in the stream, always
@@ -279,12 +280,21 @@ async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
         outbox.put(None)
 
 
-def _parse(raw: bytes) -> pb.ModelInferRequest | TritonError:
-    """The request message, or the error that answers it when it does not parse."""
+def _parse(raw) -> tuple[pb.ModelInferRequest | TritonError, ReadInfer | None]:
+    """The request message, or the error that answers it when it does not parse; and
+    when our transport has read it already (a large one: grpc_infer_read), that read."""
+    if type(raw) is ReadInfer:
+        if isinstance(raw.decoded, DecodeError):
+            return _unparseable(raw.decoded), None
+        return raw.message, raw
     try:
-        return pb.ModelInferRequest.FromString(raw)
+        return pb.ModelInferRequest.FromString(raw), None
     except DecodeError as error:
-        return TritonError(Code.INVALID_ARG, f"failed to parse the request message: {error}")
+        return _unparseable(error), None
+
+
+def _unparseable(error: DecodeError) -> TritonError:
+    return TritonError(Code.INVALID_ARG, f"failed to parse the request message: {error}")
 
 
 async def forward(service, message, request, stream, outbox: StreamOutbox,
