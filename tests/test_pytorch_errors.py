@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import STATUS, connect, protocol_fixture, server_settings
 from mini_triton.backends import registry
+from mini_triton.backends.cpu_share import available_cores
 from mini_triton.core.errors import TritonError
 from mini_triton.server import ServerThread
 
@@ -186,8 +187,6 @@ def test_thread_count_and_optimized_execution_parameters_are_honoured(server):
 
 
 def test_instances_share_the_cores_without_a_thread_count(server):
-    from mini_triton.backends.pytorch.settings import available_cores
-
     loaded = instances(server, "shared_cores")
     expected = max(1, (available_cores() - 1) // 2)  # one core left to the front end
     for instance in loaded:

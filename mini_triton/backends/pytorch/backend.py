@@ -24,7 +24,7 @@ from ..sequence_state import ImplicitState
 from . import aoti
 from .module import first_line, forward_arguments, load_module, model_path
 from .naming import InputPlan, OutputPlan, plan_inputs, plan_outputs
-from .settings import TorchSettings, available_cores, intra_op_threads, read_settings
+from .settings import TorchSettings, intra_op_threads, read_settings
 from .tensors import check_datatypes, results_of, to_array, to_strings, to_torch
 
 __all__ = ["PyTorchBackend", "PyTorchInstance"]
@@ -47,7 +47,6 @@ class PyTorchBackend(Backend):
         super().__init__(context)
         self.path = model_path(self.config, context.version_dir)
         self.settings = read_settings(self.config, settings_for(context.options, "pytorch"))
-        self.instance_count = sum(g.count for g in self.config.instance_group)
         self.shared: dict[str, object] = {}  # device → module, with ENABLE_WEIGHT_SHARING
         apply_interop_threads(self.config.name, self.settings.inter_op_threads)
 
@@ -55,7 +54,7 @@ class PyTorchBackend(Backend):
         device = instance_device(kind, device_id)
         module = self._module(device, kind)
         inputs, outputs = plan_model(self.config, module)
-        threads = intra_op_threads(self.settings, self.instance_count, available_cores())
+        threads = intra_op_threads(self.settings, self.config)
         log.info("model '%s' instance %d: TorchScript on %s, %d intra-op threads",
                  self.config.name, index, device, threads)
         state = (ImplicitState(self.config, self.context.model_dir, self.context.config_source)

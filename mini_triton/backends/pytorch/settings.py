@@ -12,12 +12,12 @@ instance all of them.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ...core.errors import TritonError, invalid_arg
+from ..cpu_share import instance_threads
 
 _TRUE = ("true", "on", "1")
 _FALSE = ("false", "off", "0")
@@ -95,21 +95,9 @@ def read_settings(config: mc.ModelConfig, defaults: dict[str, str]) -> TorchSett
     return TorchSettings(**values)
 
 
-def available_cores() -> int:
-    """The cores this process may run on (its affinity, where the system tells it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def intra_op_threads(settings: TorchSettings, instances: int, cores: int) -> int:
-    """An instance's intra-op threads: the setting, else its share of the cores but one.
-
-    The core left over is the front end's: with every core in torch's pool, each forward
-    pass waits at its barrier for the thread that shares a core with the event loop
-    (measured with perf/bench_backends.py on two cores: server CPU per row of the MLP
-    2.8-3.3 ms with two threads, 2.2-2.4 with one, torch alone 2.1)."""
+def intra_op_threads(settings: TorchSettings, config: mc.ModelConfig) -> int:
+    """An instance's intra-op threads: the setting, else its share of the cores less the
+    front end's one (cpu_share.py, as for every CPU backend)."""
     if settings.intra_op_threads > 0:
         return settings.intra_op_threads
-    return max(1, (cores - 1) // max(1, instances))
+    return instance_threads(config)
