@@ -47,6 +47,13 @@ def test_long_strings_are_cut_between_whole_characters_and_escapes():
         assert json_steps.loads(escaped, step=step) == orjson.loads(escaped)
 
 
+def test_long_runs_of_whitespace_are_crossed_a_step_at_a_time():
+    document = (b" " * 1000 + b"[ \n" + b" " * 1000 + b'1 , {"a" :\t' + b"\r" * 500
+                + b"2}]" + b" " * 99)
+    for step in (32, 50):
+        assert json_steps.loads(document, step=step) == [1, {"a": 2}]
+
+
 def test_a_large_document_has_orjsons_value():
     document = orjson.dumps({"inputs": [{"name": "I", "shape": [2, 3],
                                          "data": [[i, i + 0.5, -i] for i in range(50_000)]}],
@@ -58,6 +65,7 @@ def test_a_large_document_has_orjsons_value():
     "", " ", "[", "]", "[1,]", "[,1]", "[1 2]", "[1,,2]", '{"a"}', '{"a":}', '{"a":1,}',
     '{1:2}', '{"a" 1}', "[1]x", "[tru]", "nul", '"abc', '["a\\x"]', '["\x01"]', "01",
     "[1]]", "{}}", '{"a":1 "b":2}', "[" * 5, '"\\ud83d"',
+    '["' + "a" * 100 + "\\ud83d" + "b" * 100 + '"]', '["' + "a" * 100 + "\\u12g4" + '"]',
 ])
 def test_what_orjson_refuses_is_refused(document):
     with pytest.raises(orjson.JSONDecodeError):

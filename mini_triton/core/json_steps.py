@@ -52,15 +52,12 @@ _WHOLE_STRING = re.compile(_STRING, re.DOTALL)
 _STRING_PIECE = re.compile(
     rb'(?:[^"\\]++|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}'
     rb'|\\u(?![dD][89abAB])[0-9a-fA-F]{4}|\\[^u])*+', re.DOTALL)
-
+_NESTING = re.compile(rb'"(?:[^"\\]++|\\.)*+"|([\[{])|[\]}]', re.DOTALL)  # group 1: an opener
 
 _OPENERS = {ord("["): list, ord("{"): dict}
 _CLOSERS = {list: ord("]"), dict: ord("}")}
 _QUOTE, _COMMA, _COLON = ord('"'), ord(","), ord(":")
 _FIRST, _NEXT, _AFTER = 0, 1, 2  # just opened; after a comma; after a value
-
-
-_NESTING = re.compile(rb'"(?:[^"\\]++|\\.)*+"|([\[{])|[\]}]', re.DOTALL)  # group 1: an opener
 
 
 def deeper_than(data, limit: int) -> bool:
@@ -131,10 +128,6 @@ class _Parser:
         batching = self._may_batch()
         if kind is not None and not batching:
             self._open(kind)
-            return
-        if not self.stack and byte != _QUOTE and kind is None:
-            self._deliver(self._parse(self.pos, self.end))  # a scalar document
-            self.pos = self.end
             return
         match = _ONE.match(self.data, self.pos, self._limit()) if batching else None
         if match is not None:
@@ -263,17 +256,10 @@ class _Parser:
                 return "".join(pieces)
             while cut > pos and self.data[cut] & 0xC0 == 0x80:  # inside a character
                 cut -= 1
-            if cut == pos:  # an escape the pieces cannot cut around: orjson decides
-                return self._whole_string(start)
+            if cut == pos:  # a whole step fits any valid escape, surrogate pairs too
+                raise _error("an invalid escape, or a lone surrogate", cut)
             pieces.append(self._parse(pos, cut, b'"', b'"'))
             pos = cut
-
-    def _whole_string(self, start: int) -> str:
-        match = _WHOLE_STRING.match(self.data, start)
-        if match is None:
-            raise _error("an unterminated string", start)
-        self.pos = match.end()
-        return self._parse(start, match.end())
 
     # --- helpers ---
 
@@ -291,7 +277,11 @@ class _Parser:
         return min(self.end, (self.pos if pos is None else pos) + self.step)
 
     def _space(self) -> None:
-        self.pos = _SPACE.match(self.data, self.pos).end()
+        while True:  # a step at a time: whitespace too may run for MiB
+            limit = self._limit()
+            self.pos = _SPACE.match(self.data, self.pos, limit).end()
+            if self.pos < limit or limit == self.end:
+                return
 
     def _byte(self) -> int:
         if self.pos >= self.end:
