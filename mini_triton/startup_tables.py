@@ -40,6 +40,18 @@ def model_rows(index: list[dict]) -> list[list[str]]:
     return rows
 
 
+# tritonserver's names of the --rate-limit modes in its options table.
+_RATE_LIMIT_NAMES = {"off": "OFF", "execution_count": "EXEC_COUNT"}
+
+
+def _rate_limit_resource_rows(resources) -> list[list[str]]:
+    """One row per --rate-limit-resource, written as tritonserver 2.51 writes it (its
+    JSON lacks the comma before "device"; -1 is every device)."""
+    return [[f"rate_limit_resource[{index}]",
+             f'{{"name":"{name}", "count":{count} "device":{device}}}']
+            for index, (name, count, device) in enumerate(resources)]
+
+
 def option_rows(settings, extensions) -> list[list[str]]:
     rows = [["server_id", settings.server_id], ["server_version", TRITON_VERSION],
             ["server_extensions", " ".join(extensions)]]
@@ -50,7 +62,8 @@ def option_rows(settings, extensions) -> list[list[str]]:
                                                   settings.model_control_mode)],
         ["strict_model_config", str(int(settings.disable_auto_complete_config))],
         ["model_config_name", settings.model_config_name],
-        ["rate_limit", settings.rate_limit.upper()],
+        ["rate_limit", _RATE_LIMIT_NAMES.get(settings.rate_limit, settings.rate_limit.upper())],
+        *_rate_limit_resource_rows(settings.rate_limit_resources),
         ["pinned_memory_pool_byte_size", str(settings.pinned_memory_pool_byte_size)],
         ["min_supported_compute_capability", "6.0"],
         ["strict_readiness", str(int(settings.strict_readiness))],

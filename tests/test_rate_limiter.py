@@ -288,3 +288,31 @@ def test_the_command_line_turns_the_limiter_on_with_its_resources():
     assert settings_from(build_parser().parse_args([])).rate_limit == "off"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--rate-limit=sometimes"])
+
+
+def test_each_instance_joining_and_leaving_logs_the_resource_map_in_tritons_words(caplog):
+    """tritonserver 2.51 --log-verbose=1 with R1:5 and R2:4, two instances needing
+    R1 (per device) and R2 (global), writes this line as each instance comes and goes."""
+    limiter = RateLimiter([parse_resource("R1:5"), parse_resource("R2:4")])
+    config = _config("rl", '{name: "R1" count: 3}, {name: "R2" global: true count: 2}', 2)
+    triton_words = ("\nMax Resource Map===>\n\tDevice: GLOBAL\n\t\tResource: R2\t Count: 4\n"
+                    "\tDevice: 0\n\t\tResource: R1\t Count: 5\n")
+    with caplog.at_level("DEBUG", logger="mini_triton.scheduling"):
+        tickets = limiter.register(config, 1, 2)
+        limiter.unregister(tickets)
+    assert [r.getMessage() for r in caplog.records] == [triton_words] * 4
+
+
+def test_the_options_table_names_the_mode_and_resources_as_tritonserver_does():
+    from mini_triton.cli import build_parser, settings_from
+    from mini_triton.startup_tables import option_rows
+
+    args = build_parser().parse_args(["--rate-limit=execution_count",
+                                      "--rate-limit-resource=R1:5",
+                                      "--rate-limit-resource=R2:4:1"])
+    rows = dict(option_rows(settings_from(args), []))
+    assert rows["rate_limit"] == "EXEC_COUNT"
+    assert rows["rate_limit_resource[0]"] == '{"name":"R1", "count":5 "device":-1}'
+    assert rows["rate_limit_resource[1]"] == '{"name":"R2", "count":4 "device":1}'
+    assert dict(option_rows(settings_from(build_parser().parse_args([])), []))[
+        "rate_limit"] == "OFF"

@@ -25,6 +25,7 @@ default) there is no limiter and schedulers pay nothing.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -32,6 +33,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..config.locate import field_error
 from ..core.errors import TritonError, invalid_arg
+
+log = logging.getLogger("mini_triton.scheduling")
 
 GLOBAL = "global"
 PER_DEVICE = -1  # --rate-limit-resource without a device: every device
@@ -106,8 +109,15 @@ class RateLimiter:
                  source=None) -> list[Ticket | None]:
         """Tickets for a version's instances (None where the group is not limited);
         INVALID_ARG, naming the place in config.pbtxt, if a resource cannot be had."""
+        members = [(group, index) for _, group, index in _instances(config, instance_count)]
+        return self.register_members(config, version, members, source)
+
+    def register_members(self, config: mc.ModelConfig, version: int, members: list,
+                         source=None) -> list[Ticket | None]:
+        """As `register`, for the instances `members` names: (group, index in the group)
+        each, as an instance-group update adds them to a serving version."""
         tickets = []
-        for group_index, group, index_in_group in _instances(config, instance_count):
+        for group, index_in_group in members:
             if not group.HasField("rate_limiter"):
                 tickets.append(None)
                 continue
@@ -130,6 +140,8 @@ class RateLimiter:
             except _ResourceError as error:
                 raise _located(error, config, source) from None
             self.tickets, self.limits = trial, limits
+        for _ in limited:  # Triton draws the map as each instance joins
+            log.debug("%s", max_resource_map(limits))
         return tickets
 
     def unregister(self, tickets: list) -> None:
@@ -137,11 +149,14 @@ class RateLimiter:
         if not gone:
             return
         with self.condition:
+            before = self.limits
             self.tickets = [t for t in self.tickets if id(t) not in gone]
             self.staged = [t for t in self.staged if id(t) not in gone]
             self.limits = self._limits(self.tickets)
             self._allocate()
             self.condition.notify_all()
+        for _ in gone:  # and again as each one leaves, still counting it
+            log.debug("%s", max_resource_map(before))
 
     def _limits(self, tickets: list[Ticket]) -> dict:
         """The copies of each resource, by Triton's rules; _ResourceError if one is short
@@ -237,6 +252,21 @@ class RateLimiter:
             self.condition.notify_all()
 
 
+def max_resource_map(limits: dict) -> str:
+    """The copies of each resource in Triton's verbose words: global ones first, then
+    each device's, names in order."""
+    lines = ["", "Max Resource Map===>"]
+    for where in sorted({where for where, _ in limits}, key=_global_first):
+        lines.append(f"\tDevice: {'GLOBAL' if where == GLOBAL else where}")
+        lines += [f"\t\tResource: {name}\t Count: {limits[(where, name)]}"
+                  for name in sorted(name for at, name in limits if at == where)]
+    return "\n".join(lines) + "\n"
+
+
+def _global_first(where) -> tuple:
+    return (0, 0) if where == GLOBAL else (1, where)
+
+
 class _ResourceError(Exception):
     def __init__(self, name: str, message: str):
         super().__init__(message)
@@ -261,6 +291,18 @@ def gates_for(limiter: "RateLimiter | None", context, instance_count: int) -> li
         return None
     tickets = limiter.register(context.config, context.version, instance_count,
                                context.config_source)
+    if not any(tickets):
+        return None
+    return [None if ticket is None else Gate(limiter, ticket) for ticket in tickets]
+
+
+def gates_for_members(limiter: "RateLimiter | None", context, members: list) -> list | None:
+    """As `gates_for`, for the instances an instance-group update adds: `members` holds
+    (group, index in the group) of each."""
+    if limiter is None:
+        return None
+    tickets = limiter.register_members(context.config, context.version, members,
+                                       context.config_source)
     if not any(tickets):
         return None
     return [None if ticket is None else Gate(limiter, ticket) for ticket in tickets]
