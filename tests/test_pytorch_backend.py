@@ -19,6 +19,23 @@ import pytorch_models as models  # noqa: E402  (imports torch)
 from python_backend_models import BLS_SYNC  # noqa: E402
 from python_backend_models import write_model as write_python_model  # noqa: E402
 
+TORCH_IN_PYTHON = '''
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a, b = (torch.from_numpy(pb_utils.get_input_tensor_by_name(request, n).as_numpy())
+                    for n in ("INPUT0", "INPUT1"))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUTPUT0", (a + b).numpy()),
+                pb_utils.Tensor("OUTPUT1", (a - b).numpy())]))
+        return responses
+'''
+
 ENSEMBLE = """platform: "ensemble"
 max_batch_size: 4
 input [ { name: "RAW" data_type: TYPE_FP32 dims: [ 16 ] } ]
@@ -72,6 +89,12 @@ def repository(tmp_path_factory) -> Path:
                        [models.tensor("OUTPUT0", "TYPE_FP32", "4"),
                         models.tensor("OUTPUT1", "TYPE_FP32", "4")])
     write_python_model(root, "bls_sync", bls_io, BLS_SYNC, "thread")
+    # python_backend's own "pytorch" example is a Python model computing with torch in
+    # its worker process; BLS reaches it the same way.
+    write_python_model(root, "pytorch_python", models.io(
+        [models.tensor("INPUT0", "TYPE_FP32", "4"), models.tensor("INPUT1", "TYPE_FP32", "4")],
+        [models.tensor("OUTPUT0", "TYPE_FP32", "4"), models.tensor("OUTPUT1", "TYPE_FP32", "4")]),
+        TORCH_IN_PYTHON, "process")
     double_onnx(root)
     (root / "scores" / "1").mkdir(parents=True)
     (root / "scores" / "config.pbtxt").write_text(ENSEMBLE)
@@ -246,10 +269,11 @@ def test_ensemble_of_onnx_then_pytorch(torch_proto):
     np.testing.assert_allclose(result.as_numpy("SCORES"), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_python_backend_bls_example_calls_the_pytorch_model(torch_proto):
+@pytest.mark.parametrize("model", ["pytorch", "pytorch_python"])
+def test_python_backend_bls_example_calls_the_pytorch_model(torch_proto, model):
     a = np.array([[1, 2, 3, 4]], np.float32)
     b = np.array([[10, 20, 30, 40]], np.float32)
-    name = np.array([[b"pytorch"]], dtype=np.object_)
+    name = np.array([[model.encode()]], dtype=np.object_)
     result = torch_proto.client.infer("bls_sync", [
         infer_input(torch_proto, "INPUT0", a[0], "FP32"),
         infer_input(torch_proto, "INPUT1", b[0], "FP32"),
