@@ -102,6 +102,19 @@ class Backend:
         """Whether the loaded version can serve now (a model's own readiness check)."""
         return True
 
+    def update_instance_group(self, config: mc.ModelConfig) -> None:
+        """The version goes on serving under `config`'s instance groups, the only part of
+        its config that changed: the repository then creates the instances it lacks
+        (`create_instance`, their indices counted in the new groups, as are their
+        names) and retires those no group still asks for (`instance_retired`). A
+        backend that derives something from the groups refreshes it here."""
+        del self.config.instance_group[:]
+        self.config.instance_group.extend(config.instance_group)
+
+    def instance_retired(self, instance: ModelInstance) -> None:
+        """`instance` left the version in an instance-group update, finalized after its
+        last execution; the others serve on."""
+
     def unload(self) -> None:
         """Release model-wide resources after every instance is finalized."""
 

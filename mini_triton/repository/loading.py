@@ -19,8 +19,9 @@ from ..scheduling import create_scheduler, prepare_version
 from ..scheduling.warmup import warm_up
 from . import scan
 from .model_config import backend_name, read_config  # noqa: F401 (read_config: tests)
+from .instance_plan import wanted_instances
 from .overrides import is_private_model
-from .records import LoadedVersion, ModelRecord, ServerOptions, State, VersionStatus
+from .records import LoadedVersion, ModelRecord, Placement, ServerOptions, State, VersionStatus
 
 log = logging.getLogger("mini_triton.repository")
 
@@ -87,19 +88,18 @@ def _start_version(context: ModelContext) -> LoadedVersion:
     backend = backend_class(backend_name(config))(context)
     stats = ModelStats(context.name, str(context.version),
                        summaries=context.options.get("latency_summaries", False))
-    instances = []
+    placements = []
     try:
-        for group in config.instance_group:
-            kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
-            devices = list(group.gpus) or [0]
-            for index in range(group.count):
-                instances.append(
-                    backend.create_instance(len(instances), kind, devices[index % len(devices)]))
-                warm_up(instances[-1], samples, context, len(instances) - 1, stats)
+        for want in wanted_instances(config):
+            instance = backend.create_instance(want.index, want.kind, want.device)
+            placements.append(Placement(want.signature, want.device, instance))
+            warm_up(instance, samples, context, want.index, stats)
+        instances = [placement.instance for placement in placements]
         scheduler = create_scheduler(context, backend, instances, stats)
     except BaseException:
-        for instance in instances:
-            instance.finalize()
+        for placement in placements:
+            placement.instance.finalize()
         backend.unload()
         raise
-    return LoadedVersion(context.name, context.version, config, backend, scheduler, stats)
+    return LoadedVersion(context.name, context.version, config, backend, scheduler, stats,
+                         placements)

@@ -21,6 +21,7 @@ from ..core.names import check_model_name
 from . import scan
 from .namespaces import keys_named, lookup, model_key, name_of, namespace_of, resolve
 from .listing import DUPLICATE_REASON, Listing, log_not_unique, merge
+from .instance_update import update_in_place
 from .loading import load_record
 from .overrides import remove_private_model, remove_private_root, write_private_model
 from .records import (LoadedVersion, ModelRecord, ServerOptions, State,  # noqa: F401
@@ -417,6 +418,9 @@ class ModelRepositoryManager:
         """Swap a loaded record in and stop the previous one; a failed reload keeps
         the previous versions serving."""
         with self.lock:
+            if record is previous:  # updated in place (instance_update.py)
+                self._report(record)
+                return record
             if record.state != State.READY and previous is not None and previous.versions:
                 previous.reason = f"failed to reload '{record.name}': {record.reason}"
                 previous.fingerprint = record.fingerprint
@@ -438,6 +442,10 @@ class ModelRepositoryManager:
         """load_record, tried again up to --model-load-retry-count times while it fails
         (as Triton retries a model whose load failed, e.g. on a flaky mount)."""
         name, namespace = name_of(key), namespace_of(key)
+        updated = update_in_place(self.records.get(key), folder, self.options, self.server,
+                                  override)
+        if updated is not None:  # only instance_group changed: no reload
+            return updated
         record = load_record(name, folder, self.options, self.server, override, namespace)
         for attempt in range(self.options.model_load_retry_count):
             if record.state == State.READY:

@@ -22,6 +22,17 @@ class State(str, enum.Enum):
 
 
 @dataclass
+class Placement:
+    """One serving instance and what it was made for: an instance-group update keeps
+    an instance whose group (its name and count aside) and device are still asked for,
+    as Triton matches instances by their signature."""
+
+    signature: bytes  # the group, without name and count (instance_update.signature)
+    device: int
+    instance: object  # the backend's ModelInstance
+
+
+@dataclass
 class LoadedVersion:
     """One model version serving requests."""
 
@@ -31,6 +42,7 @@ class LoadedVersion:
     backend: Backend
     scheduler: object
     stats: ModelStats
+    placements: list[Placement] = field(default_factory=list)  # the instances, in order
     signature: ModelSignature = field(init=False)  # what request checks read, made once
     # What the service reads of the config for every request, read once (a protobuf
     # field access builds an object each time):

@@ -231,21 +231,55 @@ class QueuedScheduler:
 
 
 class DynamicScheduler(QueuedScheduler):
-    """The scheduler of a model without sequence batching or ensembling."""
+    """The scheduler of a model without sequence batching or ensembling. Its instances
+    may change while it serves (`add_instances`, `retire_instances`)."""
 
     def __init__(self, config: mc.ModelConfig, instances: list, stats: ModelStats,
                  backend_batches: bool = True, gates: list | None = None):
         super().__init__(config, stats, backend_batches)
         self.idle = 0  # instances waiting for work
-        self.instances = instances
-        self.gates = gates  # the rate limiter's hold on each instance (None: unlimited)
-        self.workers = [
-            threading.Thread(target=self._work, args=(instance, gates[index] if gates else None),
-                             daemon=True, name=f"{config.name}-instance-{index}")
-            for index, instance in enumerate(instances)
-        ]
-        for worker in self.workers:
+        self.instances: list = []
+        self.workers: dict[int, threading.Thread] = {}  # id(instance) → its thread
+        self.gate_of: dict[int, object] = {}  # id(instance) → the rate limiter's hold, if any
+        self.retiring: set[int] = set()  # ids of instances to take no more work
+        self.started = 0  # workers started, for their thread names
+        self.add_instances(instances, gates)
+
+    @property
+    def gates(self) -> list:
+        return list(self.gate_of.values())
+
+    def add_instances(self, instances: list, gates: list | None = None) -> None:
+        """Start a worker for each instance (`gates`: the rate limiter's hold on each);
+        they take queued work at once."""
+        for index, instance in enumerate(instances):
+            gate = gates[index] if gates else None
+            worker = threading.Thread(target=self._work, args=(instance, gate), daemon=True,
+                                      name=f"{self.config.name}-instance-{self.started}")
+            self.started += 1
+            self.instances.append(instance)
+            self.workers[id(instance)] = worker
+            self.gate_of[id(instance)] = gate
             worker.start()
+
+    def can_add(self, instances: list, gates: list | None) -> bool:
+        """Whether `add_instances` can take these (always, with or without gates)."""
+        return True
+
+    def retire_instances(self, instances: list, timeout: float) -> None:
+        """The instances take no more work; each finishes the batch it runs, then is
+        finalized by its worker. Returns once they are (or `timeout` passed)."""
+        deadline = time.monotonic() + timeout
+        gone = {id(instance) for instance in instances}
+        with self.condition:
+            self.retiring |= gone
+            self.instances = [i for i in self.instances if id(i) not in gone]
+            self.condition.notify_all()
+        for key in gone:
+            worker = self.workers.pop(key, None)
+            if worker is not None:
+                worker.join(max(0.1, deadline - time.monotonic()))
+        release_gates([self.gate_of.pop(key, None) for key in gone])
 
     def stop(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -258,7 +292,7 @@ class DynamicScheduler(QueuedScheduler):
             self.condition.notify_all()
         for request in left:  # the time to drain is over: these will not run
             fail(request, unavailable(STOPPING_MESSAGE))
-        for worker in self.workers:
+        for worker in list(self.workers.values()):
             worker.join(max(0.1, deadline - time.monotonic()))
         release_gates(self.gates)
 
@@ -266,7 +300,7 @@ class DynamicScheduler(QueuedScheduler):
         returning = False
         try:
             while True:
-                batch = self._next_batch(returning, gate)
+                batch = self._next_batch(returning, gate, id(instance))
                 returning = True
                 if batch is None:
                     return
@@ -286,14 +320,17 @@ class DynamicScheduler(QueuedScheduler):
         finally:
             instance.finalize()
 
-    def _next_batch(self, returning: bool, gate=None) -> list | None:
-        """The next batch for an instance. An instance back from an execution leaves
+    def _next_batch(self, returning: bool, gate=None, key: int = 0) -> list | None:
+        """The next batch for an instance (None: it stops: the scheduler stops, or the
+        instance `key` names retires). An instance back from an execution leaves
         waiting work to an idle one first, so load spreads over the instances."""
         with self.condition:
             if returning and self.idle and self.queues.count:
                 self.condition.notify()
                 self._wait(None, gate)
             while True:
+                if self.retiring and key in self.retiring:
+                    return self._leave(gate)
                 taken = self.former.take(time.monotonic_ns())
                 if taken.dropped:
                     self.stats.adjust_pending(-len(taken.dropped))
@@ -313,6 +350,15 @@ class DynamicScheduler(QueuedScheduler):
                         gate.withdraw()
                     return None
                 self._wait(None if taken.wait_ns is None else taken.wait_ns / 1e9, gate)
+
+    def _leave(self, gate=None) -> None:
+        """With the lock held: a retiring instance stops taking work; another takes
+        what waits."""
+        if gate is not None:
+            gate.withdraw()
+        if self.queues.count:
+            self.condition.notify()
+        return None
 
     def _wait(self, timeout: float | None, gate=None) -> None:
         if gate is not None:

@@ -50,6 +50,8 @@ class LoopScheduler(QueuedScheduler):
         self.timer: asyncio.TimerHandle | None = None
         self.dispatching = False
         self.finalized = False
+        self.retiring: set[int] = set()  # ids of instances to take no more work
+        self.retired: set[int] = set()  # ids of those whose last batch has ended
         rules = self.former.rules
         # With no queue delay, a request that finds an idle instance and an empty
         # queue is a batch of its own at once: the batcher would decide just that.
@@ -93,6 +95,41 @@ class LoopScheduler(QueuedScheduler):
         for request in left:  # the time to drain is over: these will not run
             fail(request, unavailable(STOPPING_MESSAGE))
         self._finalize()
+
+    def can_add(self, instances: list, gates: list | None) -> bool:
+        """Whether `add_instances` can take these: ungated, and driven from this loop."""
+        return not gates and loop_driven(self.instances + instances) is self.loop
+
+    def add_instances(self, instances: list, gates: list | None = None) -> None:
+        """The instances (`can_add` said yes) take queued work at once, after the
+        ones already serving."""
+        added = {id(instance) for instance in instances}
+        with self.lock:
+            self.retiring -= added  # an id of one retired and since freed
+            self.retired -= added
+            self.instances = self.instances + instances
+            self.idle[:0] = reversed(instances)
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._dispatch)
+
+    def retire_instances(self, instances: list, timeout: float) -> None:
+        """The instances take no more work; each finishes the batch it runs, then is
+        finalized here (off the loop). Returns once they are (or `timeout` passed)."""
+        deadline = time.monotonic() + timeout
+        gone = {id(instance) for instance in instances}
+        with self.condition:
+            self.retiring |= gone
+            # Those not idle run a batch (or rest after their worker died): wait for its
+            # end (`_ended`, `_rested`).
+            busy = gone - {id(i) for i in self.idle}
+            self.idle = [i for i in self.idle if id(i) not in gone]
+            self.instances = [i for i in self.instances if id(i) not in gone]
+            while busy - self.retired and time.monotonic() < deadline:
+                self.condition.wait(max(0.0, min(0.05, deadline - time.monotonic())))
+            # Their ids stay in `retiring`: an instance still out after the timeout, or
+            # resting, may call back later (while it does, no other object has its id).
+        for instance in instances:
+            instance.finalize()
 
     def _finalize(self) -> None:
         if self.finalized:
@@ -169,6 +206,8 @@ class LoopScheduler(QueuedScheduler):
                 pass  # the loop is closed: the server has stopped
             return
         with self.lock:
+            if self.retiring and self._retired(instance):
+                return
             self.idle.append(instance)
             queued = self.queues.count
         if queued:
@@ -187,10 +226,21 @@ class LoopScheduler(QueuedScheduler):
             functools.partial(self._rested, instance))
         with self.lock:
             self.executing -= len(batch)
-            if not resting:
+            if self.retiring and self._retired(instance):
+                pass  # its batch has ended: `retire_instances` finalizes it
+            elif not resting:
                 self.idle.append(instance)
             if self.stopping:  # only `stop` waits on the condition (Python calls otherwise)
                 self.condition.notify_all()
             queued = self.queues.count
         if queued:  # else nothing to hand out (a request queued from a thread later calls
             self._dispatch()  # `_dispatch` itself, on the loop)
+
+    def _retired(self, instance) -> bool:
+        """With the lock held: whether `instance` retires; if so its last batch has
+        ended, which `retire_instances` waits for."""
+        if id(instance) not in self.retiring:
+            return False
+        self.retired.add(id(instance))
+        self.condition.notify_all()
+        return True

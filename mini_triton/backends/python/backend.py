@@ -199,6 +199,14 @@ class PythonBackend(Backend):
             index -= group.count
         return f"{self.config.name}_{index}"
 
+    def update_instance_group(self, config: mc.ModelConfig) -> None:
+        """New instances are told the new groups, as their `args['model_config']`."""
+        super().update_instance_group(config)
+        self._config_json = json.dumps(config_to_json(self.config, including_defaults=True))
+
+    def instance_retired(self, instance: ModelInstance) -> None:
+        self.instances = [i for i in self.instances if i is not instance]
+
     def is_ready(self) -> bool:
         """Every instance healthy, and the model's own `is_ready()` (if any) says so."""
         return all(instance.is_ready() for instance in self.instances)

@@ -1,0 +1,318 @@
+"""A load that changes only `instance_group` adds or removes just the difference, as
+Triton 2.51 does: the instances kept serve throughout, removed ones are finalized after
+their in-flight requests, statistics go on; a change of anything else reloads it all.
+
+The Python model writes each initialize, execute and finalize to a file next to the
+repository, so the tests count them; its execute sleeps INPUT0[0] seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+from conftest import connect, server_settings, wait_for
+from mini_triton.server import ServerThread
+
+COUNTING_MODEL = '''
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+def _log(args, word):
+    path = os.path.join(os.path.dirname(os.path.dirname(args["model_repository"])),
+                        "events.log")
+    with open(path, "a") as events:
+        events.write(f"{time.monotonic():.4f} {word} {args['model_instance_name']}\\n")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.args = args
+        _log(args, "initialize")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            _log(self.args, "execute-start")
+            time.sleep(float(value.reshape(-1)[0]))
+            _log(self.args, "execute-end")
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", value)]))
+        return responses
+
+    def finalize(self):
+        _log(self.args, "finalize")
+'''
+
+MODES = ["process", "thread"]
+
+
+def config_json(count: int, mode: str, limited: bool = False, label: str = "") -> dict:
+    """The model's config as a load override: `count` instances, `label` a parameter
+    (a change of anything besides instance_group)."""
+    group = {"count": count, "kind": "KIND_CPU"}
+    if limited:
+        group["rate_limiter"] = {"resources": [{"name": "R", "count": 1}]}
+    parameters = {"execution_mode": {"string_value": mode}}
+    if label:
+        parameters["label"] = {"string_value": label}
+    return {"name": "counted", "backend": "python", "max_batch_size": 0,
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+            "instance_group": [group], "parameters": parameters}
+
+
+def config_pbtxt(count: int, mode: str, limited: bool = False, label: str = "") -> str:
+    limiter = ' rate_limiter { resources [ { name: "R" count: 1 } ] }' if limited else ""
+    extra = (f'parameters {{ key: "label" value: {{ string_value: "{label}" }} }}\n'
+             if label else "")
+    return ('name: "counted"\nbackend: "python"\nmax_batch_size: 0\n'
+            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            f'instance_group [ {{ count: {count} kind: KIND_CPU{limiter} }} ]\n'
+            f'parameters {{ key: "execution_mode" value: {{ string_value: "{mode}" }} }}\n'
+            + extra)
+
+
+def write_config(repository: Path, text: str) -> None:
+    """Replace config.pbtxt at once, so that a poll never reads half of it."""
+    staged = repository / "config.pbtxt.new"
+    staged.write_text(text)
+    os.replace(staged, repository / "counted" / "config.pbtxt")
+
+
+class Events:
+    """The model's initialize / execute / finalize lines."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def lines(self) -> list[tuple[float, str, str]]:
+        if not self.path.exists():
+            return []
+        return [(float(t), word, name) for t, word, name in
+                (line.split() for line in self.path.read_text().splitlines())]
+
+    def names(self, word: str) -> list[str]:
+        return [name for _, w, name in self.lines() if w == word]
+
+    def count(self, word: str) -> int:
+        return len(self.names(word))
+
+
+@pytest.fixture()
+def repository(tmp_path):
+    repository = tmp_path / "repo"
+    (repository / "counted" / "1").mkdir(parents=True)
+    (repository / "counted" / "1" / "model.py").write_text(COUNTING_MODEL)
+    return repository
+
+
+def serve(repository: Path, mode: str, count: int, limited: bool = False, **settings):
+    (repository / "counted" / "config.pbtxt").write_text(config_pbtxt(count, mode, limited))
+    values = dict(model_control_mode="explicit", load_models=["counted"],
+                  exit_timeout_secs=10)
+    values.update(settings)
+    return ServerThread(server_settings(repository, **values))
+
+
+def infer(protocol, seconds: float = 0.0):
+    module = protocol.module
+    tensor = module.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([seconds], dtype=np.float32))
+    return protocol.client.infer("counted", [tensor]).as_numpy("OUTPUT0")
+
+
+def load(protocol, config: dict) -> float:
+    """Load with a config override; the seconds the load took."""
+    started = time.monotonic()
+    protocol.client.load_model("counted", config=json.dumps(config))
+    return time.monotonic() - started
+
+
+def success_count(protocol) -> int:
+    return int(protocol.model_statistics("counted")["inference_stats"]["success"]["count"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_instance_count_up_starts_only_the_new_instance(repository, mode):
+    events = Events(repository.parent / "events.log")
+    with serve(repository, mode, 2) as server:
+        http = connect("http", server)
+        infer(http)
+        infer(http)
+        load(http, config_json(3, mode))
+        assert events.count("initialize") == 3  # Triton's count: the two, and one more
+        assert events.names("initialize")[-1] == "counted_0_2"
+        assert events.count("finalize") == 0
+        assert success_count(http) == 2  # the statistics go on
+        infer(http)
+        assert success_count(http) == 3
+        groups = http.client.get_model_config("counted")["instance_group"]
+        assert [group["count"] for group in groups] == [3]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_instance_count_down_finalizes_after_in_flight_requests(repository, mode):
+    events = Events(repository.parent / "events.log")
+    with serve(repository, mode, 3) as server:
+        http = connect("http", server)
+        with ThreadPoolExecutor(3) as pool:
+            slow = [pool.submit(infer, connect("http", server), 1.5) for _ in range(3)]
+            assert wait_for(lambda: events.count("execute-start") == 3, 20)
+            load(http, config_json(1, mode))
+            # The load returns once the two removed have finished and been finalized.
+            assert events.count("finalize") == 2
+            for request in slow:
+                assert request.result()[0] == pytest.approx(1.5)
+        ends = {name: t for t, word, name in events.lines() if word == "execute-end"}
+        for t, word, name in events.lines():
+            if word == "finalize":
+                assert t >= ends[name]  # after its in-flight request
+        assert events.count("initialize") == 3  # none started anew
+        kept = (set(events.names("initialize")) - set(events.names("finalize"))).pop()
+        assert kept == "counted_0_2"  # as Triton: the last made of the same group is kept
+        infer(http)
+        assert events.names("execute-start")[-1] == kept
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_model_answers_throughout_the_update(repository, mode):
+    """A client loop sees no error and no pause while instances come and go."""
+    events = Events(repository.parent / "events.log")
+    with serve(repository, mode, 2) as server:
+        http = connect("http", server)
+        errors, longest, done = [], [0.0], threading.Event()
+
+        def client_loop():
+            grpc = connect("grpc", server)
+            while not done.is_set():
+                started = time.monotonic()
+                try:
+                    infer(grpc, 0.01)
+                except Exception as error:  # noqa: BLE001 - every error is a failure here
+                    errors.append(error)
+                longest[0] = max(longest[0], time.monotonic() - started)
+
+        loop = threading.Thread(target=client_loop)
+        loop.start()
+        try:
+            for count in (3, 1, 2):
+                load(http, config_json(count, mode))
+                time.sleep(0.2)
+        finally:
+            done.set()
+            loop.join(30)
+        assert errors == []
+        assert longest[0] < 2.0  # generous: an instance starting must not stop the others
+        assert events.count("initialize") == 2 + 1 + 1  # 2, +1 (3), -2 (1), +1 (2)
+        assert events.count("finalize") == 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_other_field_change_reloads_every_instance(repository, mode):
+    events = Events(repository.parent / "events.log")
+    with serve(repository, mode, 2) as server:
+        http = connect("http", server)
+        load(http, config_json(3, mode))
+        infer(http)
+        load(http, config_json(3, mode, label="changed"))
+        assert events.count("initialize") == 2 + 1 + 3
+        assert events.count("finalize") == 3
+        assert success_count(http) == 0  # a new model: its statistics start over
+
+
+def test_rate_limited_instances_join_and_leave_the_limiter(repository):
+    with serve(repository, "thread", 1, limited=True, rate_limit="execution_count") as server:
+        http = connect("http", server)
+        limiter = server.server.manager.options.rate_limiter
+        events = Events(repository.parent / "events.log")
+        load(http, config_json(2, "thread", limited=True))
+        assert len(limiter.tickets) == 2
+        assert events.count("initialize") == 2
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda _: infer(connect("http", server), 0.2), range(4)))
+        assert len(answers) == 4
+        load(http, config_json(1, "thread", limited=True))
+        assert len(limiter.tickets) == 1
+        assert events.count("initialize") == 2
+        assert events.count("finalize") == 1
+        infer(http)
+
+
+def test_poll_mode_updates_instances_in_place(repository):
+    events = Events(repository.parent / "events.log")
+    with serve(repository, "process", 2, model_control_mode="poll", load_models=[],
+               repository_poll_secs=1) as server:
+        http = connect("http", server)
+        infer(http)
+        write_config(repository, config_pbtxt(3, "process"))
+        assert wait_for(lambda: events.count("initialize") == 3, 30)
+        assert wait_for(lambda: http.client.get_model_config("counted")[
+            "instance_group"][0]["count"] == 3, 30)
+        time.sleep(2.5)  # two more polls: nothing else changes
+        assert events.count("initialize") == 3
+        assert events.count("finalize") == 0
+        assert success_count(http) == 1
+        write_config(repository, config_pbtxt(3, "process", label="changed"))
+        assert wait_for(lambda: events.count("finalize") == 3, 30)
+        assert events.count("initialize") == 3 + 3
+
+
+# --- an ONNX Runtime model ---
+
+
+def write_onnx_model(repository: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "identity",
+        [helper.make_tensor_value_info("INPUT0", TP.FLOAT, [1])],
+        [helper.make_tensor_value_info("OUTPUT0", TP.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (repository / "counted" / "1").mkdir(parents=True)
+    onnx.save(model, str(repository / "counted" / "1" / "model.onnx"))
+
+
+def onnx_config(count: int) -> dict:
+    return {"name": "counted", "platform": "onnxruntime_onnx", "max_batch_size": 0,
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+            "instance_group": [{"count": count, "kind": "KIND_CPU"}]}
+
+
+def serving_instances(server) -> list:
+    loaded = server.server.manager.get("counted")
+    return [placement.instance for placement in loaded.placements]
+
+
+def test_onnx_model_keeps_its_instances(tmp_path):
+    pytest.importorskip("onnxruntime")
+    repository = tmp_path / "repo"
+    write_onnx_model(repository)
+    settings = server_settings(repository, model_control_mode="explicit",
+                               load_models=["counted"])
+    with ServerThread(settings) as server:
+        http = connect("http", server)
+        load(http, onnx_config(1))
+        first = serving_instances(server)
+        load(http, onnx_config(3))
+        grown = serving_instances(server)
+        assert len(grown) == 3 and grown[0] is first[0]
+        assert infer(http, 2.0)[0] == pytest.approx(2.0)
+        load(http, onnx_config(2))
+        shrunk = serving_instances(server)
+        assert len(shrunk) == 2 and all(instance in grown for instance in shrunk)
+        assert success_count(http) == 1
