@@ -28,11 +28,12 @@ def _training(seed: int = 0):
     return x, binary, three, target
 
 
-def xgboost_classifier(classes: int = 2):
+def xgboost_classifier(classes: int = 2, objective: str | None = None):
     x, binary, three, _ = _training()
     labels = binary if classes == 2 else three
-    return xgboost.XGBClassifier(n_estimators=20, max_depth=4, n_jobs=1,
-                                 random_state=0).fit(x, labels)
+    extra = {"objective": objective} if objective else {}
+    return xgboost.XGBClassifier(n_estimators=20, max_depth=4, n_jobs=1, random_state=0,
+                                 **extra).fit(x, labels)
 
 
 def xgboost_regressor():

@@ -28,6 +28,8 @@ TRAINED = {}
 def _models():
     """name -> (config, file name, save(path), expected(x) -> answers)."""
     binary, three = xgboost_classifier(2), xgboost_classifier(3)
+    # XGBoost's own predict answers classes for multi:softmax, Treelite probabilities
+    softmax = xgboost_classifier(3, objective="multi:softmax")
     regressor, lgb_regressor = xgboost_regressor(), lightgbm_regressor()
     lgb_binary, forest = lightgbm_classifier(), sklearn_forest()
     booster = binary.get_booster()
@@ -47,6 +49,11 @@ def _models():
                                        predict_proba="true"),
                             "xgboost.ubj", three.get_booster().save_model,
                             three.predict_proba),
+        "xgb_softmax_proba": (fil_config("xgb_softmax_proba", "xgboost_json", 3,
+                                         output_class="true", threshold="0.5",
+                                         predict_proba="true"),
+                              "xgboost.json", softmax.get_booster().save_model,
+                              softmax.predict_proba),
         "xgb_regressor": (fil_config("xgb_regressor", "xgboost_json", 1,
                                      output_class="false"),
                           "xgboost.json", regressor.get_booster().save_model,
@@ -105,6 +112,14 @@ def test_answers_equal_the_frameworks_own(proto, model):
     assert got.dtype == np.float32
     assert got.shape == expected.shape  # dims [1] come back as [batch], as FIL squeezes
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("count", [3, 40])
+def test_multi_softmax_answers_probabilities_at_every_batch_size(proto, count):
+    """From NATIVE_XGBOOST_FROM_ROWS rows XGBoost's own predict would answer classes."""
+    x = rows(count, seed=12)
+    np.testing.assert_allclose(infer(proto, "xgb_softmax_proba", x),
+                               TRAINED["xgb_softmax_proba"](x), rtol=1e-5, atol=1e-6)
 
 
 def test_binary_predict_proba_answers_two_columns(proto):

@@ -8,10 +8,14 @@ in perf/bench_backends.py: LightGBM's own predict for LightGBM files; for XGBoos
 JSON and UBJSON, Treelite's GTIL below `NATIVE_XGBOOST_FROM_ROWS` rows (XGBoost's
 per-call cost dominates small batches) and XGBoost's `inplace_predict` from there;
 GTIL for legacy XGBoost binaries and Treelite checkpoints, which nothing else reads.
+The framework's predict stands in for GTIL only where it gives GTIL's answers on fixed
+probe rows (XGBoost's multi:softmax objective answers classes where Treelite, as FIL,
+gives probabilities).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -21,11 +25,14 @@ import treelite
 from ...core.errors import unavailable
 from .settings import FilSettings
 
+log = logging.getLogger("mini_triton.backends.fil")
+
 # Rows from which XGBoost's own predict is faster than GTIL (16 features, 100 trees of
 # depth 6 on one thread: GTIL 63k rows/s at 8 rows against 32k; XGBoost 134k at 64
 # against 74k).
 NATIVE_XGBOOST_FROM_ROWS = 32
 _LIGHTGBM_END = b"end of trees"
+_PROBE_ROWS = 64
 # "[07:47:25] /project/src/model_loader/lightgbm.cc:312: " before a Treelite message
 _SOURCE_PREFIX = re.compile(r"^(\[[\d:]+\] )?(\S+:\d+: )?")
 
@@ -63,7 +70,27 @@ def load_forest(path: Path, settings: FilSettings, model: str, nthread: int) -> 
     except ImportError as error:
         raise unavailable(f"unable to load model '{model}': {error} (pip install "
                           "'mini-triton[fil]')") from None
-    return Forest(tl_model, nthread, native, from_rows)
+    forest = Forest(tl_model, nthread, native, from_rows)
+    if native is not None and not _native_agrees(forest):
+        log.info("model '%s': %s's own predict answers otherwise than Treelite for '%s' "
+                 "(its objective, e.g. multi:softmax, answers classes); Treelite predicts",
+                 model, settings.model_type, path)
+        forest.native = None
+    return forest
+
+
+def _native_agrees(forest: Forest) -> bool:
+    """Whether the framework's predict gives Treelite's answers (to float32 rounding) on
+    fixed random rows: only then may it stand in for Treelite."""
+    rows = np.random.default_rng(0).normal(size=(_PROBE_ROWS, forest.num_feature))
+    rows = rows.astype(np.float32)
+    expected = np.asarray(treelite.gtil.predict(forest.tl_model, rows, nthread=1))
+    try:
+        got = np.asarray(forest.native(rows), dtype=np.float32)
+    except Exception:  # noqa: BLE001 - any failure means it cannot stand in
+        return False
+    return got.size == expected.size and np.allclose(
+        got.reshape(expected.shape), expected, rtol=1e-5, atol=1e-6)
 
 
 def _load_treelite(path: Path, settings: FilSettings, model: str):
