@@ -16,11 +16,18 @@ from onnx import helper, numpy_helper
 FEATURES, HIDDEN = 16, 8
 
 
-def mlp_onnx(outputs: int = 4, batch=("batch",), seed: int = 0) -> onnx.ModelProto:
-    """Y = relu(X @ W1) @ W2, X of shape batch + [16]."""
+def mlp_onnx(outputs: int = 4, batch=("batch",), seed: int = 0,
+             integer_weights: bool = False) -> onnx.ModelProto:
+    """Y = relu(X @ W1) @ W2, X of shape batch + [16]. With `integer_weights` (-1, 0, 1)
+    and small integer inputs every value is exact even where OpenVINO computes in
+    bfloat16 (its default on CPUs that have it), so answers are bit for bit."""
     rng = np.random.default_rng(seed)
-    w1 = rng.normal(size=(FEATURES, HIDDEN)).astype(np.float32)
-    w2 = rng.normal(size=(HIDDEN, outputs)).astype(np.float32)
+    if integer_weights:
+        w1, w2 = (rng.integers(-1, 2, size=shape).astype(np.float32)
+                  for shape in ((FEATURES, HIDDEN), (HIDDEN, outputs)))
+    else:
+        w1 = rng.normal(size=(FEATURES, HIDDEN)).astype(np.float32)
+        w2 = rng.normal(size=(HIDDEN, outputs)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["X", "W1"], ["H"]), helper.make_node("Relu", ["H"], ["R"]),
          helper.make_node("MatMul", ["R", "W2"], ["Y"])], "mlp",

@@ -89,9 +89,10 @@ def infer(proto, model: str, x: np.ndarray, datatype: str = "FP32") -> np.ndarra
 
 
 def assert_as_openvino(got: np.ndarray, onnx_model, x: np.ndarray) -> None:
-    # OpenVINO may compute in bf16 on CPUs that have it (its default precision hint):
-    # the same compiled model gives the same answers, so compare with OpenVINO's own.
-    np.testing.assert_allclose(got, openvino_predict(onnx_model, x), rtol=1e-3, atol=1e-3)
+    # OpenVINO computes in bfloat16 on CPUs that have it (its default precision hint), and
+    # a model compiled with other threads or a fixed batch may round otherwise: a
+    # bfloat16 tolerance, far below what other weights would change.
+    np.testing.assert_allclose(got, openvino_predict(onnx_model, x), rtol=2e-2, atol=2e-2)
 
 
 def model_config(proto, name: str) -> dict:

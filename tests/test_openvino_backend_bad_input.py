@@ -81,7 +81,7 @@ def test_bad_models_are_unavailable_and_the_rest_serve(bad_server, protocol):
     tensor = proto.module.InferInput("X", [2, 16], "FP32")
     tensor.set_data_from_numpy(x)
     got = proto.client.infer("good", [tensor]).as_numpy("Y")
-    np.testing.assert_allclose(got, openvino_predict(MLP, x), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(got, openvino_predict(MLP, x), rtol=2e-2, atol=2e-2)  # bf16
     proto.client.close()
 
 
