@@ -72,6 +72,13 @@ def _models():
                                      instances="instance_group [{ kind: KIND_CPU count: 2 }]"),
                           "model.txt", lambda p: lgb_regressor.booster_.save_model(str(p)),
                           lgb_regressor.predict),
+        # max_batch_size 0: the rows are the first of the input's own dims
+        "lgb_unbatched": (fil_config("lgb_unbatched", "lightgbm", 1, output_class="false",
+                                     max_batch_size=0)
+                          .replace("dims: [ 16 ]", "dims: [ -1, 16 ]")
+                          .replace("dims: [ 1 ]", "dims: [ -1, 1 ]"),
+                          "model.txt", lambda p: lgb_regressor.booster_.save_model(str(p)),
+                          lgb_regressor.predict),
         "lgb_score": (fil_config("lgb_score", "lightgbm", 1, output_class="false"),
                       "model.txt", lambda p: lgb_binary.booster_.save_model(str(p)),
                       lambda x: lgb_binary.predict_proba(x)[:, 1]),
@@ -104,7 +111,8 @@ def infer(proto, model: str, x: np.ndarray, datatype: str = "FP32") -> np.ndarra
 
 @pytest.mark.parametrize("model", ["xgb_proba", "xgb_class", "xgb_multi", "xgb_multi_proba",
                                    "xgb_regressor", "xgb_legacy", "xgb_legacy_regressor",
-                                   "lgb_regressor", "lgb_score", "sklearn_forest"])
+                                   "lgb_regressor", "lgb_unbatched", "lgb_score",
+                                   "sklearn_forest"])
 def test_answers_equal_the_frameworks_own(proto, model):
     x = rows(7, seed=5)
     expected = np.asarray(TRAINED[model](x), dtype=np.float32)
