@@ -178,12 +178,13 @@ def test_a_wrong_datatype_is_refused_with_tritons_words(proto):
             "'FP32'") in str(error.value)
 
 
-def test_speed_parameters_of_fils_own_forests_are_named_and_answers_unchanged(
+def test_gpu_groups_and_fils_speed_parameters_are_named_and_answers_unchanged(
         tmp_path, caplog):
     regressor = xgboost_regressor()
     write_fil_model(tmp_path, "tuned", fil_config(
         "tuned", "xgboost_json", 1, output_class="false", storage_type="SPARSE",
-        threads_per_tree="4", use_experimental_optimizations="true"),
+        threads_per_tree="4", use_experimental_optimizations="true",
+        instances="instance_group [{ kind: KIND_GPU }]"),
         "xgboost.json", regressor.get_booster().save_model)
     with ServerThread(server_settings(tmp_path)) as server:
         proto = connect("http", server)
@@ -194,4 +195,6 @@ def test_speed_parameters_of_fils_own_forests_are_named_and_answers_unchanged(
         proto.client.close()
     assert ("parameters storage_type, threads_per_tree, use_experimental_optimizations tune "
             "the speed of FIL's own forests") in caplog.text
+    assert "FIL instance 0 asks for KIND_GPU; this server predicts trees on the CPU" \
+        in caplog.text
     assert got.tolist() == pytest.approx(regressor.predict(x).tolist(), rel=1e-5)
