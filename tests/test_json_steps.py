@@ -15,7 +15,7 @@ from mini_triton.core import json_steps
 from mini_triton.core.errors import TritonError
 from mini_triton.core.request import InferenceRequest, InferenceResponse
 from mini_triton.core.tensor import RequestedOutput, Tensor
-from mini_triton.frontends import http_codec
+from mini_triton.frontends import generate, http_codec
 
 # Steps from barely more than the longest number up to more than most documents: each
 # cuts the documents below at other places.
@@ -142,3 +142,17 @@ def test_a_long_json_reply_is_written_in_steps_as_one_call_wrote_it():
         {"name": "B", "datatype": "UINT8", "shape": [3], "parameters": {"binary_data_size": 3}}]}
     expected = http_codec.dumps(document)
     assert b"".join(pieces) == expected + bytes([7, 8, 9]) and json_length == len(expected)
+
+
+def test_a_long_generate_reply_is_written_in_steps_as_one_call_wrote_it():
+    count = http_codec.CONVERT_SLICE + 1
+    response = InferenceResponse("m", "1", outputs=[
+        Tensor("Z", "FP32", (count,), data=np.linspace(0, 1, count, dtype=np.float32)),
+        Tensor("A", "INT64", (count,), data=np.arange(count, dtype=np.int64)),
+        Tensor("M", "BOOL", (1,), data=np.array([True]))])
+    with pytest.raises(http_codec.LongJsonOutputs):
+        generate.encode_response(response)
+    expected = orjson.dumps({"model_name": "m", "model_version": "1", "M": True,
+                             "Z": http_codec.array_to_json(response.outputs[0]),
+                             "A": list(range(count))}, option=orjson.OPT_SORT_KEYS)
+    assert b"".join(generate.encode_response_in_steps(response)) == expected

@@ -204,21 +204,47 @@ def _array(name: str, elements: list, datatype: str) -> np.ndarray:
 # --- responses ---
 
 
-def response_document(response: InferenceResponse) -> dict:
-    """A successful response as the generate response object (keys sorted on output)."""
+def response_document(response: InferenceResponse, long_data: list | None = None,
+                      whole: bool = False) -> dict:
+    """A successful response as the generate response object (keys sorted on output).
+    An output too long to write as JSON on the event loop raises
+    http_codec.LongJsonOutputs, unless `long_data` is given (then a marker stands for
+    its data, and it is added to `long_data`) or `whole` (written all the same)."""
     document = {"model_name": response.model_name, "model_version": response.model_version}
     if response.id:
         document["id"] = response.id
     for key, value in response.parameters.items():
         document.setdefault(key, value)
     for tensor in response.outputs:
+        if tensor.name in document:
+            continue  # as setdefault would: the first value of a name stays
+        if not whole and http_codec.is_long(tensor):
+            if long_data is None:
+                raise http_codec.LongJsonOutputs
+            document[tensor.name] = http_codec.LONG_DATA
+            long_data.append(tensor)
+            continue
         data = http_codec.array_to_json(tensor)
-        document.setdefault(tensor.name, data[0] if len(data) == 1 else data)
+        document[tensor.name] = data[0] if len(data) == 1 else data
     return document
 
 
 def encode_response(response: InferenceResponse) -> bytes:
+    """The generate response object; http_codec.LongJsonOutputs for one with an output
+    too long to write here (see encode_response_in_steps)."""
     return http_codec.dumps_sorted(response_document(response))
+
+
+def encode_response_in_steps(response: InferenceResponse) -> list[bytes]:
+    """encode_response's bytes in pieces, long outputs written a slice per call (for
+    http_offload's thread)."""
+    long_data: list = []
+    document = http_codec.dumps_sorted(response_document(response, long_data))
+    long_data.sort(key=lambda tensor: tensor.name)  # where sorted keys put their markers
+    pieces = http_codec.json_in_steps(document, long_data)
+    if pieces is None:  # a string of the response holds the marker: in one go
+        return [http_codec.dumps_sorted(response_document(response, whole=True))]
+    return pieces
 
 
 def encode_error(message: str) -> bytes:

@@ -474,7 +474,11 @@ def _encode_in_steps(response: InferenceResponse, request: InferenceRequest,
     comes in pieces (never joined: that too would be one long call)."""
     long_data: list[tuple[dict, Tensor]] = []
     document, chunks = _document(response, request, binary_default, long_data)
-    pieces = _spliced(dumps(document), long_data, document)
+    pieces = json_in_steps(dumps(document), [tensor for _, tensor in long_data])
+    if pieces is None:  # a string of the response holds the marker: in one go
+        for entry, tensor in long_data:
+            entry["data"] = array_to_json(tensor)
+        pieces = [dumps(document)]
     return pieces + chunks, (sum(map(len, pieces)) if chunks else None)
 
 
@@ -495,10 +499,10 @@ def _document(response: InferenceResponse, request: InferenceRequest, binary_def
             raw = tensor.raw_bytes()
             parameters["binary_data_size"] = len(raw)
             chunks.append(raw)
-        elif datatypes.element_count(tensor.shape) <= CONVERT_SLICE:
+        elif not is_long(tensor):
             entry["data"] = array_to_json(tensor)
         elif long_data is not None:
-            entry["data"] = _LONG_DATA  # written by _spliced
+            entry["data"] = LONG_DATA  # written by json_in_steps
             long_data.append((entry, tensor))
         else:
             raise LongJsonOutputs
@@ -514,22 +518,25 @@ def _document(response: InferenceResponse, request: InferenceRequest, binary_def
     return document, chunks
 
 
-# Stands for a long output's data in the document until _spliced writes it there.
-_LONG_DATA = "\0data written in steps\0"
-_LONG_DATA_JSON = dumps(_LONG_DATA)
+# Stands for a long output's data in a document until json_in_steps writes it there.
+LONG_DATA = "\0data written in steps\0"
+_LONG_DATA_JSON = dumps(LONG_DATA)
 
 
-def _spliced(header: bytes, long_data: list[tuple[dict, Tensor]], document: dict
-             ) -> list[bytes]:
-    """The document's pieces, each long output's data in place of its marker, written
-    CONVERT_SLICE elements per orjson call."""
+def is_long(tensor: Tensor) -> bool:
+    """Whether the tensor's data is too long to write as JSON on the event loop."""
+    return datatypes.element_count(tensor.shape) > CONVERT_SLICE
+
+
+def json_in_steps(header: bytes, tensors: list[Tensor]) -> list[bytes] | None:
+    """The JSON document `header`, in which LONG_DATA stands for the data of each of
+    `tensors` in turn, in pieces: each tensor's data written CONVERT_SLICE elements per
+    orjson call. None when the marker is found elsewhere too (a client's string)."""
     parts = header.split(_LONG_DATA_JSON)
-    if len(parts) != len(long_data) + 1:  # a string of the response holds the marker
-        for entry, tensor in long_data:
-            entry["data"] = array_to_json(tensor)
-        return [dumps(document)]  # in one go: right, if slower
+    if len(parts) != len(tensors) + 1:
+        return None
     pieces = [parts[0]]
-    for (_, tensor), part in zip(long_data, parts[1:]):
+    for tensor, part in zip(tensors, parts[1:]):
         flat = _flat(tensor)
         pieces.append(b"[")
         for start in range(0, len(flat), CONVERT_SLICE):

@@ -18,11 +18,11 @@ from .. import trace_front_end as front_end_trace
 from ..core.errors import TritonError
 from ..service import InferenceService
 from ..trace_front_end import FrontEndStamps
-from . import generate
+from . import generate, http_codec
 from .errors import http_status
 from .http_exchange import Exchange, HttpReply, HttpRequest
 from .http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
-from .http_offload import BodyDecoder
+from .http_offload import BodyDecoder, off_loop
 
 log = logging.getLogger("mini_triton.http")
 
@@ -162,7 +162,10 @@ class GenerateEndpoints:
             return error_reply(500, generate.EXACTLY_ONE)
         if first.error is not None:
             return error_reply(http_status(first.error.code), first.error.message)
-        return HttpReply(200, _encoded(first), compressible=True)
+        body = _encoded(first)
+        if body is None:  # an output too long to write here
+            body = await off_loop(_encoded_in_steps, first)
+        return HttpReply(200, body, compressible=True)
 
     async def _generate_stream(self, request: HttpRequest, exchange: Exchange,
                                start=None, timed=None):
@@ -184,7 +187,10 @@ class GenerateEndpoints:
                     status = 200 if response.error is None else http_status(response.error.code)
                     body = exchange.begin_stream(status, EVENT_STREAM, STREAM_HEADERS)
                     send = body.send if timed is None else timed(body.send)
-                if not await send(generate.event(_encoded(response))):
+                data = _encoded(response)
+                event = generate.event(data) if data is not None \
+                    else await off_loop(_event_in_steps, response)  # an output too long here
+                if not await send(event):
                     self.service.cancel(infer_request)  # the client is gone
                     break
         except asyncio.CancelledError:
@@ -196,14 +202,34 @@ class GenerateEndpoints:
         return None
 
 
-def _encoded(response) -> bytes:
-    """A response as its generate JSON object, or its error object."""
+def _encoded(response) -> bytes | None:
+    """A response as its generate JSON object, or its error object; None when an output
+    is too long to write on the event loop (_encoded_in_steps writes it elsewhere)."""
     if response.error is not None:
         return generate.encode_error(response.error.message)
     try:
         return generate.encode_response(response)
+    except http_codec.LongJsonOutputs:
+        return None
     except TritonError as error:
         return generate.encode_error(error.message)
     except Exception as error:  # a bug here must not take the stream down silently
         log.exception("cannot encode a generate response of model '%s'", response.model_name)
         return generate.encode_error(f"internal error: {error}")
+
+
+def _encoded_in_steps(response) -> list[bytes]:
+    """_encoded for a response with long outputs, in pieces (on http_offload's thread)."""
+    try:
+        return generate.encode_response_in_steps(response)
+    except TritonError as error:
+        return [generate.encode_error(error.message)]
+    except Exception as error:  # a bug here must not take the stream down silently
+        log.exception("cannot encode a generate response of model '%s'", response.model_name)
+        return [generate.encode_error(f"internal error: {error}")]
+
+
+def _event_in_steps(response) -> bytes:
+    """One event of generate_stream for a response with long outputs: its pieces are
+    joined here, on http_offload's thread (an event is written as one chunk)."""
+    return generate.event(b"".join(_encoded_in_steps(response)))
