@@ -23,68 +23,10 @@ from onnx import helper
 
 from conftest import connect, server_settings, wait_for
 from mini_triton.server import ServerThread
-
-COUNTING_MODEL = '''
-import os
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-def _log(args, word):
-    path = os.path.join(os.path.dirname(os.path.dirname(args["model_repository"])),
-                        "events.log")
-    with open(path, "a") as events:
-        events.write(f"{time.monotonic():.4f} {word} {args['model_instance_name']}\\n")
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.args = args
-        _log(args, "initialize")
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            value = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            _log(self.args, "execute-start")
-            time.sleep(float(value.reshape(-1)[0]))
-            _log(self.args, "execute-end")
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", value)]))
-        return responses
-
-    def finalize(self):
-        _log(self.args, "finalize")
-'''
+from python_models import COUNTING_MODEL, counted_config_json as config_json
+from python_models import counted_config_pbtxt as config_pbtxt
 
 MODES = ["process", "thread"]
-
-
-def config_json(count: int, mode: str, limited: bool = False, label: str = "") -> dict:
-    """The model's config as a load override: `count` instances, `label` a parameter
-    (a change of anything besides instance_group)."""
-    group = {"count": count, "kind": "KIND_CPU"}
-    if limited:
-        group["rate_limiter"] = {"resources": [{"name": "R", "count": 1}]}
-    parameters = {"execution_mode": {"string_value": mode}}
-    if label:
-        parameters["label"] = {"string_value": label}
-    return {"name": "counted", "backend": "python", "max_batch_size": 0,
-            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
-            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
-            "instance_group": [group], "parameters": parameters}
-
-
-def config_pbtxt(count: int, mode: str, limited: bool = False, label: str = "") -> str:
-    limiter = ' rate_limiter { resources [ { name: "R" count: 1 } ] }' if limited else ""
-    extra = (f'parameters {{ key: "label" value: {{ string_value: "{label}" }} }}\n'
-             if label else "")
-    return ('name: "counted"\nbackend: "python"\nmax_batch_size: 0\n'
-            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-            f'instance_group [ {{ count: {count} kind: KIND_CPU{limiter} }} ]\n'
-            f'parameters {{ key: "execution_mode" value: {{ string_value: "{mode}" }} }}\n'
-            + extra)
 
 
 def write_config(repository: Path, text: str) -> None:
