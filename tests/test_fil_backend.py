@@ -41,6 +41,10 @@ def _models():
                                  threshold="0.3"),
                       "xgboost.ubj", booster.save_model,
                       lambda x: (binary.predict_proba(x)[:, 1] > 0.3).astype(np.float32)),
+        "xgb_any_width": (fil_config("xgb_any_width", "xgboost_json", 2, features=-1,
+                                     output_class="true", threshold="0.5",
+                                     predict_proba="true"),
+                          "xgboost.json", booster.save_model, binary.predict_proba),
         "xgb_multi": (fil_config("xgb_multi", "xgboost_json", 1, output_class="true",
                                  threshold="0.5"),
                       "xgboost.json", three.get_booster().save_model, three.predict),
@@ -168,6 +172,16 @@ def test_a_wrong_feature_count_is_refused_with_tritons_words(proto):
     assert proto.status_of(error.value) == STATUS[proto.name]["INVALID_ARG"]
     assert ("unexpected shape for input 'input__0' for model 'xgb_proba'. Expected [-1,16], "
             "got [2,8]") in str(error.value)
+
+
+def test_a_wrong_feature_count_under_dims_minus_one_is_refused_with_tritons_words(proto):
+    np.testing.assert_allclose(infer(proto, "xgb_any_width", rows(2)),
+                               TRAINED["xgb_any_width"](rows(2)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(proto.module.InferenceServerException) as error:
+        infer(proto, "xgb_any_width", np.zeros((2, 8), np.float32))
+    assert proto.status_of(error.value) == STATUS[proto.name]["INVALID_ARG"]
+    assert ("unexpected shape for input 'input__0' for model 'xgb_any_width'. Expected "
+            "[-1,16], got [2,8]") in str(error.value)
 
 
 def test_a_wrong_datatype_is_refused_with_tritons_words(proto):
