@@ -171,7 +171,7 @@ class Server:
         self.service = InferenceService(self.manager, settings.strict_readiness)
         self.service.server_id = settings.server_id
         self.service.tracer.limits = settings.trace_limits
-        self.service.tracer.update(settings.trace_settings)
+        self.service.tracer.start_with(settings.trace_settings)
         self.manager.server = self.service
         self.service.stream_budget = StreamBudget(settings.stream_max_total_queued_bytes)
         self.metrics = Metrics(self.manager, config=settings.metrics_config,

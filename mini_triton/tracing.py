@@ -245,6 +245,9 @@ class Tracer:
     def __init__(self, limits: TraceLimits = TraceLimits()):
         self.limits = limits
         self.global_settings = dict(DEFAULTS)
+        # What clearing a global setting (a null value) returns it to: the built-in
+        # default, or the command line's value once `start_with` has set it.
+        self.startup_settings = dict(DEFAULTS)
         self.model_settings: dict[str, dict] = {}
         self.lock = threading.Lock()
         self.counters: dict[str, itertools.count] = {}
@@ -263,8 +266,15 @@ class Tracer:
         with self.lock:
             return {**self.global_settings, **self.model_settings.get(model, {})}
 
+    def start_with(self, settings: dict) -> None:
+        """The command line's settings: applied, and kept as what a clear goes back to."""
+        self.update(settings)
+        with self.lock:
+            self.startup_settings = dict(self.global_settings)
+
     def update(self, changes: dict, model: str = "") -> dict:
-        """Apply changes; a None value clears a model's override (back to global)."""
+        """Apply changes; a None value clears a setting: a model's goes back to the
+        global one, a global one to its value at start-up, as Triton does."""
         checked = {key: _checked(key, value) for key, value in changes.items()}
         with self.lock:
             target = self.model_settings.setdefault(model, {}) if model else self.global_settings
@@ -273,7 +283,7 @@ class Tracer:
                     if model:
                         target.pop(key, None)
                     else:
-                        target[key] = DEFAULTS[key]
+                        target[key] = self.startup_settings[key]
                 else:
                     target[key] = value
             self.counters.clear()

@@ -181,10 +181,22 @@ def _grpc_stream_two(t) -> int:
         client.stop_stream()
 
 
+def _cleared_settings(target) -> dict:
+    """Change global settings, then clear them (null): back to the command line's values
+    (log frequency 1, as triton_diff starts both servers), not the built-in defaults."""
+    post_json(target, "/v2/trace/setting", {"trace_rate": "9", "log_frequency": "3"})
+    answer = post_json(target, "/v2/trace/setting", {"trace_rate": None, "log_frequency": None})
+    body = answer["body"]
+    if isinstance(body, dict):  # each server writes a file of its own
+        answer["body"] = {key: value for key, value in body.items() if key != "trace_file"}
+    return answer
+
+
 def trace_probes():
     """(name, probe) of every trace probe, in the order to run them."""
     refused = {"inputs": [dict(ECHO_JSON, datatype="INT32")]}
     return [
+        ("trace settings cleared to the command line's", _cleared_settings),
         ("trace http infer echo", traced(("echo",), 1, _http_infer("echo", echo_inputs))),
         ("trace grpc infer echo", traced(("echo",), 1, _grpc_infer("echo", echo_inputs))),
         ("trace grpc stream echo two requests", traced(("echo",), 2, _grpc_stream_two)),

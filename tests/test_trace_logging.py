@@ -342,3 +342,31 @@ def test_an_ensemble_and_its_steps_are_one_trace_of_log_frequency(tmp_path):
     assert files == ["trace.json.0"]
     traces = json.loads((tmp_path / files[0]).read_text())
     assert len({t["id"] for t in traces if "model_name" in t}) == 4
+
+
+@pytest.mark.parametrize("protocol_name", ["http", "grpc"])
+def test_clearing_a_setting_returns_it_to_the_command_line_s_value(protocol_name, tmp_path):
+    """tritonserver 2.51 started with level TIMESTAMPS, rate 5, count 100, log frequency 2:
+    a null global setting goes back to that value, not to the built-in default, and a
+    model's cleared override to the global setting."""
+    started = {"trace_level": ["TIMESTAMPS"], "trace_rate": "5", "trace_count": "100",
+               "log_frequency": "2"}
+    with traced(tmp_path / "trace.json", protocol_name, **started) as protocol:
+        def settings(**kwargs):
+            answer = protocol.client.get_trace_settings(**kwargs) if protocol.name == "http" \
+                else protocol.client.get_trace_settings(as_json=True, **kwargs)
+            values = as_dict(protocol, answer)  # gRPC: every value is a list
+            return {key: values[key] if key == "trace_level" or protocol.name == "http"
+                    else values[key][0] for key in started}
+
+        assert settings() == started
+        protocol.client.update_trace_settings(settings={
+            "trace_level": ["OFF"], "trace_rate": "9", "log_frequency": "3"})
+        protocol.client.update_trace_settings(settings={key: None for key in started})
+        assert settings() == started
+        protocol.client.update_trace_settings(model_name="identity_fp32",
+                                              settings={"trace_rate": "7"})
+        assert settings(model_name="identity_fp32")["trace_rate"] == "7"
+        protocol.client.update_trace_settings(model_name="identity_fp32",
+                                              settings={"trace_rate": None})
+        assert settings(model_name="identity_fp32") == started
