@@ -40,6 +40,10 @@ BAD = {
                    'output [{ name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }]\n', ir,
                    ["model 'wrong_dims', tensor 'X': the model expects 2 dimensions "
                     "(shape [-1,16]) but the model configuration specifies 2 dimensions"]),
+    "unknown_output": ('backend: "openvino"\nmax_batch_size: 4\n'
+                       'output [{ name: "Z" data_type: TYPE_FP32 dims: [ 4 ] }]\n', ir,
+                       ["unable to load model 'unknown_output', unexpected inference output "
+                        "'Z', allowed outputs are: 'Y'"]),
     "bad_hint": ('backend: "openvino"\nparameters [{ key: "PERFORMANCE_HINT" value: '
                  '{ string_value: "FAST" } }]\n', ir,
                  ["expected the parameter 'PERFORMANCE_HINT' to be "

@@ -41,7 +41,9 @@ class OpenVinoBackend(Backend):
         settings = models.read_settings(config)
         core = models.new_core(config, settings)
         model = models.read_model(core, config, models.model_path(config, version_dir))
-        check_inputs(config, models.signature_of(model), settings.reshape_io_layers)
+        signature = models.signature_of(model)
+        check_inputs(config, signature, settings.reshape_io_layers)
+        check_outputs(config, signature, dims=False)  # names first: prepare() needs them
         model = models.prepare(model, config, settings)
         # As Triton, outputs are held against the model as prepared: reshaped inputs
         # and the batch dim change the output shapes.
