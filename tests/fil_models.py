@@ -4,6 +4,7 @@ modules import it after `pytest.importorskip` of the libraries."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import lightgbm
@@ -91,3 +92,11 @@ def write_fil_model(repository: Path, name: str, config: str, filename: str,
     (repository / name / "config.pbtxt").write_text(config)
     save(version / filename)
     return version / filename
+
+
+def save_with_unknown_field(booster, path: Path) -> None:
+    """XGBoost JSON with a field XGBoost's schema lacks (a newer writer's, say): Treelite
+    refuses it unless `xgboost_allow_unknown_field` is true."""
+    document = json.loads(booster.save_raw("json"))
+    document["learner"]["written_by_a_newer_xgboost"] = 1
+    Path(path).write_text(json.dumps(document))

@@ -16,8 +16,8 @@ for _library in ("xgboost", "lightgbm", "treelite", "sklearn"):
 
 from conftest import STATUS, connect, protocol_fixture, server_settings  # noqa: E402
 from fil_models import (fil_config, lightgbm_classifier, lightgbm_regressor,  # noqa: E402
-                        rows, sklearn_forest, treelite_checkpoint, write_fil_model,
-                        xgboost_classifier, xgboost_regressor)
+                        rows, save_with_unknown_field, sklearn_forest, treelite_checkpoint,
+                        write_fil_model, xgboost_classifier, xgboost_regressor)
 from mini_triton.backends.fil.forest import NATIVE_XGBOOST_FROM_ROWS  # noqa: E402
 from mini_triton.server import ServerThread  # noqa: E402
 from xgboost_legacy import save_legacy_binary  # noqa: E402
@@ -45,6 +45,12 @@ def _models():
                                      output_class="true", threshold="0.5",
                                      predict_proba="true"),
                           "xgboost.json", booster.save_model, binary.predict_proba),
+        "xgb_unknown_field": (fil_config("xgb_unknown_field", "xgboost_json", 1,
+                                         output_class="false",
+                                         xgboost_allow_unknown_field="true"),
+                              "xgboost.json",
+                              lambda p: save_with_unknown_field(regressor.get_booster(), p),
+                              regressor.predict),
         "xgb_multi": (fil_config("xgb_multi", "xgboost_json", 1, output_class="true",
                                  threshold="0.5"),
                       "xgboost.json", three.get_booster().save_model, three.predict),
@@ -114,7 +120,8 @@ def infer(proto, model: str, x: np.ndarray, datatype: str = "FP32") -> np.ndarra
 
 
 @pytest.mark.parametrize("model", ["xgb_proba", "xgb_class", "xgb_multi", "xgb_multi_proba",
-                                   "xgb_regressor", "xgb_legacy", "xgb_legacy_regressor",
+                                   "xgb_regressor", "xgb_unknown_field", "xgb_legacy",
+                                   "xgb_legacy_regressor",
                                    "lgb_regressor", "lgb_unbatched", "lgb_score",
                                    "sklearn_forest"])
 def test_answers_equal_the_frameworks_own(proto, model):

@@ -14,8 +14,8 @@ for _library in ("xgboost", "lightgbm", "treelite", "sklearn"):
                         "'mini-triton[fil]' scikit-learn)")
 
 from conftest import connect, server_settings  # noqa: E402
-from fil_models import (fil_config, lightgbm_regressor, rows, write_fil_model,  # noqa: E402
-                        xgboost_classifier)
+from fil_models import (fil_config, lightgbm_regressor, rows,  # noqa: E402
+                        save_with_unknown_field, write_fil_model, xgboost_classifier)
 from mini_triton.config.check import main as check_config  # noqa: E402
 from mini_triton.server import ServerThread  # noqa: E402
 
@@ -26,7 +26,7 @@ def _save_truncated_lightgbm(path):
     path.write_bytes(text[:len(text) // 2])  # cut in the middle of the trees
 
 
-def _bad_models(json_file):
+def _bad_models(json_file, classifier_booster):
     """name -> (config, file name, save(path), what the reason must say)."""
     copy_json = lambda path: shutil.copy(json_file, path)  # noqa: E731
     return {
@@ -40,6 +40,11 @@ def _bad_models(json_file):
             fil_config("lightgbm_cut_short", "lightgbm", 1, output_class="false"),
             "model.txt", _save_truncated_lightgbm,
             ["lightgbm_cut_short/1/model.txt' is not", "LightGBM model"]),
+        "unknown_field": (
+            fil_config("unknown_field", "xgboost_json", 2, output_class="true",
+                       threshold="0.5", predict_proba="true"),
+            "xgboost.json", lambda path: save_with_unknown_field(classifier_booster, path),
+            ["unknown_field/1/xgboost.json' is not an XGBoost model in JSON"]),
         "no_output_class": (
             fil_config("no_output_class", "xgboost_json", 2, predict_proba="true"),
             "xgboost.json", copy_json,
@@ -77,7 +82,7 @@ def bad_repository(tmp_path_factory):
     source = tmp_path_factory.mktemp("fil_source") / "xgboost.json"
     classifier = xgboost_classifier(2)
     classifier.get_booster().save_model(source)
-    models = _bad_models(source)
+    models = _bad_models(source, classifier.get_booster())
     for name, (config, filename, save, _) in models.items():
         write_fil_model(repository, name, config, filename, save)
     write_fil_model(repository, "good", fil_config(

@@ -60,16 +60,9 @@ class Forest:
 
 def load_forest(path: Path, settings: FilSettings, model: str, nthread: int) -> Forest:
     tl_model = _load_treelite(path, settings, model)
-    native, from_rows = None, 0
-    try:
-        if settings.model_type == "lightgbm":
-            _check_lightgbm_complete(path, model)
-            native = _lightgbm_predict(path, nthread)
-        elif settings.model_type in ("xgboost_json", "xgboost_ubj"):
-            native, from_rows = _xgboost_predict(path, nthread), NATIVE_XGBOOST_FROM_ROWS
-    except ImportError as error:
-        raise unavailable(f"unable to load model '{model}': {error} (pip install "
-                          "'mini-triton[fil]')") from None
+    if settings.model_type == "lightgbm":
+        _check_lightgbm_complete(path, model)
+    native, from_rows = _native_predict(path, settings, model, nthread)
     forest = Forest(tl_model, nthread, native, from_rows)
     if native is not None and not _native_agrees(forest):
         log.info("model '%s': %s's own predict answers otherwise than Treelite for '%s' "
@@ -77,6 +70,22 @@ def load_forest(path: Path, settings: FilSettings, model: str, nthread: int) -> 
                  model, settings.model_type, path)
         forest.native = None
     return forest
+
+
+def _native_predict(path: Path, settings: FilSettings, model: str, nthread: int):
+    """(the framework's own predict or None, the rows from which it is used)."""
+    try:
+        if settings.model_type == "lightgbm":
+            return _lightgbm_predict(path, nthread), 0
+        if settings.model_type in ("xgboost_json", "xgboost_ubj"):
+            return _xgboost_predict(path, nthread), NATIVE_XGBOOST_FROM_ROWS
+    except ImportError as error:
+        raise unavailable(f"unable to load model '{model}': {error} (pip install "
+                          "'mini-triton[fil]')") from None
+    except Exception as error:  # noqa: BLE001 - Treelite read the file: it can predict
+        log.info("model '%s': %s's own loader refused '%s' (%s); Treelite predicts", model,
+                 settings.model_type, path, _first_line(error))
+    return None, 0
 
 
 def _native_agrees(forest: Forest) -> bool:
