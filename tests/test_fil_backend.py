@@ -203,7 +203,7 @@ def test_gpu_groups_and_fils_speed_parameters_are_named_and_answers_unchanged(
         tmp_path, caplog):
     regressor = xgboost_regressor()
     write_fil_model(tmp_path, "tuned", fil_config(
-        "tuned", "xgboost_json", 1, output_class="false", storage_type="SPARSE",
+        "tuned", "xgboost_json", 1, output_class="false", storage_type="SPARSE16",
         threads_per_tree="4", use_experimental_optimizations="true",
         instances="instance_group [{ kind: KIND_GPU }]"),
         "xgboost.json", regressor.get_booster().save_model)
@@ -217,5 +217,7 @@ def test_gpu_groups_and_fils_speed_parameters_are_named_and_answers_unchanged(
     assert ("parameters storage_type, threads_per_tree, use_experimental_optimizations tune "
             "the speed of FIL's own forests") in caplog.text
     assert "FIL instance 0 asks for KIND_GPU; this server predicts trees on the CPU" \
+        in caplog.text
+    assert "storage_type 'SPARSE16' is none of FIL's (AUTO, DENSE, SPARSE, SPARSE8)" \
         in caplog.text
     assert got.tolist() == pytest.approx(regressor.predict(x).tolist(), rel=1e-5)

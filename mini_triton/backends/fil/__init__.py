@@ -29,7 +29,8 @@ from ..cpu_share import instance_threads  # noqa: E402
 from ..model_checks import format_dims  # noqa: E402
 from .forest import Forest, load_forest  # noqa: E402
 from .outputs import answers, columns_per_row, squeezed_shape  # noqa: E402
-from .settings import NO_EFFECT_HERE, FilSettings, model_file, read_settings  # noqa: E402
+from .settings import (NO_EFFECT_HERE, STORAGE_TYPES, FilSettings, model_file,  # noqa: E402
+                       read_settings)
 
 __all__ = ["FilBackend", "FilInstance"]
 
@@ -75,6 +76,10 @@ class FilBackend(Backend):
             log.warning("model '%s': parameters %s tune the speed of FIL's own forests; "
                         "here Treelite, XGBoost or LightGBM predict, and they have no effect",
                         self.config.name, ", ".join(given))
+        if self.settings.storage_type not in STORAGE_TYPES:
+            log.warning("model '%s': storage_type '%s' is none of FIL's (%s): FIL's GPU "
+                        "forest would refuse it", self.config.name,
+                        self.settings.storage_type, ", ".join(STORAGE_TYPES))
 
 
 class FilInstance(TensorBatchInstance):

@@ -24,8 +24,8 @@ MODEL_FILES = {
 }
 
 # FIL's tuning parameters that change speed, never answers: its GPU forest's, and its
-# experimental CPU forest's switch. Read (storage_type checked as FIL checks it) and
-# named at load as without effect here.
+# experimental CPU forest's switch. Named at load as without effect here; a storage_type
+# FIL's GPU forest would refuse is named too (on the CPU FIL never reads it either).
 STORAGE_TYPES = ("AUTO", "DENSE", "SPARSE", "SPARSE8")
 NO_EFFECT_HERE = ("storage_type", "algo", "threads_per_tree", "blocks_per_sm",
                   "transfer_threshold", "use_experimental_optimizations")
@@ -52,9 +52,6 @@ def read_settings(config: mc.ModelConfig) -> FilSettings:
         raise unsupported(f"{model_type} not recognized as a valid serialization format.")
     output_class = _bool(config, "output_class")
     storage_type = _text(config, "storage_type", "AUTO")
-    if storage_type not in STORAGE_TYPES:
-        raise invalid_arg(f"model '{config.name}': storage_type must be one of "
-                          f"{', '.join(STORAGE_TYPES)}, got '{storage_type}'")
     return FilSettings(
         model_type=model_type,
         output_class=output_class,
