@@ -204,8 +204,8 @@ def decode_raw_request(model: str, version: str, body: bytes) -> InferenceReques
 
 
 def _parse_json(data):
-    try:
-        return loads_body(data)
+    try:  # loads_body, inline: this runs for every JSON header not remembered
+        return loads(data) if len(data) <= json_steps.STEP else json_steps.loads(data)
     except (ValueError, TypeError) as error:
         raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
 
@@ -343,6 +343,8 @@ def _flat_to_array(flat: list, datatype: str, name: str) -> np.ndarray:
             return _in_slices([v.encode("utf-8") for v in flat], np.object_)
         if datatype == "BF16":
             return datatypes.float32_to_bf16(_in_slices(flat, np.float32))
+        if len(flat) <= CONVERT_SLICE:  # _in_slices' first case, without the call
+            return np.array(flat, dtype=datatypes.from_name(datatype).numpy)
         return _in_slices(flat, datatypes.from_name(datatype).numpy)
     except (ValueError, OverflowError, TypeError) as error:  # beyond a narrower type's range
         raise invalid_arg(
@@ -440,8 +442,9 @@ def encode_infer_response(response: InferenceResponse, request: InferenceRequest
                 return [header, raw], len(header)
     if stepped:
         return _encode_in_steps(response, request, binary_default)
-    chunks = _encode_document(response, request, binary_default)
-    return chunks, (len(chunks[0]) if len(chunks) > 1 else None)
+    document, chunks = _document(response, request, binary_default, None)
+    header = dumps(document)  # _encode_document, inline: one call fewer per JSON reply
+    return [header, *chunks], (len(header) if chunks else None)
 
 
 class ResponseHeaders(BoundedMemo):
@@ -499,7 +502,7 @@ def _document(response: InferenceResponse, request: InferenceRequest, binary_def
             raw = tensor.raw_bytes()
             parameters["binary_data_size"] = len(raw)
             chunks.append(raw)
-        elif not is_long(tensor):
+        elif datatypes.element_count(tensor.shape) <= CONVERT_SLICE:  # not is_long()
             entry["data"] = array_to_json(tensor)
         elif long_data is not None:
             entry["data"] = LONG_DATA  # written by json_in_steps
