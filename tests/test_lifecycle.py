@@ -155,8 +155,7 @@ def test_file_override_writes_a_private_model(explicit):
     explicit.client.unload_model("fresh")
 
 
-@pytest.mark.parametrize("path", ["../escape.txt", "/etc/passwd", "1/../../escape.txt",
-                                  "notaversion/x", "1"])
+@pytest.mark.parametrize("path", ["../escape.txt", "/etc/passwd", "1/../../escape.txt"])
 def test_file_override_outside_the_model_is_refused(explicit, path, tmp_path):
     json_config = json.dumps({"name": "evil", "backend": "identity"})
     with pytest.raises(InferenceServerException) as caught:
@@ -164,6 +163,37 @@ def test_file_override_outside_the_model_is_refused(explicit, path, tmp_path):
                                    files={f"file:{path}": b"x"})
     assert "failed to load 'evil'" in caught.value.message()
     assert not explicit.client.is_model_ready("evil")
+
+
+def test_file_override_beside_the_versions_is_written_as_on_triton(explicit):
+    """tritonserver 2.51 writes a file given without a version folder at the model's top:
+    with a version beside it the model loads; alone, the model has no version."""
+    json_config = json.dumps({"name": "top", "backend": "identity", "max_batch_size": 8,
+                              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32",
+                                         "dims": [-1]}],
+                              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32",
+                                          "dims": [-1]}]})
+    explicit.client.load_model("top", config=json_config,
+                               files={"file:labels.txt": b"a\nb\n", "file:2/x": b"x"})
+    assert echo(explicit, "top") == "2"
+    explicit.client.unload_model("top")
+    with pytest.raises(InferenceServerException) as caught:
+        explicit.client.load_model("top", config=json_config, files={"file:model.py": b"x"})
+    assert caught.value.message() == (
+        "failed to load 'top': at least one version must be available under the version "
+        "policy of model 'top'")
+
+
+def test_file_override_the_file_system_refuses_is_triton_s_poll_failure(explicit):
+    """The stock simple_grpc_model_control example: a name of 256 bytes, more than a file
+    system takes, is Triton's INTERNAL 'failed to poll', and the server lives on."""
+    json_config = json.dumps({"name": "long", "backend": "identity"})
+    with pytest.raises(InferenceServerException) as caught:
+        explicit.client.load_model("long", config=json_config, files={"file:" + "A" * 256: b"a"})
+    assert caught.value.message() == \
+        "failed to load 'long', failed to poll from model repository"
+    assert caught.value.status() in ("500", "StatusCode.INTERNAL")
+    assert explicit.client.is_server_live()
 
 
 def test_file_override_http_is_base64(explicit_server):

@@ -40,9 +40,10 @@ def private_root() -> Path:
 def write_private_model(name: str, files: dict[str, bytes]) -> Path:
     """Write load-API file overrides into a fresh private model directory.
 
-    Keys are `file:<version>/<path>`; a path that is absolute, climbs out with
-    `..`, or would pass through a link is refused, so nothing is ever written
-    outside the new directory.
+    Keys are `file:<path>`, usually `<version>/<path>`; as in Triton, a file may also
+    sit at the folder's top (a load that then has no version fails as any model
+    without one). A path that is absolute, climbs out with `..`, or would pass
+    through a link is refused, so nothing is ever written outside the new directory.
     """
     check_model_name(name)
     home = Path(tempfile.mkdtemp(dir=private_root()))
@@ -79,9 +80,6 @@ def _override_target(folder: Path, key: str, name: str) -> Path:
     if (not relative or relative.startswith("/") or "\\" in relative or "\0" in relative
             or ".." in parts or PurePosixPath(relative).is_absolute() or ":" in parts[0]):
         raise invalid_arg(f"failed to load '{name}': invalid file override path '{relative}'")
-    if scan.parse_version(parts[0]) is None or len(parts) < 2:
-        raise invalid_arg(f"failed to load '{name}': file override '{relative}' must be "
-                          "'<version>/<path>' with a numeric version")
     target = folder.joinpath(*parts)
     current = folder
     for part in parts[:-1]:
