@@ -120,9 +120,10 @@ class PythonBackend(Backend):
         if not model_file.is_file():
             return  # loading reports the missing file, or what it is instead
         config_json = json.dumps(config_to_json(config, including_defaults=True))
-        label = f"{config.name}_auto_complete"
         if settings.mode == "thread":
-            runner = ModelRunner(model_file, label)
+            # Its errors name the model as Triton's do ('auto_complete_config function in
+            # model 'm' ...'), not an instance.
+            runner = ModelRunner(model_file, config.name)
             try:
                 runner.load()
                 completed = runner.auto_complete(config_json)
@@ -131,7 +132,7 @@ class PythonBackend(Backend):
         elif mentions_auto_complete(model_file):
             environment = _environment(config, context)
             try:
-                completed = worker_process.auto_complete(model_file, config_json, label,
+                completed = worker_process.auto_complete(model_file, config_json, config.name,
                                                          environment)
             finally:
                 exec_env.release(environment)

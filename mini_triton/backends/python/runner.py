@@ -12,6 +12,7 @@ import importlib.util
 import itertools
 import json
 import logging
+import os
 import re
 import sys
 import threading
@@ -81,16 +82,42 @@ def import_model(model_file: Path, label: str):
     return module
 
 
+# Past this many files and folders the scan stops and the worker is asked anyway: asking
+# is always right; the scan only spares a process start for the usual small model folder.
+_SCANNED_ENTRIES = 500
+_CHUNK = 1 << 20
+
+
 def mentions_auto_complete(model_file: Path) -> bool:
-    """Whether model code next to `model_file` may define `auto_complete_config`
-    (a cheap look before starting a process only to ask)."""
-    for path in model_file.parent.glob("*.py"):
-        try:
-            check_regular(path)  # a FIFO named *.py would hold the loading thread
-            if "auto_complete_config" in path.read_text(errors="replace"):
+    """Whether model code may define `auto_complete_config` (a cheap look before starting
+    a process only to ask). The model may import its class from any module that Triton's
+    stub puts on sys.path: the version folder, the model folder and their subfolders."""
+    seen = 0
+    for folder, subfolders, names in os.walk(model_file.parent.parent):
+        seen += 1 + len(subfolders) + len(names)
+        if seen > _SCANNED_ENTRIES:
+            return True
+        for name in names:
+            if name.endswith(".py") and _file_mentions(Path(folder, name),
+                                                       b"auto_complete_config"):
                 return True
-        except OSError:
-            continue
+    return False
+
+
+def _file_mentions(path: Path, word: bytes) -> bool:
+    """Whether `word` occurs in the file, read a chunk at a time (a large vendored
+    module is never held whole); False for what cannot be read or is no regular file
+    (a FIFO named *.py would hold the loading thread)."""
+    tail = b""
+    try:
+        check_regular(path)
+        with open(path, "rb") as file:
+            while chunk := file.read(_CHUNK):
+                if word in tail + chunk:
+                    return True
+                tail = chunk[-len(word):]
+    except OSError:
+        return False
     return False
 
 

@@ -69,12 +69,14 @@ def stop_process(process: subprocess.Popen, link: Link, grace_s: float = 2.0) ->
         process.wait()
 
 
-def auto_complete(model_file: Path, config_json: str, label: str,
+def auto_complete(model_file: Path, config_json: str, model_name: str,
                   environment: ExecutionEnvironment | None = None) -> str:
-    """Run the model's `auto_complete_config` in a short-lived worker; the completed JSON."""
+    """Run the model's `auto_complete_config` in a short-lived worker; the completed JSON.
+    Its errors name the model (`model_name`), as Triton's do."""
+    label = f"{model_name}_auto_complete"
     process, link = spawn(label, environment)
     try:
-        link.send({"op": "auto_complete", "model_file": str(model_file), "label": label,
+        link.send({"op": "auto_complete", "model_file": str(model_file), "label": model_name,
                    "config": config_json})
         reply = link.recv().meta
     except (EOFError, OSError):
