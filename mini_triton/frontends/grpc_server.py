@@ -1,5 +1,5 @@
 """The KServe v2 gRPC front end: the servicer (routing and status mapping only) and its
-server, on our own HTTP/2 transport (grpc_transport.py) or on grpc.aio."""
+server, on our own HTTP/2 transport (grpc_transport.py) or on grpc.aio (grpc_aio.py)."""
 
 from __future__ import annotations
 
@@ -19,52 +19,16 @@ from . import (grpc_codec, grpc_infer_read, grpc_parameters, grpc_split, grpc_st
                grpc_transport, grpc_wire)
 from .accept_gate import AcceptLimits
 from .errors import grpc_status
-from .grpc_wire import COMPRESSION_LEVELS
+from .grpc_aio import (MAX_MESSAGE_SIZE, RAW_REQUESTS, SERVICE,  # noqa: F401 (theirs)
+                       create_grpcio_server, server_options)
 from .header_forward import forward_headers
 from .http2_limits import Http2Limits
 from .restrictions import GRPC_PREFIX, Restriction, grpc_refusal
 from .tls import TlsFiles, server_context
 
-MAX_MESSAGE_SIZE = grpc_transport.MAX_MESSAGE_SIZE  # INT32_MAX, as tritonserver sets it
-SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-# The RPCs whose handlers parse their request messages themselves (they get bytes).
-RAW_REQUESTS = frozenset({"ModelStreamInfer"})
 # On our transport ModelInfer reads its message itself too: its tensors as views of
 # the received bytes (grpc_split.py), not copied twice by protobuf.
 NATIVE_RAW_REQUESTS = RAW_REQUESTS | {"ModelInfer"}
-
-
-def server_options(max_receive_message_size: int = MAX_MESSAGE_SIZE,
-                   limits: Http2Limits | None = None, reuse_port: bool = False) -> list:
-    """grpc.aio's options; grpc core bounds a received message, inflated or not, by
-    max_receive_message_length. The keepalive settings go to grpc core as tritonserver
-    passes them, with the concurrent streams and header list limits."""
-    limits = limits or Http2Limits()
-    options = [("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
-               ("grpc.max_receive_message_length", max_receive_message_size),
-               ("grpc.so_reuseport", int(reuse_port)),
-               ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
-               ("grpc.absolute_max_metadata_size", limits.max_header_list_size),
-               ("grpc.keepalive_time_ms", _ms(limits.keepalive_time)),
-               ("grpc.keepalive_timeout_ms", _ms(limits.keepalive_timeout)),
-               ("grpc.keepalive_permit_without_calls",
-                int(limits.keepalive_permit_without_calls)),
-               ("grpc.http2.max_pings_without_data", limits.max_pings_without_data),
-               ("grpc.http2.min_recv_ping_interval_without_data_ms",
-                _ms(limits.min_recv_ping_interval)),
-               ("grpc.http2.max_ping_strikes", limits.max_ping_strikes)]
-    if limits.max_connections:
-        options.append(("grpc.max_allowed_incoming_connections", limits.max_connections))
-    if limits.max_connection_age > 0:  # as tritonserver: set only when given
-        options.append(("grpc.max_connection_age_ms", _ms(limits.max_connection_age)))
-    if limits.max_connection_age_grace > 0:
-        options.append(("grpc.max_connection_age_grace_ms",
-                        _ms(limits.max_connection_age_grace)))
-    return options
-
-
-def _ms(seconds: float) -> int:
-    return min(2**31 - 1, round(seconds * 1000))
 
 
 def aborts_on_error(method):
@@ -466,60 +430,3 @@ def begin_shutdown(server) -> None:
     their next calls go elsewhere); grpc.aio does it in `stop`."""
     if isinstance(server, grpc_transport.GrpcServer):
         server.begin_shutdown()
-
-
-def _add_handlers(frontend: GrpcFrontend, server: grpc.aio.Server) -> None:
-    """Every RPC of the service on grpc.aio, as the generated code adds them, but each
-    handler parses its own request messages (the messages of RAW_REQUESTS reach it as
-    bytes): a unary message that does not parse is INTERNAL "Unable to parse request",
-    grpc C++'s answer and so tritonserver's, not grpc.aio's UNKNOWN."""
-    handlers = {}
-    for method in SERVICE.methods:
-        request = getattr(pb, method.input_type.name)
-        response = getattr(pb, method.output_type.name)
-        handler = getattr(frontend, method.name)
-        if method.client_streaming:
-            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                handler, request_deserializer=None if method.name in RAW_REQUESTS
-                else request.FromString, response_serializer=response.SerializeToString)
-        else:
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _parsing(handler, request), response_serializer=response.SerializeToString)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
-    server.add_registered_method_handlers(SERVICE.full_name, handlers)
-
-
-def _parsing(handler, request_type):
-    """A unary handler taking its request message as bytes."""
-
-    async def parse_then_handle(raw: bytes, context):
-        try:
-            request = request_type.FromString(raw)
-        except DecodeError:
-            await context.abort(grpc_wire.UNPARSEABLE_CODE, grpc_wire.UNPARSEABLE_MESSAGE)
-        return await handler(request, context)
-
-    return parse_then_handle
-
-
-def create_grpcio_server(frontend: GrpcFrontend, address: str, port: int,
-                         tls: TlsFiles | None = None,
-                         max_receive_message_size: int = MAX_MESSAGE_SIZE,
-                         limits: Http2Limits | None = None, reuse_port: bool = False,
-                         ) -> tuple[grpc.aio.Server, int]:
-    """A grpc.aio server bound to address:port; returns it with the bound port."""
-    options = server_options(max_receive_message_size, limits, reuse_port)
-    level = frontend.options.response_compression
-    if level != "none":
-        # grpc core chooses each call's algorithm from the client's grpc-accept-encoding
-        # as Triton's set_compression_level does, but for every RPC, not only inference
-        options.append(("grpc.default_compression_level", COMPRESSION_LEVELS.index(level)))
-    server = grpc.aio.server(options=options, compression=grpc.Compression.NoCompression)
-    _add_handlers(frontend, server)
-    if tls is None:
-        return server, server.add_insecure_port(f"{address}:{port}")
-    cert, key, root = tls.pem()
-    credentials = grpc.ssl_server_credentials([(key, cert)], root_certificates=root,
-                                              require_client_auth=tls.mutual)
-    return server, server.add_secure_port(f"{address}:{port}", credentials)

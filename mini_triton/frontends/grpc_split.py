@@ -101,6 +101,20 @@ def split_anywhere(data) -> tuple[pb.ModelInferRequest, list]:
     return message, raws
 
 
+def parse_in_pieces(message_class, data):
+    """A message of `message_class` parsed from `data` on a worker thread, protobuf
+    given at most PARSE_PIECE bytes at a time (_Pieces); unknown top-level fields are
+    skipped. DecodeError when it is not well formed."""
+    view = memoryview(data)
+    message = message_class()
+    known, pieces = message_class.DESCRIPTOR.fields_by_number, _Pieces(message)
+    for number, start, value_start, end in _fields(view):
+        if number in known:
+            pieces.add(view, number, start, value_start, end)
+    pieces.flush()
+    return message
+
+
 class _Pieces:
     """The fields of one message, merged into it in runs of at most PARSE_PIECE bytes.
     A field larger than that is merged alone, and taken apart first when it is a
@@ -204,8 +218,7 @@ def _fields(view: memoryview):
                 raise IndexError("truncated")
             yield number, start, value_start, position
     except IndexError as error:
-        raise DecodeError(f"Error parsing message with type 'inference.ModelInferRequest': "
-                          f"{error}") from None
+        raise DecodeError(f"Error parsing message: {error}") from None
 
 
 def _varint(view: memoryview, position: int) -> tuple[int, int]:
