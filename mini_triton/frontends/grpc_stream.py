@@ -304,6 +304,9 @@ async def forward(service, message, request, stream, outbox: StreamOutbox,
     non-decoupled request's one response through its `slot` in `order`. `stamps`: the
     front end's timestamps of a traced request (front_end_trace.FrontEndStamps)."""
     empty_final_wanted = bool(request.parameters.get("triton_enable_empty_final_response"))
+    # A model that is not decoupled answers once: Triton's stream carries its first
+    # response only (a Python model's later error is not written).
+    answers_once = slot is not None
 
     def send(answer) -> None:
         nonlocal slot
@@ -317,6 +320,8 @@ async def forward(service, message, request, stream, outbox: StreamOutbox,
         send = _stamped_send(send, stamps)
     try:
         async for response in stream:
+            if answers_once and slot is None:
+                continue
             if response.error is not None:
                 error = response.error
                 if grpc_errors:  # the stream ends now, whatever waits before it

@@ -157,12 +157,13 @@ class InferenceResponse:
 class InferenceResponseSender:
     """Sends a request's responses (decoupled models send 0..N, then the final flag)."""
 
-    __slots__ = ("_handle", "_closed", "_sent")
+    __slots__ = ("_handle", "_closed", "_sent", "_held")
 
     def __init__(self, handle):
         self._handle = handle
         self._closed = False
         self._sent = 0
+        self._held = None  # a non-decoupled model's first response, until its final flag
 
     def send(self, response=None, flags=0):
         if self._closed:
@@ -176,18 +177,44 @@ class InferenceResponseSender:
         if response is not None and not isinstance(response, InferenceResponse):
             raise TritonModelException(
                 f"Expected an InferenceResponse, found type '{type(response).__name__}'")
-        if not getattr(self._handle, "decoupled", True):  # Triton's rules for the others
-            if response is not None and self._sent:
-                raise TritonModelException("Unable to send response. Non-decoupled model "
-                                           "cannot send more than one response.")
-            if response is None and not self._sent:
-                raise TritonModelException("Unable to send response. Non-decoupled model "
-                                           "cannot send complete final before sending a "
-                                           "response.")
+        if not getattr(self._handle, "decoupled", True):
+            self._answer_once(response, final)
+            return
         if final:
             self._closed = True
         self._sent += 1
         self._handle.send(response, final)
+
+    def _answer_once(self, response, final: bool) -> None:
+        """A non-decoupled model answers once, as on Triton 2.51: its first response waits
+        for the final flag, so that `send(response)` then `send(flags=FINAL)` is one
+        response with the outputs; a further response (an error too) makes the answer
+        'expected a single response, got N', after the first one (a stream shows only it)."""
+        if response is None and not self._sent:
+            raise TritonModelException("Unable to send response. Non-decoupled model "
+                                       "cannot send complete final before sending a "
+                                       "response.")
+        if response is not None:
+            self._sent += 1
+            if self._held is None:
+                self._held = response
+        if not final:
+            return
+        self._closed = True
+        held, self._held = self._held, None
+        if self._sent == 1:
+            self._handle.send(held, True)
+            return
+        self._handle.send(held, False)
+        self._handle.send(InferenceResponse(error=TritonError(
+            f"expected a single response, got {self._sent}")), True)
+
+    def _fail_after_response(self) -> None:
+        """`execute` raised after this non-decoupled request's first response: Triton
+        counts the failure as a second response (the first goes out, for a stream)."""
+        if self._held is not None and not self._closed:
+            self._sent += 1
+            self._answer_once(None, True)
 
     def is_cancelled(self):
         return self._handle.is_cancelled()

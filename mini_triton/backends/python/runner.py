@@ -121,6 +121,15 @@ def _file_mentions(path: Path, word: bytes) -> bool:
     return False
 
 
+def _fail_after_responses(requests: list) -> None:
+    """A failed `execute`'s requests that have had a response answer as Triton's do
+    (InferenceResponseSender._fail_after_response); the failure goes to the others."""
+    for request in requests:
+        sender = getattr(request, "_sender", None)
+        if sender is not None:
+            sender._fail_after_response()
+
+
 class ModelRunner:
     """One `TritonPythonModel` instance and the event loop its coroutines run on."""
 
@@ -183,6 +192,7 @@ class ModelRunner:
             message = self._failure(describe_exception(error))
             log.debug("execute of '%s' raised", self.instance_name, exc_info=error)
         log.error("%s", message)  # as Triton's stub logs it
+        _fail_after_responses(requests)
         raise ModelError(message)
 
     def _failure(self, message: str) -> str:
