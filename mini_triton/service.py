@@ -532,8 +532,9 @@ def _recorder(stats, trace=None, lookup: CacheLookup | None = None):
         elif response.error is None:
             stats.record_request(elapsed, True)
         else:
-            stats.record_request(elapsed, False,
-                                 _FAILURE_REASONS.get(response.error.code, "BACKEND"))
+            error = response.error
+            stats.record_request(elapsed, False, error.failure_reason
+                                 or _FAILURE_REASONS.get(error.code, "BACKEND"))
         if trace is not None:
             trace.finish(request, response)
 

@@ -249,7 +249,9 @@ BAD_IMAGES = {
     "truncated JPEG": encode(gradient(), "JPEG")[:600],
     "GIF": encode(gradient(), "GIF"),
 }
-NOT_AN_IMAGE = "preprocess: IMAGE element 0 is not a JPEG or PNG image"
+# Triton's ensembles put the step's words after "in ensemble 'NAME', ".
+IN_ENSEMBLE = "in ensemble 'image_classifier', "
+NOT_AN_IMAGE = IN_ENSEMBLE + "preprocess: IMAGE element 0 is not a JPEG or PNG image"
 BAD_IMAGE_MESSAGES = {"not an image": NOT_AN_IMAGE, "empty": NOT_AN_IMAGE, "GIF": NOT_AN_IMAGE}
 
 
@@ -262,7 +264,7 @@ def test_a_bad_image_fails_its_request_and_the_server_keeps_serving(proto, image
     if kind in BAD_IMAGE_MESSAGES:
         assert message == BAD_IMAGE_MESSAGES[kind]
     else:  # Pillow's own words follow
-        assert message.startswith("preprocess: IMAGE element 0 does not decode: ")
+        assert message.startswith(IN_ENSEMBLE + "preprocess: IMAGE element 0 does not decode: ")
     assert proto.client.is_model_ready("preprocess")
     assert classify(proto.client, proto.module, [images["JPEG"]])["SCORES"].shape == (1, 5)
 
@@ -293,7 +295,8 @@ def test_a_bad_image_in_a_batched_request_fails_that_request_naming_the_element(
                                                                                images):
     with pytest.raises(InferenceServerException) as failure:
         classify(proto.client, proto.module, [images["PNG"], BAD_IMAGES["not an image"]])
-    assert failure.value.message() == "preprocess: IMAGE element 1 is not a JPEG or PNG image"
+    assert failure.value.message() == \
+        IN_ENSEMBLE + "preprocess: IMAGE element 1 is not a JPEG or PNG image"
 
 
 # --- what guards the fast path: the classifier's config, checked by the server ---

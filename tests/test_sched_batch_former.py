@@ -217,7 +217,7 @@ def test_max_queue_size_refuses_with_triton_message():
     with pytest.raises(TritonError) as error:
         batcher.add(request("c"), 0)
     assert error.value.code is Code.UNAVAILABLE
-    assert error.value.message == "Exceeds maximum queue size"
+    assert error.value.message == "[request id: c] Exceeds maximum queue size"
 
 
 def test_priority_queue_policy_applies_per_level():

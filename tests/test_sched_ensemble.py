@@ -330,7 +330,8 @@ def test_a_failing_step_fails_the_ensemble_request_once():
         (c,) = await server.started("c")
         server.complete(b, internal("step b broke"))
         response = await request.stream.final()
-        assert response.error.message == "step b broke"
+        assert response.error.message == "in ensemble 'ens', step b broke"  # Triton's words
+        assert response.error.failure_reason == "OTHER"  # as Triton counts it
         server.complete(c)
         await settle(lambda: scheduler.inflight() == 0)
         assert request.stream._items == collections.deque()  # nothing after the final

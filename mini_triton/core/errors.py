@@ -25,6 +25,10 @@ class Code(enum.Enum):
 class TritonError(Exception):
     """An error that reaches the client as Triton would report it."""
 
+    # The failure reason statistics give it (Triton's REJECTED, CANCELED, BACKEND,
+    # OTHER) where its code does not decide it, as for a failed ensemble: OTHER.
+    failure_reason: str | None = None
+
     def __init__(self, code: Code, message: str):
         super().__init__(message)
         self.code = code

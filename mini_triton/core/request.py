@@ -345,6 +345,11 @@ class InferenceRequest:
         return InferenceResponse(self.model_name, self.model_version, self.id, error=error)
 
 
+def request_log(request: InferenceRequest) -> str:
+    """How Triton names a request at the head of its errors (InferenceRequest::LogRequest)."""
+    return f"[request id: {request.id or '<id_unknown>'}] "
+
+
 # The fields InferenceRequest's constructor takes by name only.
 _BY_NAME_ONLY = frozenset(field.name for field in fields(InferenceRequest)) - {
     "model_name", "model_version", "id", "inputs", "outputs", "parameters"}

@@ -18,7 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from . import datatypes
 from .errors import TritonError, invalid_arg
 from .memo import BoundedMemo
-from .request import InferenceRequest
+from .request import InferenceRequest, request_log
 from .tensor import Tensor
 
 SEQUENCE_START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
@@ -164,7 +164,7 @@ def _check(request: InferenceRequest, model: ModelSignature) -> int:
 
 def _naming_request(error: TritonError, request: InferenceRequest) -> TritonError:
     """Triton's request checks name the request (InferenceRequest::LogRequest)."""
-    error.message = f"[request id: {request.id or '<id_unknown>'}] {error.message}"
+    error.message = request_log(request) + error.message
     error.args = (error.message,)
     return error
 

@@ -233,7 +233,7 @@ class _EnsembleRun:
         try:
             stream = self.scheduler.service.infer(step_request)
         except TritonError as error:
-            self._fail(error)
+            self._fail_in_step(error)
             return
         self.step_requests[id(step_request)] = step_request
         try:
@@ -244,7 +244,7 @@ class _EnsembleRun:
                 if self.done:
                     continue
                 if response.error is not None:
-                    self._fail(response.error)
+                    self._fail_in_step(response.error)
                     continue
                 if response.empty:
                     continue
@@ -325,6 +325,14 @@ class _EnsembleRun:
         return {"sequence_id": self.request.correlation_id or 0,
                 "sequence_start": bool(flags & SEQUENCE_START),
                 "sequence_end": bool(flags & SEQUENCE_END)}
+
+    def _fail_in_step(self, error: TritonError) -> None:
+        """A step failed: the ensemble fails as Triton's does, the step's words after
+        "in ensemble 'NAME', ", counted with the failure reason OTHER."""
+        failed = TritonError(error.code, f"in ensemble '{self.request.model_name}', "
+                                         f"{error.message}")
+        failed.failure_reason = "OTHER"
+        self._fail(failed)
 
     def _fail(self, error: TritonError) -> None:
         if not self.done:

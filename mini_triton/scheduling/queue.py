@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.errors import unavailable
+from ..core.request import request_log
 
 _REJECT = mc.ModelQueuePolicy.TimeoutAction.Value("REJECT")
 
@@ -65,7 +66,7 @@ class LevelQueue:
 
     def add(self, request, now_ns: int) -> Entry:
         if self.policy.max_queue_size and len(self) >= self.policy.max_queue_size:
-            raise unavailable("Exceeds maximum queue size")
+            raise unavailable(f"{request_log(request)}Exceeds maximum queue size")
         timeout = self.policy.timeout_us(request.timeout_us) \
             if self.policy.default_timeout_us else 0  # no default: no queue timeout
         entry = Entry(request, now_ns, now_ns + timeout * 1000 if timeout else 0)
@@ -162,7 +163,7 @@ class PriorityQueues:
         return queue
 
     def add(self, request, now_ns: int) -> Entry:
-        """Queue a request; raises UNAVAILABLE "Exceeds maximum queue size"."""
+        """Queue a request; raises UNAVAILABLE "[request id: ID] Exceeds maximum queue size"."""
         plain = self.plain
         if plain is not None:  # what LevelQueue.add does when the policy is empty
             entry = Entry(request, now_ns)
