@@ -102,6 +102,11 @@ class Backend:
         """Whether the loaded version can serve now (a model's own readiness check)."""
         return True
 
+    def files_changed(self) -> bool:
+        """Whether a file the version was loaded from, outside its model folder, changed
+        since (a load then reloads it, rather than updating its instances in place)."""
+        return False
+
     def update_instance_group(self, config: mc.ModelConfig) -> None:
         """The version goes on serving under `config`'s instance groups, the only part of
         its config that changed: the repository then creates the instances it lacks

@@ -128,12 +128,14 @@ def _abandon(loaded: LoadedVersion, created: list[Placement], gates) -> None:
 
 def _serving(record: ModelRecord | None, folder: Path) -> bool:
     """Whether `record` serves every version it loaded from `folder`, none of them an
-    ensemble's and each with a scheduler whose instances can change."""
+    ensemble's, each with a scheduler whose instances can change and none loaded from a
+    file outside the folder that changed since (an execution environment archive)."""
     return bool(record is not None and record.state == State.READY and record.versions
                 and not record.unloaded and record.model_dir == folder
                 and record.config is not None and record.config.platform != "ensemble"
                 and set(record.versions) == set(record.statuses)
                 and all(hasattr(loaded.scheduler, "add_instances")
+                        and not loaded.backend.files_changed()
                         for loaded in record.versions.values()))
 
 

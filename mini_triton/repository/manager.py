@@ -25,7 +25,7 @@ from .instance_update import update_in_place
 from .loading import load_record
 from .overrides import remove_private_model, remove_private_root, write_private_model
 from .records import (LoadedVersion, ModelRecord, ServerOptions, State,  # noqa: F401
-                      VersionStatus)
+                      VersionStatus, index_entries, index_entry)
 from .registered import RegisteredRepositories
 from .storage import ALL, StorageError, is_url, open_repository
 
@@ -51,6 +51,7 @@ class ModelRepositoryManager:
         self.records: dict[str, ModelRecord] = {}
         self.registered = RegisteredRepositories()  # added at run time (SageMaker MME)
         self.lock = threading.RLock()  # serialises loads, reloads and unloads
+        self.replaced: list[threading.Thread] = []  # reloaded versions still unloading
 
     # --- discovery ---
 
@@ -371,10 +372,10 @@ class ModelRepositoryManager:
                           key=lambda k: (name_of(k), k)):
             record = records.get(key)
             if key in listing.duplicates:
-                entries.append(_index_entry(name_of(key), None, State.UNAVAILABLE,
+                entries.append(index_entry(name_of(key), None, State.UNAVAILABLE,
                                             DUPLICATE_REASON))
             elif record is not None:
-                entries.extend(_index_entries(record))
+                entries.extend(index_entries(record))
             elif not ready_only:
                 entries.append({"name": name_of(key)})
         if ready_only:
@@ -384,6 +385,9 @@ class ModelRepositoryManager:
     def stop_all(self, timeout: float) -> None:
         with self.lock:
             records = list(self.records.values())
+            replaced = list(self.replaced)
+        for thread in replaced:
+            thread.join(timeout)
         for record in records:
             _stop_versions(record, timeout)
             remove_private_model(record)
@@ -429,13 +433,25 @@ class ModelRepositoryManager:
                 return record
             self.records[key] = record
             if previous is not None:
-                _stop_versions(previous, self.options.exit_timeout_secs)
-                if previous.private_dir != record.private_dir:
-                    remove_private_model(previous)
+                self._unload_replaced(previous, record)
             self._report(record)
             if record.state == State.READY:
                 self._reload_dependents(key)
             return record
+
+    def _unload_replaced(self, previous: ModelRecord, record: ModelRecord) -> None:
+        """A reload returns once the new versions serve, as Triton's does: the replaced
+        ones finish their requests and unload meanwhile (joined at exit)."""
+        def unload() -> None:
+            _stop_versions(previous, self.options.exit_timeout_secs)
+            if previous.private_dir != record.private_dir:
+                remove_private_model(previous)
+
+        if not previous.versions:
+            return unload()  # nothing serves: only its private folder to remove
+        thread = threading.Thread(target=unload, name=f"unload-{previous.name}", daemon=True)
+        self.replaced = [t for t in self.replaced if t.is_alive()] + [thread]
+        thread.start()
 
     def _load_with_retries(self, key: str, folder: Path,
                            override: mc.ModelConfig | None) -> ModelRecord:
@@ -510,28 +526,6 @@ def _loading_statuses(previous: ModelRecord | None) -> dict[int, VersionStatus]:
     if previous is None:
         return {}
     return {v: VersionStatus(v, State.LOADING) for v in previous.statuses}
-
-
-def _index_entries(record: ModelRecord) -> list[dict]:
-    if not record.statuses:
-        return [_index_entry(record.name, None, record.state, record.reason)]
-    entries = []
-    for version in sorted(record.statuses):
-        status = record.statuses[version]
-        reason = status.reason
-        if status.state == State.READY and record.reason:
-            reason = record.reason  # a failed reload, while this version keeps serving
-        entries.append(_index_entry(record.name, version, status.state, reason))
-    return entries
-
-
-def _index_entry(name: str, version: int | None, state: State, reason: str) -> dict:
-    """One repository index entry as Triton writes it: `reason` only when there is one."""
-    entry = {"name": name} if version is None else {"name": name, "version": str(version)}
-    entry["state"] = state.value
-    if reason:
-        entry["reason"] = reason
-    return entry
 
 
 def _dependencies_first(folders: dict[str, Path], steps_of) -> list[str]:

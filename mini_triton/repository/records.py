@@ -92,6 +92,29 @@ class ModelRecord:
         return {step.model_name for step in self.config.ensemble_scheduling.step}
 
 
+def index_entries(record: ModelRecord) -> list[dict]:
+    """The repository index entries of one model: one per version it has a status for."""
+    if not record.statuses:
+        return [index_entry(record.name, None, record.state, record.reason)]
+    entries = []
+    for version in sorted(record.statuses):
+        status = record.statuses[version]
+        reason = status.reason
+        if status.state == State.READY and record.reason:
+            reason = record.reason  # a failed reload, while this version keeps serving
+        entries.append(index_entry(record.name, version, status.state, reason))
+    return entries
+
+
+def index_entry(name: str, version: int | None, state: State, reason: str) -> dict:
+    """One repository index entry as Triton writes it: `reason` only when there is one."""
+    entry = {"name": name} if version is None else {"name": name, "version": str(version)}
+    entry["state"] = state.value
+    if reason:
+        entry["reason"] = reason
+    return entry
+
+
 @dataclass
 class ServerOptions:
     """Server-wide settings that shape how models load."""

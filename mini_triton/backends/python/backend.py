@@ -111,6 +111,16 @@ def _environment(config: mc.ModelConfig, context: ModelContext):
     return exec_env.from_config(config, context.model_dir, limits, context.uploaded)
 
 
+def _archive_stamp(config: mc.ModelConfig, model_dir: Path) -> tuple | None:
+    """EXECUTION_ENV_PATH as it is now: (path, mtime, size), None when unset or absent."""
+    source = exec_env.configured_path(config, model_dir)
+    try:
+        info = os.stat(source) if source is not None else None
+    except OSError:
+        return None
+    return None if info is None else (source, info.st_mtime_ns, info.st_size)
+
+
 class PythonBackend(Backend):
     @classmethod
     def auto_complete(cls, config: mc.ModelConfig, context: ModelContext) -> None:
@@ -163,6 +173,7 @@ class PythonBackend(Backend):
             raise unavailable(f"Python model file {error}") from None
         self.environment = (_environment(self.config, context)
                             if self.settings.mode == "process" else None)
+        self.environment_stamp = _archive_stamp(self.config, context.model_dir)
         self.restart_policy = RestartPolicy.from_settings(settings_for(context.options,
                                                                        "python"))
         self.bridge = ServerBridge(context, self)
@@ -199,6 +210,11 @@ class PythonBackend(Backend):
                 return f"{group.name or self.config.name}_{index}"
             index -= group.count
         return f"{self.config.name}_{index}"
+
+    def files_changed(self) -> bool:
+        """Its execution environment (an archive may lie anywhere) changed: a load
+        reloads the model, which unpacks it anew."""
+        return _archive_stamp(self.config, self.context.model_dir) != self.environment_stamp
 
     def update_instance_group(self, config: mc.ModelConfig) -> None:
         """New instances are told the new groups, as their `args['model_config']`."""
