@@ -121,7 +121,7 @@ def test_a_value_out_of_range_in_a_late_slice_is_triton_s_error():
 
 def test_a_long_json_reply_is_written_in_steps_as_one_call_wrote_it():
     """An output of more than CONVERT_SLICE elements to write as JSON is refused on the
-    loop (LongJsonOutputs); written in steps, the reply is byte for byte the same."""
+    loop (LongOutputs); written in steps, the reply is byte for byte the same."""
     count = 2 * http_codec.CONVERT_SLICE + 3
     long = Tensor("OUT", "FP32", (1, count), data=np.linspace(-1, 1, count, dtype=np.float32))
     words = Tensor("W", "BYTES", (count,),
@@ -130,7 +130,7 @@ def test_a_long_json_reply_is_written_in_steps_as_one_call_wrote_it():
     binary = Tensor("B", "UINT8", (3,), data=np.array([7, 8, 9], np.uint8))
     response = InferenceResponse("m", "1", outputs=[long, small, words, binary], id="x")
     request = InferenceRequest("m", "1", outputs=[RequestedOutput("B", {"binary_data": True})])
-    with pytest.raises(http_codec.LongJsonOutputs):
+    with pytest.raises(http_codec.LongOutputs):
         http_codec.encode_infer_response(response, request, False)
     pieces, json_length = http_codec.encode_infer_response(response, request, False, True)
     document = {"model_name": "m", "model_version": "1", "id": "x", "outputs": [
@@ -150,9 +150,25 @@ def test_a_long_generate_reply_is_written_in_steps_as_one_call_wrote_it():
         Tensor("Z", "FP32", (count,), data=np.linspace(0, 1, count, dtype=np.float32)),
         Tensor("A", "INT64", (count,), data=np.arange(count, dtype=np.int64)),
         Tensor("M", "BOOL", (1,), data=np.array([True]))])
-    with pytest.raises(http_codec.LongJsonOutputs):
+    with pytest.raises(http_codec.LongOutputs):
         generate.encode_response(response)
     expected = orjson.dumps({"model_name": "m", "model_version": "1", "M": True,
                              "Z": http_codec.array_to_json(response.outputs[0]),
                              "A": list(range(count))}, option=orjson.OPT_SORT_KEYS)
     assert b"".join(generate.encode_response_in_steps(response)) == expected
+
+
+def test_a_long_bytes_output_is_serialized_off_the_loop():
+    """Serializing BYTES is a Python loop over the elements: a long one is refused on
+    the loop (LongOutputs), alone or beside another output, and written when stepped."""
+    count = http_codec.CONVERT_SLICE + 1
+    words = Tensor("W", "BYTES", (count,), data=np.array([b"ab"] * count, dtype=np.object_))
+    small = Tensor("S", "INT32", (2,), data=np.array([1, 2], np.int32))
+    request = InferenceRequest("m", "1")
+    for outputs in ([words], [words, small]):
+        response = InferenceResponse("m", "1", outputs=outputs)
+        with pytest.raises(http_codec.LongOutputs):
+            http_codec.encode_infer_response(response, request, True)
+        pieces, json_length = http_codec.encode_infer_response(response, request, True, True)
+        assert bytes(pieces[1]) == b"\x02\x00\x00\x00ab" * count
+        assert json_length == len(pieces[0])

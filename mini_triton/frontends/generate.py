@@ -208,7 +208,7 @@ def response_document(response: InferenceResponse, long_data: list | None = None
                       whole: bool = False) -> dict:
     """A successful response as the generate response object (keys sorted on output).
     An output too long to write as JSON on the event loop raises
-    http_codec.LongJsonOutputs, unless `long_data` is given (then a marker stands for
+    http_codec.LongOutputs, unless `long_data` is given (then a marker stands for
     its data, and it is added to `long_data`) or `whole` (written all the same)."""
     document = {"model_name": response.model_name, "model_version": response.model_version}
     if response.id:
@@ -220,7 +220,7 @@ def response_document(response: InferenceResponse, long_data: list | None = None
             continue  # as setdefault would: the first value of a name stays
         if not whole and http_codec.is_long(tensor):
             if long_data is None:
-                raise http_codec.LongJsonOutputs
+                raise http_codec.LongOutputs
             document[tensor.name] = http_codec.LONG_DATA
             long_data.append(tensor)
             continue
@@ -230,7 +230,7 @@ def response_document(response: InferenceResponse, long_data: list | None = None
 
 
 def encode_response(response: InferenceResponse) -> bytes:
-    """The generate response object; http_codec.LongJsonOutputs for one with an output
+    """The generate response object; http_codec.LongOutputs for one with an output
     too long to write here (see encode_response_in_steps)."""
     return http_codec.dumps_sorted(response_document(response))
 

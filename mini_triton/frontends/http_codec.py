@@ -401,10 +401,10 @@ def _decode_output(item) -> RequestedOutput:
 # --- responses ---
 
 
-class LongJsonOutputs(Exception):
-    """The response has an output of more than CONVERT_SLICE elements to write as JSON:
-    too long for the event loop. The caller encodes it with `stepped=True` on
-    http_offload's thread."""
+class LongOutputs(Exception):
+    """The response has an output of more than CONVERT_SLICE elements to write as JSON,
+    or BYTES ones to serialize (a Python loop over its elements): too long for the
+    event loop. The caller encodes it with `stepped=True` on http_offload's thread."""
 
 
 def encode_infer_response(response: InferenceResponse, request: InferenceRequest,
@@ -412,7 +412,7 @@ def encode_infer_response(response: InferenceResponse, request: InferenceRequest
                           ) -> tuple[list, int | None]:
     """The response body as a list of byte chunks, and the JSON header length
     when binary outputs follow (None for a pure JSON body). Long JSON outputs raise
-    LongJsonOutputs, unless `stepped`: then they are written a slice at a time.
+    LongOutputs, unless `stepped`: then they are written a slice at a time.
 
     Triton's rule: an output the request lists is binary only if its own
     `binary_data` says so; `binary_default` (the request's `binary_data_output`)
@@ -429,6 +429,8 @@ def encode_infer_response(response: InferenceResponse, request: InferenceRequest
                 if requested.name == name:
                     binary = requested.parameters.get("binary_data", False)
             if binary:
+                if tensor.datatype == "BYTES" and not stepped and is_long(tensor):
+                    raise LongOutputs
                 raw = tensor.raw_bytes()
                 key = (response.model_name, response.model_version, response.id, name,
                        tensor.datatype, tensor.shape, len(raw))
@@ -437,8 +439,8 @@ def encode_infer_response(response: InferenceResponse, request: InferenceRequest
                 except TypeError:  # a shape that is not a tuple: written every time
                     key, header = None, None
                 if header is None:
-                    header = _HEADERS.remember(key, _encode_document(response, request,
-                                                                     binary_default)[0])
+                    header = _HEADERS.remember(key, _encode_document(
+                        response, request, binary_default, stepped)[0])
                 return [header, raw], len(header)
     if stepped:
         return _encode_in_steps(response, request, binary_default)
@@ -465,9 +467,10 @@ _HEADERS = ResponseHeaders()
 
 
 def _encode_document(response: InferenceResponse, request: InferenceRequest,
-                     binary_default: bool) -> list:
-    """The JSON header, then each binary output's bytes."""
-    document, chunks = _document(response, request, binary_default, None)
+                     binary_default: bool, stepped: bool = False) -> list:
+    """The JSON header, then each binary output's bytes (a reply with no output to
+    write as JSON; `stepped`: on http_offload's thread, where long ones may be)."""
+    document, chunks = _document(response, request, binary_default, [] if stepped else None)
     return [dumps(document), *chunks]
 
 
@@ -488,7 +491,7 @@ def _encode_in_steps(response: InferenceResponse, request: InferenceRequest,
 def _document(response: InferenceResponse, request: InferenceRequest, binary_default: bool,
               long_data: list | None) -> tuple[dict, list]:
     """The response's JSON document and its binary outputs' bytes. An output of more
-    than CONVERT_SLICE elements to write as JSON raises LongJsonOutputs, unless
+    than CONVERT_SLICE elements to write as JSON raises LongOutputs, unless
     `long_data` is given: then a marker stands for its data, and (its entry, it) is
     added to `long_data`."""
     wants_binary = {o.name: o.parameters.get("binary_data", False) for o in request.outputs}
@@ -499,6 +502,8 @@ def _document(response: InferenceResponse, request: InferenceRequest, binary_def
         if tensor.region is not None:
             pass  # the data went into the client's shared memory region
         elif wants_binary.get(tensor.name, binary_default):
+            if long_data is None and tensor.datatype == "BYTES" and is_long(tensor):
+                raise LongOutputs  # serialized element by element: not on the loop
             raw = tensor.raw_bytes()
             parameters["binary_data_size"] = len(raw)
             chunks.append(raw)
@@ -508,7 +513,7 @@ def _document(response: InferenceResponse, request: InferenceRequest, binary_def
             entry["data"] = LONG_DATA  # written by json_in_steps
             long_data.append((entry, tensor))
         else:
-            raise LongJsonOutputs
+            raise LongOutputs
         if parameters:
             entry["parameters"] = parameters
         outputs.append(entry)

@@ -209,7 +209,7 @@ def _encoded(response) -> bytes | None:
         return generate.encode_error(response.error.message)
     try:
         return generate.encode_response(response)
-    except http_codec.LongJsonOutputs:
+    except http_codec.LongOutputs:
         return None
     except TritonError as error:
         return generate.encode_error(error.message)

@@ -4,7 +4,8 @@ Decoding a JSON body costs time in proportion to its size (orjson takes seconds 
 tens of MiB, and converting a long "data" list to a tensor more), and the event loop
 serves every client: a body of at least `--http-json-offload-size` bytes is decoded on
 one worker thread instead, while the loop serves the others; so is a reply with an
-output of more than 65,536 elements to write as JSON (http_codec.LongJsonOutputs).
+output of more than 65,536 elements to write as JSON or to serialize as BYTES
+(http_codec.LongOutputs).
 A thread alone would not do: a C call holds the GIL throughout, so what runs there is
 written to work in steps (`core.json_steps` parses such documents; `http_codec`
 converts and writes long data lists a slice at a time), between which the loop takes

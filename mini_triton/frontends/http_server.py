@@ -455,7 +455,7 @@ async def _send_written_off_loop(send: Callable[[HttpReply], None], response, re
 def _infer_reply(response, request, binary_output: bool, replies: InferReplies,
                  stepped: bool = False) -> HttpReply | None:
     """The HTTP reply of an inference's final response; None when it has long outputs
-    to write as JSON and is not `stepped` (see http_codec.LongJsonOutputs)."""
+    to write as JSON and is not `stepped` (see http_codec.LongOutputs)."""
     if response.error is not None:
         return replies.error(response.error)
     try:
@@ -463,7 +463,7 @@ def _infer_reply(response, request, binary_output: bool, replies: InferReplies,
                                                                binary_output, stepped)
     except TritonError as error:
         return replies.error(error)
-    except http_codec.LongJsonOutputs:
+    except http_codec.LongOutputs:
         return None
     except Exception as error:  # a bug here must not reach the model's scheduler
         log.exception("cannot encode the response of model '%s'", request.model_name)
