@@ -209,9 +209,17 @@ def test_cuda_shared_memory_endpoints_without_a_device(proto):
     proto.client.unregister_cuda_shared_memory()
     with pytest.raises(InferenceServerException) as caught:
         proto.client.register_cuda_shared_memory("gpu", base64.b64encode(b"\0" * 64), 0, 64)
-    assert "CUDA shared memory is not available" in caught.value.message()
+    # Triton 2.51's words and status without a GPU, then why.
+    assert caught.value.message().startswith(
+        "failed to register shared memory region: invalid args (CUDA shared memory is not "
+        "available: ")
+    assert proto.status_of(caught.value) == {"http": "400",
+                                             "grpc": "StatusCode.INVALID_ARGUMENT"}[proto.name]
     with pytest.raises(InferenceServerException) as caught:
         proto.client.register_cuda_shared_memory("gpu", base64.b64encode(b"short"), 0, 64)
+    assert caught.value.message().startswith({
+        "http": "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t",
+        "grpc": "failed to register shared memory region: invalid args"}[proto.name])
     assert "a CUDA IPC handle has 64 bytes" in caught.value.message()
 
 

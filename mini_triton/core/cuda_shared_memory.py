@@ -15,27 +15,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import invalid_arg, unsupported
+from .errors import invalid_arg
 from .shared_memory import RegionRegistry, check_bounds
 
 IPC_HANDLE_SIZE = 64  # CUDA_IPC_HANDLE_SIZE
-UNAVAILABLE = "CUDA shared memory is not available: {reason} (use system shared memory instead)"
+# Triton 2.51's words when a region cannot be registered (no GPU, a bad handle), then why.
+CANNOT_REGISTER = "failed to register shared memory region: invalid args"
+UNAVAILABLE = CANNOT_REGISTER + " (CUDA shared memory is not available: {reason}; use system " \
+    "shared memory instead)"
+# Triton's HTTP words for a handle that is not 64 bytes of base64.
+NOT_A_HANDLE = "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"
 
 
 def _runtime():
-    """cuda-python's runtime module, or UNSUPPORTED naming what is missing."""
+    """cuda-python's runtime module, or INVALID_ARG naming what is missing."""
     try:
         from cuda.bindings import runtime as cudart
     except ImportError:
         try:
             from cuda import cudart
         except ImportError:
-            raise unsupported(UNAVAILABLE.format(
+            raise invalid_arg(UNAVAILABLE.format(
                 reason="the CUDA runtime bindings are not installed (pip install cuda-python)")
             ) from None
     error, count = cudart.cudaGetDeviceCount()
     if int(error) != 0 or count == 0:
-        raise unsupported(UNAVAILABLE.format(reason="this server has no CUDA device"))
+        raise invalid_arg(UNAVAILABLE.format(reason="this server has no CUDA device"))
     return cudart
 
 
@@ -48,7 +53,8 @@ def _call(result, what: str):
 
 
 def decode_handle(raw: bytes | str) -> bytes:
-    """The 64-byte cudaIpcMemHandle_t, sent raw or base64-encoded."""
+    """The 64-byte cudaIpcMemHandle_t, sent raw (gRPC's bytes) or base64-encoded (HTTP's
+    text); refused in the words Triton uses on each."""
     data = raw.encode() if isinstance(raw, str) else bytes(raw)
     if len(data) == IPC_HANDLE_SIZE:
         return data
@@ -57,7 +63,8 @@ def decode_handle(raw: bytes | str) -> bytes:
     except (binascii.Error, ValueError):
         decoded = b""
     if len(decoded) != IPC_HANDLE_SIZE:
-        raise invalid_arg(f"a CUDA IPC handle has {IPC_HANDLE_SIZE} bytes (raw or base64)")
+        words = NOT_A_HANDLE if isinstance(raw, str) else CANNOT_REGISTER
+        raise invalid_arg(f"{words} (a CUDA IPC handle has {IPC_HANDLE_SIZE} bytes)")
     return decoded
 
 
