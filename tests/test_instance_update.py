@@ -20,8 +20,11 @@ import onnx
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper
+from tritonclient.grpc import model_config_pb2 as mc
 
 from conftest import connect, server_settings, wait_for
+from mini_triton.repository.instance_plan import match, requires_reload, wanted_instances
+from mini_triton.repository.records import Placement
 from mini_triton.server import ServerThread
 from python_models import COUNTING_MODEL, counted_config_json as config_json
 from python_models import counted_config_pbtxt as config_pbtxt
@@ -259,3 +262,54 @@ def test_onnx_model_keeps_its_instances(tmp_path):
         shrunk = serving_instances(server)
         assert len(shrunk) == 2 and all(instance in grown for instance in shrunk)
         assert success_count(http) == 1
+
+
+# --- the plan: which instances are kept, created and retired (pure) ---
+
+
+def groups_config(*groups: dict) -> mc.ModelConfig:
+    config = mc.ModelConfig(name="m", backend="identity")
+    for group in groups:
+        config.instance_group.add(**group)
+    return config
+
+
+def test_a_group_renamed_or_recounted_keeps_its_instances():
+    old = wanted_instances(groups_config({"name": "a", "count": 2, "kind": 1}))
+    placements = [Placement(want.signature, want.device, f"i{want.index}") for want in old]
+    kept, create, retired = match(placements, wanted_instances(
+        groups_config({"name": "b", "count": 3, "kind": 1})))
+    assert sorted(p.instance for p in kept.values()) == ["i0", "i1"]
+    assert [(want.index, want.index_in_group) for want in create] == [(2, 2)]
+    assert retired == []
+
+
+@pytest.mark.parametrize("new_group, kept_names, created", [
+    ({"count": 1, "kind": 1}, ["i2"], 0),  # the last made is kept, as Triton pops the back
+    ({"count": 3, "kind": 2}, [], 3),  # another kind: none kept
+    ({"count": 3, "kind": 1, "rate_limiter": {"priority": 2}}, [], 3),  # a group field
+    ({"count": 3, "kind": 1, "gpus": [1]}, [], 3),  # another device
+])
+def test_instances_kept_only_for_an_equal_group_and_device(new_group, kept_names, created):
+    old = wanted_instances(groups_config({"count": 3, "kind": 1}))
+    placements = [Placement(want.signature, want.device, f"i{want.index}") for want in old]
+    kept, create, retired = match(placements, wanted_instances(groups_config(new_group)))
+    assert sorted(p.instance for p in kept.values()) == kept_names
+    assert len(create) == created
+    assert len(retired) == 3 - len(kept_names)
+
+
+@pytest.mark.parametrize("change, reloads", [
+    (lambda c: c.instance_group[0].MergeFrom(mc.ModelInstanceGroup(count=4)), False),
+    (lambda c: c.version_policy.latest.MergeFrom(mc.ModelVersionPolicy.Latest(
+        num_versions=2)), False),
+    (lambda c: c.parameters["x"].MergeFrom(mc.ModelParameter(string_value="y")), True),
+    (lambda c: setattr(c, "max_batch_size", 4), True),
+    (lambda c: c.dynamic_batching.MergeFrom(mc.ModelDynamicBatching()), True),
+])
+def test_only_instance_groups_and_version_policy_spare_a_reload(change, reloads):
+    old = groups_config({"count": 1, "kind": 1})
+    new = mc.ModelConfig()
+    new.CopyFrom(old)
+    change(new)
+    assert requires_reload(old, new) is reloads
