@@ -21,6 +21,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.utils import InferenceServerException
 
 from conftest import connect, server_settings, wait_for
 from mini_triton.repository.instance_plan import match, requires_reload, wanted_instances
@@ -179,6 +180,26 @@ def test_other_field_change_reloads_every_instance(repository, mode):
         assert success_count(http) == 0  # a new model: its statistics start over
         # The replaced instances unload after the load returns, as on Triton.
         assert wait_for(lambda: events.count("finalize") == 3, 20)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_failed_update_keeps_the_instances_serving(repository, mode):
+    """A new instance whose initialize raises fails the load; the others never stop."""
+    events = Events(repository.parent / "events.log")
+    (repository / "counted" / "1" / "model.py").write_text(COUNTING_MODEL.replace(
+        '        _log(args, "initialize")\n',
+        '        _log(args, "initialize")\n'
+        '        if args["model_instance_name"].endswith("_2"):\n'
+        '            raise RuntimeError("no third instance")\n'))
+    with serve(repository, mode, 2) as server:
+        http = connect("http", server)
+        with pytest.raises(InferenceServerException, match="no third instance"):
+            load(http, config_json(3, mode))
+        assert events.names("initialize")[2:] == ["counted_0_2"]  # none started again
+        assert events.count("finalize") == 0
+        assert infer(http, 0.0)[0] == 0.0
+        groups = http.client.get_model_config("counted")["instance_group"]
+        assert [group["count"] for group in groups] == [2]
 
 
 def test_rate_limited_instances_join_and_leave_the_limiter(repository):

@@ -50,12 +50,15 @@ def update_in_place(record: ModelRecord | None, folder: Path, options: ServerOpt
         return None
     try:
         for version in sorted(record.versions):
+            log.info("loading: %s:%d", record.name, version)  # Triton's line for an update too
             if not update_version(record.versions[version], config, options):
                 return None
-    except TritonError as error:
+    except Exception as error:  # a new instance failed to start: the others serve on
+        message = error.message if isinstance(error, TritonError) else \
+            f"{type(error).__name__}: {error}"
         failed = ModelRecord(record.name, folder, fingerprint=fingerprint,
                              namespace=record.namespace)
-        failed.reason = f"failed to load '{record.name}': {error.message}"
+        failed.reason = f"failed to load '{record.name}': {message}"
         return failed
     _commit(record, config, fingerprint)
     return record
@@ -64,8 +67,8 @@ def update_in_place(record: ModelRecord | None, folder: Path, options: ServerOpt
 def update_version(loaded: LoadedVersion, config: mc.ModelConfig,
                    options: ServerOptions) -> bool:
     """Give `loaded` the instances `config`'s groups ask for, keeping those it has;
-    False (and nothing changed) where its scheduler cannot take the new ones.
-    TritonError when a new instance fails to start (nothing changed either)."""
+    False (and nothing changed) where its scheduler cannot take the new ones. Raises
+    what a new instance raised when it fails to start (nothing changed either)."""
     wanted = wanted_instances(config)
     kept, create, retired = match(loaded.placements, wanted)
     backend = loaded.backend
