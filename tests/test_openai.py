@@ -189,6 +189,14 @@ def test_several_prompts_give_choices_in_order(client):
     assert reply.choices[0].text == "reads the"
 
 
+def test_empty_prompts_are_taken_as_openai_takes_them(client):
+    # genai-perf's synthetic prompts include empty strings.
+    reply = client.completions.create(model="text_stream", prompt=["", "hello"],
+                                      max_tokens=2, extra_body=QUICK)
+    assert [c.index for c in reply.choices] == [0, 1]
+    assert reply.usage.completion_tokens == 4
+
+
 # --- refusals ---
 
 

@@ -218,9 +218,7 @@ def _prompts(prompt) -> list[str]:
     else:
         raise OpenAIError(400, "'prompt' must be a string or a list of strings (token "
                                "arrays are not supported)")
-    if not all(prompts):
-        raise OpenAIError(400, "prompt must be non-empty")
-    return prompts
+    return prompts  # an empty prompt is taken, as OpenAI's API takes it (genai-perf sends some)
 
 
 def check_messages(messages) -> None:
