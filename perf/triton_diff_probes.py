@@ -306,6 +306,10 @@ def _generate_calls():
         ("generate unknown model", _generate("/v2/models/nope/generate", {"text_input": "hi"})),
         ("generate on decoupled", _generate("/v2/models/gen_stream/generate",
                                             {"text_input": "hi"})),
+        ("generate on decoupled asked to stream", _generate(
+            "/v2/models/gen_stream/generate", {"text_input": "hi", "stream": True})),
+        ("generate duplicate field", lambda t: raw(
+            t, "POST", "/v2/models/gen/generate", '{"text_input": "hi", "text_input": "ho"}')),
         ("generate_stream decoupled", _generate("/v2/models/gen_stream/generate_stream",
                                                 fields)),
         ("generate_stream not decoupled", _generate("/v2/models/gen/generate_stream",

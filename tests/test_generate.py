@@ -116,6 +116,13 @@ def test_generate_on_a_model_with_other_than_one_response(url, count):
     assert reply.status_code == 500 and reply.json() == {"error": EXACTLY_ONE}
 
 
+def test_generate_asked_to_stream_on_a_model_with_other_than_one_response(url):
+    # Triton 2.51 answers 200 with the error in the body when the request says "stream".
+    reply = post(url, "/v2/models/multi/generate", {"text_input": "x", "count": 3,
+                                                     "stream": True})
+    assert reply.status_code == 200 and reply.json() == {"error": EXACTLY_ONE}
+
+
 def test_generate_on_a_decoupled_model_with_one_response(url):
     reply = post(url, "/v2/models/multi/generate", {"text_input": "x", "count": 1})
     assert reply.json() == {"index": 0, "model_name": "multi", "model_version": "1",

@@ -35,6 +35,13 @@ def error_reply(status: int, message: str) -> HttpReply:
     return HttpReply(status, generate.encode_error(message))
 
 
+def _not_one_status(infer_request) -> int:
+    """The status of /generate on a model that gave other than one response: 500, but
+    200 (Triton 2.51's status, the error in the body) for a request that asked for a
+    stream with `"stream": true`, as genai-perf's requests do; its client reads the body."""
+    return 200 if infer_request.parameters.get("stream") is True else 500
+
+
 class GenerateEndpoints:
     def __init__(self, service: InferenceService,
                  stream_limit: int = DEFAULT_STREAM_MAX_QUEUED_BYTES,
@@ -153,13 +160,13 @@ class GenerateEndpoints:
                     continue
                 if first is not None:
                     self.service.cancel(infer_request)
-                    return error_reply(500, generate.EXACTLY_ONE)
+                    return error_reply(_not_one_status(infer_request), generate.EXACTLY_ONE)
                 first = response
         except asyncio.CancelledError:
             self.service.cancel(infer_request)
             raise
         if first is None:
-            return error_reply(500, generate.EXACTLY_ONE)
+            return error_reply(_not_one_status(infer_request), generate.EXACTLY_ONE)
         if first.error is not None:
             return error_reply(http_status(first.error.code), first.error.message)
         body = _encoded(first)
