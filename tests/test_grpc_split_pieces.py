@@ -121,3 +121,24 @@ def test_the_loop_decodes_few_entries():
     assert grpc_infer_read.read_on_loop(many.SerializeToString()) is None
     read = grpc_infer_read.read_anywhere(many.SerializeToString())
     assert len(read.decoded.outputs) == grpc_infer_read.MAX_ENTRIES_ON_LOOP + 1
+
+
+def test_long_shapes_and_contents_are_converted_a_slice_at_a_time_as_whole():
+    """What a worker decodes in slices (grpc_codec.CHUNK elements per C call) is what
+    one conversion gives: the shape's dimensions, the typed contents, their types."""
+    from mini_triton.frontends import grpc_codec
+
+    count = grpc_codec.CHUNK * 2 + 3
+    request = pb.ModelInferRequest(model_name="m")
+    tensor = request.inputs.add(name="INPUT0", datatype="INT32",
+                                shape=[2**40, *range(count)])
+    tensor.contents.int_contents.extend(range(-count // 2, count - count // 2))
+    texts = request.inputs.add(name="INPUT1", datatype="BYTES", shape=[count])
+    texts.contents.bytes_contents.extend(str(index).encode() for index in range(count))
+    read = grpc_infer_read.read_anywhere(request.SerializeToString())
+    first, second = read.decoded.inputs
+    assert first.shape == (2**40, *range(count))
+    assert first.data.dtype.name == "int32"
+    assert first.data.tolist() == list(range(-count // 2, count - count // 2))
+    assert second.data.tolist() == [str(index).encode() for index in range(count)]
+    assert grpc_codec.chunked_shape([]) == ()

@@ -45,15 +45,18 @@ def write_parameters(target, values: dict) -> None:
             parameter.string_param = str(value)
 
 
-def decode_infer_request(message: pb.ModelInferRequest,
-                         raw_contents: list | None = None) -> InferenceRequest:
-    """`raw_contents`: the message's raw_input_contents read apart (grpc_split.py)."""
+def decode_infer_request(message: pb.ModelInferRequest, raw_contents: list | None = None,
+                         shape_of=tuple) -> InferenceRequest:
+    """`raw_contents`: the message's raw_input_contents read apart (grpc_split.py).
+    `shape_of` makes an input's shape a tuple: chunked_shape for a message that may
+    hold millions of elements (read on a worker thread), so that no one C call holds
+    the GIL long, as typed contents are always converted."""
     version = model_version(message.model_version)
     model, parameters = message.model_name, message.parameters
     parameters = read_request_parameters(parameters) if parameters else {}
     raw = _RawContents(message.raw_input_contents if raw_contents is None else raw_contents,
                        model)
-    inputs = [_decode_input(item, raw, model) for item in message.inputs]
+    inputs = [_decode_input(item, raw, model, shape_of) for item in message.inputs]
     if raw.next != len(raw.contents):
         raw.check_consumed()
     outputs = []
@@ -91,15 +94,13 @@ class _RawContents:
                               f"'{self.model}'")
 
 
-def _decode_input(item, raw: _RawContents, model: str) -> Tensor:
+def _decode_input(item, raw: _RawContents, model: str, shape_of=tuple) -> Tensor:
     # An unknown datatype is Triton's INVALID, which the model's checks then refuse.
     datatype = item.datatype
     if datatype not in datatypes.BY_NAME:
         datatype = datatypes.INVALID
     parameters = item.parameters
-    shape = item.shape
-    tensor = Tensor(item.name, datatype, tuple(shape) if len(shape) <= CHUNK else
-                    tuple(np.concatenate(_chunks(shape, np.int64)).tolist()),
+    tensor = Tensor(item.name, datatype, shape_of(item.shape),
                     parameters=read_parameters(parameters) if parameters else {})
     if parameters and check_shared_memory_parameters(item):
         if item.HasField("contents"):  # Triton's words
@@ -159,6 +160,11 @@ def _typed_contents(item, datatype: str, model: str) -> np.ndarray:
 # Elements of a repeated field converted in one C call at most: each call holds the GIL,
 # so a worker converting millions of them lets the event loop in between.
 CHUNK = 65536
+
+
+def chunked_shape(shape) -> tuple:
+    """tuple(shape), a slice of CHUNK dimensions at a time."""
+    return tuple(np.concatenate(_chunks(shape, np.int64)).tolist()) if shape else ()
 
 
 def _chunks(values, dtype) -> list[np.ndarray]:

@@ -44,7 +44,7 @@ def read_on_loop(data) -> ReadInfer | None:
 
 def read_anywhere(data) -> ReadInfer:
     """The message read on a worker thread; DecodeError when it does not parse."""
-    return _decoded(*grpc_split.split_anywhere(data))
+    return _decoded(*grpc_split.split_anywhere(data), grpc_codec.chunked_shape)
 
 
 def read_stream_anywhere(data) -> ReadInfer:
@@ -57,9 +57,9 @@ def read_stream_anywhere(data) -> ReadInfer:
         return ReadInfer(None, error)
 
 
-def _decoded(message: pb.ModelInferRequest, raws: list | None) -> ReadInfer:
+def _decoded(message: pb.ModelInferRequest, raws: list | None, shape_of=tuple) -> ReadInfer:
     try:
-        return ReadInfer(message, grpc_codec.decode_infer_request(message, raws))
+        return ReadInfer(message, grpc_codec.decode_infer_request(message, raws, shape_of))
     except TritonError as error:
         return ReadInfer(message, error)
 
