@@ -88,12 +88,14 @@ class SequenceScheduler:
         self.ready_slots = [(slot, index) for slot in range(slot_count)
                             for index in range(len(instances))]
         heapq.heapify(self.ready_slots)
-        kind = OldestBatcher if oldest else DirectBatcher
-        self.gates = gates  # the rate limiter's hold on each instance (None: unlimited)
-        self.batchers = [kind(self, index, instance, slot_count)
+        self.kind = OldestBatcher if oldest else DirectBatcher
+        self.slot_count = slot_count
+        self.gates = list(gates or ())  # the rate limiter's hold on each instance
+        self.batchers = [self.kind(self, index, instance, slot_count)
                          for index, instance in enumerate(instances)]
-        for batcher, gate in zip(self.batchers, gates or ()):
+        for batcher, gate in zip(self.batchers, self.gates):
             batcher.gate = gate
+        self.retiring: set[int] = set()  # indices of batchers taking no new sequence
         for batcher in self.batchers:
             batcher.start()
         self.reaper = None
@@ -203,6 +205,39 @@ class SequenceScheduler:
                 batcher.enqueue(target[1], None)  # release the slot
                 batcher.instance.forget_sequence(corr)
 
+    def can_add(self, instances: list, gates: list | None) -> bool:
+        return True
+
+    def add_instances(self, instances: list, gates: list | None = None) -> None:
+        """Batchers for new instances; their slots go to backlogged sequences first."""
+        with self.lock:
+            for offset, instance in enumerate(instances):
+                batcher = self.kind(self, len(self.batchers), instance, self.slot_count)
+                batcher.gate = gates[offset] if gates else None
+                self.batchers.append(batcher)
+                self.gates.append(batcher.gate)
+                for slot in range(self.slot_count):
+                    batcher.adopt(slot)
+                batcher.start()
+
+    def retire_instances(self, instances: list, timeout: float) -> None:
+        """The instances take no new sequence; each is finalized by its batcher once
+        the sequences in its slots end. Returns at once, as Triton's update does."""
+        gone = {id(instance) for instance in instances}
+        with self.lock:
+            for batcher in self.batchers:
+                if id(batcher.instance) in gone:
+                    batcher.retiring = True
+                    self.retiring.add(batcher.index)
+                    batcher.wake.notify_all()
+            self.ready_slots = [(slot, index) for slot, index in self.ready_slots
+                                if index not in self.retiring]
+            heapq.heapify(self.ready_slots)
+
+    def holds_slot(self, index: int) -> bool:
+        """Whether a sequence holds a slot of batcher `index` (lock held)."""
+        return any(target[0] == index for target in self.slot_of.values())
+
     def inflight(self) -> int:
         with self.lock:
             waiting = sum(len(b.requests) for b in self.backlog)
@@ -268,6 +303,9 @@ class SequenceScheduler:
             self.last_seen.pop(corr, None)
             self._cancel_all(leftovers)
             self.batchers[index].instance.forget_sequence(corr)
+        if self.retiring and index in self.retiring:
+            self.batchers[index].wake.notify()  # it may be finished now
+            return None
         while self.backlog:
             backlog = self.backlog.popleft()
             last = backlog.requests[-1]

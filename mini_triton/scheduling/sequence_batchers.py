@@ -33,6 +33,7 @@ from .base import cancelled_error, execute_batch, fail
 from .batch import BatchShapeRule
 from .dynamic import BatchFormer, BatchingRules, fail_dropped
 from .ordering import ResponseOrderer
+from .rate_limiter import release_gates
 
 if TYPE_CHECKING:
     from .sequence import SequenceScheduler
@@ -50,6 +51,9 @@ class SlotBatcher:
         self.queues = [collections.deque() for _ in range(slot_count)]
         self.executing = 0
         self.gate = None  # the rate limiter's hold on the instance (None: unlimited)
+        # Left the model in an instance-group update: it takes no new sequence and ends
+        # (finalizing its instance) once the sequences in its slots have.
+        self.retiring = False
         self.thread = threading.Thread(target=self._work, daemon=True,
                                        name=f"{owner.name}-sequence-{index}")
 
@@ -105,7 +109,14 @@ class SlotBatcher:
         finally:
             if self.gate is not None:
                 self.gate.withdraw()
+                if self.retiring:
+                    release_gates([self.gate])
             self.instance.finalize()
+
+    def finished(self) -> bool:
+        """Whether a retiring batcher is done: no sequence holds one of its slots and
+        nothing of it is queued or running (lock held)."""
+        return self.retiring and not self.inflight() and not self.owner.holds_slot(self.index)
 
     def after_execution(self, requests: list) -> None:
         pass
@@ -140,12 +151,21 @@ class DirectBatcher(SlotBatcher):
         self.max_active = max(self.max_active, slot)
         self.wake.notify()
 
+    def adopt(self, slot: int) -> None:
+        """A slot of an instance just added: the oldest backlogged sequence takes it,
+        else it waits among the free ones (lock held)."""
+        corr = self.owner.release_slot(self.index, slot, self.queues[slot])
+        if corr is not None:
+            self.active[slot] = corr
+            self.max_active = max(self.max_active, slot)
+            self.wake.notify()
+
     def _wait_for_batch(self):
         while True:
             formed, wait_ns = self.form(time.monotonic_ns())
             if formed is not None:
                 return formed
-            if self.owner.closed:
+            if self.owner.closed or self.finished():
                 self.owner.reaper_wake.notify_all()
                 return None
             self.idle_wait(None if wait_ns is None else wait_ns / 1e9)
@@ -247,6 +267,12 @@ class OldestBatcher(SlotBatcher):
         self.slot_of_request.clear()
         return left
 
+    def adopt(self, slot: int) -> None:
+        """As DirectBatcher.adopt: a backlogged sequence's first request goes to the
+        batcher at once."""
+        if self.owner.release_slot(self.index, slot, self.queues[slot]) is not None:
+            self._next(slot)
+
     def _next(self, slot: int) -> None:
         """The slot's previous request has run: send its next one to the batcher
         (Triton's CompleteAndNext); lock held."""
@@ -289,7 +315,7 @@ class OldestBatcher(SlotBatcher):
                     for request in taken.batch:
                         self.orderer.enroll(request)
                 return taken.batch, frozenset()
-            if self.owner.closed:
+            if self.owner.closed or self.finished():
                 self.owner.reaper_wake.notify_all()
                 return None
             self.idle_wait(None if taken.wait_ns is None else taken.wait_ns / 1e9)
