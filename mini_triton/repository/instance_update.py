@@ -4,11 +4,12 @@ version's instances in place, as Triton 2.51's model lifecycle does.
 
 The instances still asked for keep serving throughout; the missing ones are created
 and warmed up, then take work; the ones no group asks for take no more work, finish
-the batch they run and are finalized, and the load returns once they are. The version
-(its statistics, its scheduler and queue) stays the same object. Anything else that
-changed (the config, or a file other than the config file) is a full reload, as is an
-ensemble's change, a change of the versions served, or a version whose scheduler
-cannot change its instances (the sequence batcher).
+the batch they run and are finalized, and the load returns once they are (a sequence
+batcher's instead serve the sequences in their slots to their end, and the load does
+not wait for them, as in Triton). The version (its statistics, its scheduler and
+queue) stays the same object. Anything else that changed (the config, or a file other
+than the config file) is a full reload, as is an ensemble's change, a change of the
+versions served, or a version whose scheduler cannot change its instances.
 """
 
 from __future__ import annotations
