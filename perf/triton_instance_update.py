@@ -15,7 +15,9 @@ explicit mode with 2 instances:
      finalized, whether after their request, which one is kept, how long the load takes;
   3. the statistics' success count (kept through an update);
   4. a load with the same override but no "name": a full reload on Triton;
-  5. a load changing a parameter: a full reload, statistics anew.
+  5. a load changing a parameter: a full reload, statistics anew;
+  6. a sequence model (1 instance, then 2, then 1 with two sequences open): which
+     instance serves each request, and when the removed one is finalized.
 
 Load times are printed, not compared (they depend on the machine); everything else is
 compared. Exit status 0 when the compared answers agree, 1 when not, 2 when a server did
@@ -34,12 +36,15 @@ from pathlib import Path
 
 import numpy as np
 import tritonclient.http as httpclient
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from compare import Server, free_port  # noqa: E402
 from measurements import PERF_DIR  # noqa: E402
-from python_models import COUNTING_MODEL, counted_config_json, counted_config_pbtxt  # noqa: E402
+from python_models import (COUNTING_MODEL, COUNTING_SEQUENCE_MODEL,  # noqa: E402
+                           counted_config_json, counted_config_pbtxt, counted_sequence_config)
 
 SLOW_SECONDS = 1.5
 
@@ -52,7 +57,7 @@ def start(name: str, repository: Path, out_dir: Path) -> Server:
              "--exit-timeout-secs", "10"]
     command = ([str(PERF_DIR / "tritonserver"), *flags] if name == "triton"
                else [sys.executable, "-m", "mini_triton", *flags])
-    server = Server(name, command, out_dir / f"{name}-instance-update.log", ports)
+    server = Server(name, command, repository.parent / f"{name}.log", ports)
     server.start()
     server.wait_ready("counted", 120)
     return server
@@ -126,20 +131,65 @@ def scenario(server: Server, log: Path) -> tuple[dict, dict]:
     return answers, times
 
 
-def run(name: str, out_dir: Path) -> tuple[dict, dict]:
-    repository = out_dir / name / "repo"
+def sequence_step(client, corr: int, start: bool = False, end: bool = False) -> str:
+    """One request of sequence `corr`: the instance that ran it."""
+    tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([0.0], dtype=np.float32))
+    result = client.infer("counted", [tensor], sequence_id=corr, sequence_start=start,
+                          sequence_end=end)
+    return result.as_numpy("INSTANCE")[0].decode()
+
+
+def sequence_scenario(server: Server, log: Path) -> tuple[dict, dict]:
+    """A sequence model, 1 -> 2 -> 1 instances with two sequences open: which instance
+    serves each request, and what is initialized and finalized when."""
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    answers, times = {"steps": []}, {}
+    steps = answers["steps"]
+    steps.append(("sequence 1 starts", sequence_step(client, 1, start=True)))
+    times["sequence model 1 -> 2"] = timed_load(client, counted_sequence_config(2))
+    steps.append(("sequence 2 starts", sequence_step(client, 2, start=True)))
+    seen = events(log)
+    times["sequence model 2 -> 1"] = timed_load(client, counted_sequence_config(1))
+    answers["2 -> 1, two sequences open"] = changes(seen, events(log))
+    steps.append(("sequence 1 goes on", sequence_step(client, 1)))
+    steps.append(("sequence 2 ends", sequence_step(client, 2, end=True)))
+    steps.append(("sequence 1 ends", sequence_step(client, 1, end=True)))
+    deadline = time.monotonic() + 20
+    while not changes(seen, events(log))["finalized"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    answers["after the sequences end"] = changes(seen, events(log))
+    steps.append(("sequence 3", sequence_step(client, 3, start=True, end=True)))
+    return answers, times
+
+
+def model_folder(repository: Path, source: str, config: str) -> None:
     (repository / "counted" / "1").mkdir(parents=True)
-    (repository / "counted" / "1" / "model.py").write_text(COUNTING_MODEL)
+    (repository / "counted" / "1" / "model.py").write_text(source)
     # Triton reloads a model whose version folder changed since it was loaded, and its
     # Python stub writes __pycache__ there on the first load: compiled beforehand, the
     # first update is not a full reload for that reason alone.
     py_compile.compile(str(repository / "counted" / "1" / "model.py"), doraise=True)
-    (repository / "counted" / "config.pbtxt").write_text(counted_config_pbtxt(2, "process"))
-    server = start(name, repository, out_dir)
-    try:
-        return scenario(server, repository.parent / "events.log")
-    finally:
-        server.stop()
+    (repository / "counted" / "config.pbtxt").write_text(config)
+
+
+def run(name: str, out_dir: Path) -> tuple[dict, dict]:
+    answers, times = {}, {}
+    sequence_config = text_format.MessageToString(
+        json_format.ParseDict(counted_sequence_config(1), mc.ModelConfig()))
+    for label, source, config, steps in [
+            ("plain", COUNTING_MODEL, counted_config_pbtxt(2, "process"), scenario),
+            ("sequence", COUNTING_SEQUENCE_MODEL, sequence_config, sequence_scenario)]:
+        repository = out_dir / name / label / "repo"
+        model_folder(repository, source, config)
+        server = start(name, repository, out_dir)
+        try:
+            more_answers, more_times = steps(server, repository.parent / "events.log")
+        finally:
+            server.stop()
+        answers.update(more_answers)
+        times.update(more_times)
+    return answers, times
 
 
 def main() -> int:

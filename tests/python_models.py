@@ -81,3 +81,20 @@ def counted_config_pbtxt(count: int, mode: str, limited: bool = False, label: st
             f'instance_group [ {{ count: {count} kind: KIND_CPU{limiter} }} ]\n'
             f'parameters {{ key: "execution_mode" value: {{ string_value: "{mode}" }} }}\n'
             + extra)
+
+
+# The counting model that also answers INSTANCE: the instance that ran the request.
+COUNTING_SEQUENCE_MODEL = COUNTING_MODEL.replace(
+    'responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", value)]))',
+    'name = np.array([self.args["model_instance_name"].encode()], dtype=np.object_)\n'
+    '            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", '
+    'value), pb_utils.Tensor("INSTANCE", name)]))').replace("import time\n",
+                                                            "import time\n\nimport numpy as np\n")
+
+
+def counted_sequence_config(count: int) -> dict:
+    """The counting model's config with sequence batching and the INSTANCE output."""
+    config = counted_config_json(count, "process")
+    config["sequence_batching"] = {"max_sequence_idle_microseconds": 60_000_000}
+    config["output"].append({"name": "INSTANCE", "data_type": "TYPE_STRING", "dims": [1]})
+    return config

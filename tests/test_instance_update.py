@@ -27,7 +27,8 @@ from conftest import connect, server_settings, wait_for
 from mini_triton.repository.instance_plan import match, requires_reload, wanted_instances
 from mini_triton.repository.records import Placement
 from mini_triton.server import ServerThread
-from python_models import COUNTING_MODEL, counted_config_json as config_json
+from python_models import COUNTING_MODEL, COUNTING_SEQUENCE_MODEL, counted_sequence_config
+from python_models import counted_config_json as config_json
 from python_models import counted_config_pbtxt as config_pbtxt
 
 MODES = ["process", "thread"]
@@ -202,21 +203,6 @@ def test_failed_update_keeps_the_instances_serving(repository, mode):
         assert [group["count"] for group in groups] == [2]
 
 
-SEQUENCE_MODEL = COUNTING_MODEL.replace(
-    'responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", value)]))',
-    'name = np.array([self.args["model_instance_name"].encode()], dtype=np.object_)\n'
-    '            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", '
-    'value), pb_utils.Tensor("INSTANCE", name)]))').replace("import time\n",
-                                                            "import time\n\nimport numpy as np\n")
-
-
-def sequence_config(count: int) -> dict:
-    config = config_json(count, "process")
-    config["sequence_batching"] = {"max_sequence_idle_microseconds": 60_000_000}
-    config["output"].append({"name": "INSTANCE", "data_type": "TYPE_STRING", "dims": [1]})
-    return config
-
-
 def sequence_step(protocol, corr: int, start: bool = False, end: bool = False) -> str:
     tensor = protocol.module.InferInput("INPUT0", [1], "FP32")
     tensor.set_data_from_numpy(np.array([0.0], dtype=np.float32))
@@ -229,17 +215,18 @@ def test_sequence_model_keeps_its_sequences_on_their_instances(repository):
     """A sequence stays on its instance through an update; a removed instance takes no
     new sequence and is finalized once its sequences end (the load does not wait)."""
     events = Events(repository.parent / "events.log")
-    (repository / "counted" / "1" / "model.py").write_text(SEQUENCE_MODEL)
+    (repository / "counted" / "1" / "model.py").write_text(COUNTING_SEQUENCE_MODEL)
     with serve(repository, "process", 1) as server:
         http = connect("http", server)
-        load(http, sequence_config(1))  # a full reload: sequence_batching is new
+        load(http, counted_sequence_config(1))  # a full reload: sequence_batching is new
         assert wait_for(lambda: events.count("finalize") == 1, 20)
         first = sequence_step(http, 1, start=True)
-        load(http, sequence_config(2))  # the only slot is taken: sequence 2 gets the new one
+        # The only slot is taken: sequence 2 gets the new instance's.
+        load(http, counted_sequence_config(2))
         assert events.count("initialize") == 2 + 1
         second = sequence_step(http, 2, start=True)
         assert (first, second) == ("counted_0_0", "counted_0_1")
-        load(http, sequence_config(1))  # keeps the last made (_1): _0 still holds sequence 1
+        load(http, counted_sequence_config(1))  # keeps the last made (_1): _0 still holds sequence 1
         assert events.count("finalize") == 1
         assert sequence_step(http, 1) == first  # sequence 1 goes on where it was
         assert sequence_step(http, 2, end=True) == second
