@@ -142,3 +142,54 @@ def test_long_shapes_and_contents_are_converted_a_slice_at_a_time_as_whole():
     assert first.data.tolist() == list(range(-count // 2, count - count // 2))
     assert second.data.tolist() == [str(index).encode() for index in range(count)]
     assert grpc_codec.chunked_shape([]) == ()
+
+
+def test_a_read_waiting_for_a_worker_is_dropped_when_its_stream_is_reset():
+    """Our transport: a costly request message waits for the server's only worker
+    (busy); the client resets the stream: the read never runs, and nothing is sent on
+    the stream but what the reset needs."""
+    import asyncio
+    import struct
+    import threading
+
+    import hpack
+
+    from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, \
+        RawRequest
+    from h2_client import (DATA, END_HEADERS, END_STREAM, HEADERS, INFER, PREFACE,
+                           RST_STREAM, SETTINGS, RecordingTransport, frames_in, grpc_message)
+
+    def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+        return struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", kind, flags,
+                                                                 stream) + payload
+
+    read, begun = [], []
+    method = Method(RawRequest, None, False, lambda *call: begun.append(call),
+                    read_on_loop=lambda message: None,  # costly, always
+                    read_anywhere=lambda message: read.append(message) or message)
+    message = pb.ModelInferRequest(model_name="m", id="x" * 8192).SerializeToString()
+    headers = hpack.Encoder().encode([
+        (":method", "POST"), (":scheme", "http"), (":path", INFER), (":authority", "x"),
+        ("content-type", "application/grpc"), ("te", "trailers")])
+
+    async def scenario() -> bytes:
+        server = GrpcServer({INFER.encode(): method}, message_threads=1)
+        busy = threading.Event()
+        server.workers.submit(busy.wait, 10)  # the one worker is taken
+        connection = GrpcConnection(server)
+        transport = RecordingTransport()
+        connection.connection_made(transport)
+        connection.data_received(PREFACE + frame(SETTINGS, 0, 0)
+                                 + frame(HEADERS, END_HEADERS, 1, headers)
+                                 + frame(DATA, END_STREAM, 1, grpc_message(message)))
+        await asyncio.sleep(0.05)
+        connection.data_received(frame(RST_STREAM, 0, 1, struct.pack(">I", 8)))
+        await asyncio.sleep(0.05)  # the cancel reaches the worker's queue next loop turn
+        busy.set()
+        await asyncio.sleep(0.2)  # the worker is free: a read not dropped would run now
+        await server.stop(0)
+        return bytes(transport.written)
+
+    written = frames_in(asyncio.run(scenario()))
+    assert read == [] and begun == []
+    assert not [f for f in written if f.stream == 1 and f.kind in (HEADERS, DATA)]

@@ -87,12 +87,14 @@ class OffLoop:
         future = self.loop.run_in_executor(self.server.workers, collector_paused,
                                            read_request, method, message, self.max_message)
         future.add_done_callback(partial(self._on_read, stream))
+        stream.stop = future.cancel  # a reset drops a read still waiting for a worker
 
     def _on_read(self, stream: Stream, future: asyncio.Future) -> None:
         """A worker has read a unary call's request: start the call, or end it with
         why the request could not be read."""
-        if future.cancelled():  # the server is stopping
+        if future.cancelled():  # the client reset the stream, or the server is stopping
             return
+        stream.stop = None
         error = future.exception()
         if stream.closed:  # the client reset the stream, or its deadline passed
             return
@@ -147,10 +149,12 @@ class OffLoop:
         future = self.loop.run_in_executor(self.server.workers, Compressed, message,
                                            stream.compress)
         future.add_done_callback(partial(self._on_compressed, stream, trailers))
+        stream.stop = future.cancel  # as a read: not compressed for a client gone
 
     def _on_compressed(self, stream: Stream, trailers: bytes, future: asyncio.Future) -> None:
         if future.cancelled():
             return
+        stream.stop = None
         error = future.exception()
         if error is not None:
             self._fail_stream(stream, error)
