@@ -106,6 +106,9 @@ def _start(loaded: LoadedVersion, create: list, options: ServerOptions) -> list 
     samples = prepare_version(context)
     gates = gates_for_members(options.rate_limiter, context,
                               [(want.group, want.index_in_group) for want in create])
+    if not loaded.scheduler.can_add([], gates):  # rate-limited ones, for the event loop's
+        release_gates(gates)
+        return None
     created: list[Placement] = []
     try:
         for want in create:
