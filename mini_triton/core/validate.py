@@ -15,7 +15,7 @@ from operator import attrgetter
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import datatypes
+from . import bytes_split, datatypes
 from .errors import TritonError, invalid_arg
 from .memo import BoundedMemo
 from .request import InferenceRequest, request_log
@@ -335,7 +335,11 @@ def _fill(tensor: Tensor, spec: InputSpec, model: ModelSignature, batch_size: in
     as the config says. One function: it runs for each input of every inference."""
     count = prod(map(int, tensor.shape))  # datatypes.element_count, without its call
     if tensor.data is not None:
-        _check_array(tensor, count, model.name)
+        if tensor.raw is None:
+            _check_array(tensor, count, model.name)
+        else:  # BYTES split ahead (split_bytes_inputs): checked as if split here
+            tensor.data = _counted(tensor, tensor.data, count, model.name).reshape(tensor.shape)
+            tensor.raw = None
     else:
         raw = tensor.raw if tensor.raw is not None else b""
         dtype = spec.wire_dtype
@@ -391,13 +395,52 @@ def _check_shape(tensor: Tensor, spec: InputSpec, model: ModelSignature) -> None
 
 def _string_array(tensor: Tensor, raw, count: int, model: str) -> np.ndarray:
     """A BYTES input's wire bytes as its elements, `count` of them."""
-    array = datatypes.deserialize_bytes(raw)
+    if type(raw) is BrokenFraming:
+        raise raw.error
+    return _counted(tensor, datatypes.deserialize_bytes(raw), count, model)
+
+
+def _counted(tensor: Tensor, array: np.ndarray, count: int, model: str) -> np.ndarray:
+    """A BYTES input's elements, checked to be `count`."""
     if len(array) != count:
         raise invalid_arg(
             f"expected {count} string elements for inference input '{tensor.name}' "
             f"for model '{model}', got {len(array)}"
         )
     return array
+
+
+# --- large BYTES inputs, split before `normalize` (off the event loop) ---
+
+
+class BrokenFraming(bytes):
+    """Stands in the `raw` of a BYTES input whose framing `split_bytes_inputs` found
+    broken: `normalize` raises its `error` where it would have found it."""
+
+    error: TritonError
+
+
+def has_large_bytes_inputs(request: InferenceRequest, size: int) -> bool:
+    """Whether an input of `request` is BYTES wire data of at least `size` bytes."""
+    return any(tensor.datatype == "BYTES" and tensor.data is None and tensor.raw is not None
+               and len(tensor.raw) >= size for tensor in request.inputs)
+
+
+def split_bytes_inputs(request: InferenceRequest, size: int) -> None:
+    """Split each BYTES input of at least `size` wire bytes into its elements, in bounded
+    steps (core.bytes_split): for a front end to call on a worker thread, so that
+    `normalize`, on the event loop, only checks their count. The answers and errors
+    are those `normalize` gives for the same request."""
+    for tensor in request.inputs:
+        raw = tensor.raw
+        if tensor.datatype != "BYTES" or tensor.data is not None or raw is None \
+                or len(raw) < size:
+            continue
+        try:
+            tensor.data = bytes_split.split(raw)  # `raw` stays: data and raw mark the split
+        except TritonError as error:
+            tensor.raw = BrokenFraming()
+            tensor.raw.error = error
 
 
 def _check_array(tensor: Tensor, count: int, model: str) -> None:

@@ -17,6 +17,7 @@ from typing import Callable
 
 from .. import trace_front_end as front_end_trace
 from ..config.json_format import config_to_json
+from ..core import validate
 from ..core.errors import TritonError, invalid_arg
 from ..service import InferenceService
 from ..trace_front_end import FrontEndStamps
@@ -343,6 +344,18 @@ class HttpFrontend:
             exchange.answer(self._undecodable(model, version, error, replies, request,
                                               exchange))
             return
+        if len(request.body) >= self.offload_size and validate.has_large_bytes_inputs(
+                infer_request, self.offload_size):
+            exchange.spawn(self._split_then_begin(request, exchange, infer_request,
+                                                  binary_output, replies))
+            return
+        self._begin(request, exchange, infer_request, binary_output, replies)
+
+    async def _split_then_begin(self, request: HttpRequest, exchange: Exchange, infer_request,
+                                binary_output: bool, replies: "InferReplies") -> None:
+        """Start an inference whose BYTES inputs are large once they are split into their
+        elements off the loop (a walk over millions of length prefixes takes seconds)."""
+        await off_loop(validate.split_bytes_inputs, infer_request, self.offload_size)
         self._begin(request, exchange, infer_request, binary_output, replies)
 
     async def _start_off_loop(self, request: HttpRequest, exchange: Exchange, model: str,
@@ -352,8 +365,8 @@ class HttpFrontend:
         thread, then started as any other."""
         try:
             infer_request, binary_output = await self.decoder.decode(
-                request.body, http_codec.decode_infer_request, model, version, request.body,
-                header_length)
+                request.body, _decoded_and_split, model, version, request.body,
+                header_length, self.offload_size)
             if self.header_pattern is not None:
                 forward_headers(self.header_pattern, request.headers.items(),
                                 infer_request.parameters)
@@ -445,6 +458,15 @@ def _answer_infer(exchange: Exchange, send: Callable[[HttpReply], None], request
                                               replies))
         return
     send(reply)
+
+
+def _decoded_and_split(model: str, version: str, body, header_length: int | None,
+                       split_size: int):
+    """decode_infer_request, and the split of its large BYTES inputs (on the worker)."""
+    infer_request, binary_output = http_codec.decode_infer_request(model, version, body,
+                                                                   header_length)
+    validate.split_bytes_inputs(infer_request, split_size)
+    return infer_request, binary_output
 
 
 async def _send_written_off_loop(send: Callable[[HttpReply], None], response, request,
