@@ -316,6 +316,7 @@ def test_onnx_model_keeps_its_instances(tmp_path):
         shrunk = serving_instances(server)
         assert len(shrunk) == 2 and all(instance in grown for instance in shrunk)
         assert success_count(http) == 1
+        assert http.client.get_model_config("counted")["instance_group"][0]["count"] == 2
 
 
 # --- the plan: which instances are kept, created and retired (pure) ---
