@@ -187,6 +187,8 @@ BAD_REQUESTS = [
     ({"text_input": "a", "parameters": {"text_input": "b"}}, 400,
      "Converting keyword: 'parameters': [request id: <id_unknown>] input 'text_input' already "
      "exists in request"),
+    (b'{"text_input": "a", "text_input": "b"}', 400,
+     "[request id: <id_unknown>] input 'text_input' already exists in request"),
     (b"[1,2]", 400, "attempt to get members for non-object"),
     (b"", 400, "failed to parse the request JSON buffer: The document is empty. at 0"),
 ]

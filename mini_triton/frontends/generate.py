@@ -19,6 +19,7 @@ client's.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,6 +86,22 @@ def decode_request(model: str, version: str, document: dict,
     request = InferenceRequest(model, version, id=_request_id(document))
     _map_fields(request, document, specs)
     return request
+
+
+def refuse_repeated_inputs(body: bytes, document: dict, specs: dict) -> None:
+    """Triton adds an input for each member named like one, so a body naming an input
+    twice is its 'already exists' error; the parsed `document` kept one of them. Only a
+    body that holds an input's name twice is read again, keeping every member."""
+    repeated = [name for name in specs if name in document
+                and body.count(json.dumps(name).encode()) > 1]
+    if not repeated:
+        return
+    seen = set()
+    for name, _ in json.loads(body, object_pairs_hook=list):  # the top level's members
+        if name in specs and name in seen:
+            raise invalid_arg(f"[request id: {document.get('id') or '<id_unknown>'}] input "
+                              f"'{name}' already exists in request")
+        seen.add(name)
 
 
 def _request_id(document: dict) -> str:

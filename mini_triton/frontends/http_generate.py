@@ -114,7 +114,9 @@ class GenerateEndpoints:
         model, version = request.params["model"], request.params.get("version", "")
         config = self.service.model_config(model, version)
         document = generate.parse_body(request.body)
-        return generate.decode_request(model, version, document, generate.input_specs(config))
+        specs = generate.input_specs(config)
+        generate.refuse_repeated_inputs(request.body, document, specs)
+        return generate.decode_request(model, version, document, specs)
 
     def _stamped_start(self, stamps: FrontEndStamps):
         """`_start` for a request stamped by the front end: the service samples it as it
