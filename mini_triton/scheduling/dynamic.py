@@ -252,6 +252,8 @@ class DynamicScheduler(QueuedScheduler):
     def add_instances(self, instances: list, gates: list | None = None) -> None:
         """Start a worker for each instance (`gates`: the rate limiter's hold on each);
         they take queued work at once."""
+        with self.condition:  # an id of one retired and since freed is not retiring
+            self.retiring -= {id(instance) for instance in instances}
         for index, instance in enumerate(instances):
             gate = gates[index] if gates else None
             worker = threading.Thread(target=self._work, args=(instance, gate), daemon=True,
