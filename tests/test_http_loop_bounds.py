@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import struct
 import time
 
@@ -23,6 +24,37 @@ from test_http_json_offload import ATTACKS, VICTIM_BOUND, post, second_worst, vi
 
 from mini_triton.core import bytes_split, datatypes
 from mini_triton.core.errors import TritonError
+
+
+# A Python model (a worker process) that answers how many strings it was sent.
+COUNTING_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("COUNT", np.array(
+            [pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy().size], np.int64))])
+            for r in requests]
+"""
+COUNTING_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "TEXT", data_type: TYPE_STRING, dims: [ -1 ] } ]
+output [ { name: "COUNT", data_type: TYPE_INT64, dims: [ 1 ] } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def python_server(tmp_path_factory):
+    repository = tmp_path_factory.mktemp("counting")
+    (repository / "count_strings" / "1").mkdir(parents=True)
+    (repository / "count_strings" / "config.pbtxt").write_text(COUNTING_CONFIG)
+    (repository / "count_strings" / "1" / "model.py").write_text(COUNTING_MODEL)
+    shutil.copytree(DEFAULT_REPOSITORY / "identity_fp32", repository / "identity_fp32")
+    with ServerProcess([f"--model-repository={repository}"]) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +163,21 @@ def test_a_large_reply_compressed_leaves_other_clients_served(server):
         assert gzip.decompress(reply).endswith(values.tobytes())
 
     assert second_worst(under_attack(server, attack)) < VICTIM_BOUND
+
+
+def test_a_python_model_sent_millions_of_strings_leaves_other_clients_served(python_server):
+    # 32 MiB of 1-byte strings (6.7 M): framed again one element at a time for the
+    # worker process, on the loop, they held another client for seconds.
+    count = 32 * 1024 * 1024 // 5
+    header = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [count],
+                                     "parameters": {"binary_data_size": 5 * count}}]}).encode()
+    body = header + framed([b"x"]) * count
+    headers = {"Inference-Header-Content-Length": str(len(header)),
+               "Content-Type": "application/octet-stream"}
+
+    def attack() -> None:
+        status, reply = post(python_server, "/v2/models/count_strings/infer", body, headers)
+        assert status == 200, reply[:300]
+        assert json.loads(reply)["outputs"][0]["data"] == [count]
+
+    assert second_worst(under_attack(python_server, attack)) < VICTIM_BOUND

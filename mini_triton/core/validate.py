@@ -339,7 +339,6 @@ def _fill(tensor: Tensor, spec: InputSpec, model: ModelSignature, batch_size: in
             _check_array(tensor, count, model.name)
         else:  # BYTES split ahead (split_bytes_inputs): checked as if split here
             tensor.data = _counted(tensor, tensor.data, count, model.name).reshape(tensor.shape)
-            tensor.raw = None
     else:
         raw = tensor.raw if tensor.raw is not None else b""
         dtype = spec.wire_dtype
@@ -430,7 +429,10 @@ def split_bytes_inputs(request: InferenceRequest, size: int) -> None:
     """Split each BYTES input of at least `size` wire bytes into its elements, in bounded
     steps (core.bytes_split): for a front end to call on a worker thread, so that
     `normalize`, on the event loop, only checks their count. The answers and errors
-    are those `normalize` gives for the same request."""
+    are those `normalize` gives for the same request. The wire bytes stay in `raw`
+    beside the elements (as `data`): a consumer that sends BYTES on in Triton's framing
+    (a Python model's worker link) takes them as they are instead of framing millions
+    of elements anew on the loop."""
     for tensor in request.inputs:
         raw = tensor.raw
         if tensor.datatype != "BYTES" or tensor.data is not None or raw is None \

@@ -21,6 +21,10 @@ from .wire import Outgoing, get_reply
 def describe_input(tensor, outgoing: Outgoing) -> tuple:
     """An input's descriptor: where it lies in a client's system shared-memory region,
     the worker reads it there; else it travels."""
+    if tensor.raw is not None and tensor.data is not None:
+        # BYTES split off the event loop, its wire bytes kept (validate.split_bytes_inputs):
+        # sent as they are, not framed anew element by element on the loop
+        return outgoing.framed(tensor.name, tensor.data.shape, tensor.raw)
     array = tensor.data if tensor.data is not None else convert.tensor_array(tensor)
     if tensor.region is not None and tensor.datatype != "BYTES":
         region, offset = tensor.region

@@ -90,6 +90,11 @@ class Outgoing:
             nbytes = sum(p.nbytes for p in parts)
         return self._placed(name, datatype, shape, parts, nbytes)
 
+    def framed(self, name: str, shape, wire) -> tuple:
+        """`tensor` of BYTES already in Triton's framing (a client's wire bytes)."""
+        part = np.frombuffer(wire, np.uint8)
+        return self._placed(name, "BYTES", shape, [part], part.nbytes)
+
     def array(self, name: str, datatype: str, shape, array: np.ndarray) -> tuple:
         """`tensor` of one array (most tensors), in fewer steps where it is not BYTES."""
         if datatype == "BYTES":
