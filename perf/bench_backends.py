@@ -3,6 +3,7 @@
 
     python perf/bench_backends.py                         # every case, gRPC c8
     python perf/bench_backends.py --cases xgboost_classifier,openvino_ir --rounds 2
+    python perf/bench_backends.py --cases identity_floor,onnx_mlp --rounds 3
 
 A case is one function below (`CASES`): it writes a Triton model folder into the
 repository (dynamic batching, one instance) and returns the framework's own predict
@@ -12,7 +13,11 @@ with the server idle, the framework predicts batches of the size the batcher for
 statistics extension's mean) in this process, with the same threads the server's
 instance has. `identity_floor` has no framework: what the server itself costs per request.
 Reported per case: rows/s of each, their ratio, and CPU milliseconds per row (the
-server process's, and the load generator's apart; the framework's own).
+server process's, and the load generator's apart; the framework's own); the batch sizes
+formed (`batch_stats`), the share of the time the instance was executing, and one run's
+milliseconds in the server (`compute_infer` per execution) beside the framework's at that
+batch. A case may fix its own concurrency (`onnx_mlp`: c16), measure the framework at its
+full batch too, and offer other ways to run the framework, the fastest of which is taken.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -60,6 +65,11 @@ class Case:
     input_name: str
     width: int
     predict: Callable[[np.ndarray], object]  # batch of rows -> the framework's answer
+    concurrency: int | None = None  # requests in flight, where the case fixes it
+    full_batch: int | None = None  # the framework measured at this batch too
+    # Other ways to run the framework's own predict (label -> predict): each is measured
+    # as well and the fastest is the ceiling, as a user would pick it.
+    alternatives: dict[str, Callable[[np.ndarray], object]] = field(default_factory=dict)
 
 
 def _threads() -> int:
@@ -176,6 +186,39 @@ def case_pytorch_mlp(repository: Path) -> Case:
     return Case("pytorch_mlp", "INPUT__0", widths[0], predict)
 
 
+def case_onnx_mlp(repository: Path) -> Case:
+    """perf/bench_onnx_batching.py's ONNX MLP 2048 → 4096 (ReLU) → 2048, FP32, at gRPC c16
+    with max_batch_size 16 (issue 29's ONNX Runtime figure), against onnxruntime as it
+    comes (its own thread count, its pool threads spinning) at the batch the server formed,
+    and at 16."""
+    import onnx
+    import onnxruntime
+    from bench_onnx_batching import mlp
+
+    folder = _version_folder(repository, "onnx_mlp", (
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 16\n'
+        'input [{ name: "x" data_type: TYPE_FP32 dims: [ 2048 ] }]\n'
+        'output [{ name: "y" data_type: TYPE_FP32 dims: [ 2048 ] }]\n'
+        + SINGLE_INSTANCE + DYNAMIC_BATCHING))
+    onnx.save(mlp(), str(folder / "model.onnx"))
+    as_it_comes = _onnx_session(folder / "model.onnx")
+    not_spinning = _onnx_session(folder / "model.onnx", spinning=False)
+    return Case("onnx_mlp", "x", 2048, lambda rows: as_it_comes.run(None, {"x": rows}),
+                concurrency=16, full_batch=16,
+                alternatives={"spinning off": lambda rows: not_spinning.run(None, {"x": rows})})
+
+
+def _onnx_session(path: Path, spinning: bool = True):
+    """onnxruntime's own session over the file: its defaults (one thread per core, pool
+    threads spinning while they wait), or with spinning off."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 def case_identity_floor(repository: Path) -> Case:
     """No framework: the identity backend on rows of 16 FP32, the server's own cost per
     request (front end, batcher, statistics), which every case above pays too."""
@@ -193,16 +236,41 @@ CASES: dict[str, Callable[[Path], Case]] = {
     "openvino_ir": case_openvino_ir,
     "identity_floor": case_identity_floor,
     "pytorch_mlp": case_pytorch_mlp,
+    "onnx_mlp": case_onnx_mlp,
 }
 
 
 # --- measuring ---
 
 
-def model_stats(http_url: str, model: str) -> tuple[int, int]:
+@dataclass
+class Reading:
+    """What the statistics extension says of a model at one moment."""
+
+    rows: int
+    runs: int
+    batches: dict[int, int]  # executions by batch size (`batch_stats`)
+    busy_ns: int  # the executions' compute_input + compute_infer + compute_output
+    infer_ns: int  # the executions' compute_infer alone
+
+
+def model_stats(http_url: str, model: str) -> Reading:
     with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats") as response:
         stats = json.load(response)["model_stats"][0]
-    return int(stats["inference_count"]), int(stats["execution_count"])
+    by_size = stats.get("batch_stats", [])
+    return Reading(
+        int(stats["inference_count"]), int(stats["execution_count"]),
+        {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in by_size},
+        sum(int(b[part]["ns"]) for b in by_size
+            for part in ("compute_input", "compute_infer", "compute_output")),
+        sum(int(b["compute_infer"]["ns"]) for b in by_size))
+
+
+def _batches_formed(before: dict[int, int], after: dict[int, int]) -> str:
+    """`size:count` of the executions between two readings, largest count first."""
+    counts = {size: count - before.get(size, 0) for size, count in after.items()}
+    ranked = sorted((item for item in counts.items() if item[1]), key=lambda item: -item[1])
+    return " ".join(f"{size}:{count}" for size, count in ranked[:6])
 
 
 def own_cpu() -> float:
@@ -215,41 +283,68 @@ def through_server(server: ServerProcess, case: Case, args) -> dict:
                     shapes={case.input_name: [case.width]}, batch_size=args.rows_per_request,
                     measurement_ms=args.measurement_ms,
                     warmup_ms=1000, max_trials=3, server=case.model, progress=False)
-    rows_before, runs_before = model_stats(server.http_url, case.model)
+    before = model_stats(server.http_url, case.model)
+    load = "/".join(f"{value:.1f}" for value in os.getloadavg())
     server_before, client_before = process_tree_cpu(server.proc.pid), own_cpu()
-    result = measure(spec, "concurrency", args.concurrency)
-    rows_after, runs_after = model_stats(server.http_url, case.model)
-    rows = max(1, rows_after - rows_before)
+    start = time.perf_counter()
+    result = measure(spec, "concurrency", case.concurrency or args.concurrency)
+    wall_ns = (time.perf_counter() - start) * 1e9
+    after = model_stats(server.http_url, case.model)
+    rows, runs = max(1, after.rows - before.rows), max(1, after.runs - before.runs)
     return {"server_rows_s": result.throughput, "p50_ms": result.p50_us / 1000,
-            "errors": result.errors,
-            "mean_batch": rows / max(1, runs_after - runs_before),
+            "errors": result.errors, "mean_batch": rows / runs,
+            "batches": _batches_formed(before.batches, after.batches), "load": load,
+            # the share of the time the instance was executing, and one execution's run
+            "busy": (after.busy_ns - before.busy_ns) / wall_ns,
+            "infer_ms_run": (after.infer_ns - before.infer_ns) / runs / 1e6,
             "server_cpu_ms_row": (process_tree_cpu(server.proc.pid) - server_before) * 1000
             / rows,
             "client_cpu_ms_row": (own_cpu() - client_before) * 1000 / rows}
 
 
 def framework_own(case: Case, batch: int, seconds: float) -> dict:
-    rows = np.random.default_rng(3).normal(size=(batch, case.width)).astype(np.float32)
-    case.predict(rows)
+    """The framework's rows/s and CPU per row at `batch`: the fastest of the case's ways."""
+    ways = {"": case.predict, **case.alternatives}
+    measured = {label: _predict_rate(predict, case.width, batch, seconds)
+                for label, predict in ways.items()}
+    label, best = max(measured.items(), key=lambda item: item[1]["own_rows_s"])
+    return {**best, "own_way": label}
+
+
+def _predict_rate(predict: Callable, width: int, batch: int, seconds: float) -> dict:
+    rows = np.random.default_rng(3).normal(size=(batch, width)).astype(np.float32)
+    predict(rows)
     runs, cpu_before, start = 0, own_cpu(), time.perf_counter()
     while time.perf_counter() - start < seconds:
-        case.predict(rows)
+        predict(rows)
         runs += 1
     elapsed = time.perf_counter() - start
     return {"own_rows_s": runs * batch / elapsed,
             "own_cpu_ms_row": (own_cpu() - cpu_before) * 1000 / (runs * batch)}
 
 
+def _way(label: str | None) -> str:
+    return f" ({label})" if label else ""
+
+
 def table(results: list[dict]) -> str:
     lines = ["| case | server rows/s | mean batch | framework rows/s (same batch) | ratio | "
-             "server CPU ms/row | load generator CPU ms/row | framework CPU ms/row |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "server CPU ms/row | load generator CPU ms/row | framework CPU ms/row | "
+             "framework rows/s at full batch (ratio) | instance busy | run ms: server / "
+             "framework | batches formed (size:count) | load |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for r in results:
+        full = (f"{r['own_full_rows_s']:,.0f}{_way(r['own_full_way'])} "
+                f"({r['server_rows_s'] / r['own_full_rows_s']:.2f}x)"
+                if "own_full_rows_s" in r else "")
+        own_run_ms = round(r["mean_batch"]) / r["own_rows_s"] * 1000
         lines.append(
             f"| {r['case']} | {r['server_rows_s']:,.0f} | {r['mean_batch']:.1f} | "
-            f"{r['own_rows_s']:,.0f} | {r['server_rows_s'] / r['own_rows_s']:.2f}x | "
+            f"{r['own_rows_s']:,.0f}{_way(r.get('own_way'))} | "
+            f"{r['server_rows_s'] / r['own_rows_s']:.2f}x | "
             f"{r['server_cpu_ms_row']:.3f} | {r['client_cpu_ms_row']:.3f} | "
-            f"{r['own_cpu_ms_row']:.3f} |")
+            f"{r['own_cpu_ms_row']:.3f} | {full} | {r['busy']:.0%} | "
+            f"{r['infer_ms_run']:.2f} / {own_run_ms:.2f} | {r['batches']} | {r['load']} |")
     return "\n".join(lines)
 
 
@@ -273,9 +368,14 @@ def main(argv: list[str] | None = None) -> int:
                     served = through_server(server, case, args)
                     own = framework_own(case, max(1, round(served["mean_batch"])),
                                         args.own_seconds)
+                    if case.full_batch:
+                        full = framework_own(case, case.full_batch, args.own_seconds)
+                        own["own_full_rows_s"], own["own_full_way"] = full["own_rows_s"], \
+                            full["own_way"]
                     results.append({"case": case.model, "round": round_index, **served, **own})
                     print(table(results[-1:]).splitlines()[-1], flush=True)
-    print(f"\n{os.cpu_count()} CPUs; gRPC c{args.concurrency}, {args.rows_per_request} row(s) "
+    print(f"\n{os.cpu_count()} CPUs; gRPC c{args.concurrency} (onnx_mlp: c16), "
+          f"{args.rows_per_request} row(s) "
           "per request, dynamic "
           "batching, one instance; load average "
           + "/".join(f"{v:.1f}" for v in os.getloadavg()))

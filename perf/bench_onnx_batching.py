@@ -75,6 +75,11 @@ VARIANTS = {
     "spin": "BATCHER" + _parameter("session.intra_op.allow_spinning", "1"),
     "nospin": "BATCHER" + _parameter("session.intra_op.allow_spinning", "0"),
     "intra1": "BATCHER" + _parameter("intra_op_thread_count", "1"),
+    # Two instances: onnxruntime's own thread count in each (a thread per core), or one
+    # thread each, the share of the cores other CPU backends give (backends/cpu_share.py).
+    "2inst": "BATCHER" + "instance_group [ { kind: KIND_CPU count: 2 } ]\n",
+    "2inst_intra1": "BATCHER" + _parameter("intra_op_thread_count", "1")
+    + "instance_group [ { kind: KIND_CPU count: 2 } ]\n",
     "delay0": _batcher(0),
     "delay5ms": _batcher(5000),
     "delay10ms": _batcher(10000),
