@@ -14,6 +14,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from ..core import json_steps
+from . import lenient_json
 from .errors import ConfigError
 
 _MESSAGE = FieldDescriptor.CPPTYPE_MESSAGE
@@ -126,9 +127,32 @@ def _load_json(text: str | bytes):
     if json_steps.deeper_than(text, MAX_CONFIG_DEPTH):
         raise ConfigError(f"invalid JSON: containers nested deeper than {MAX_CONFIG_DEPTH}")
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_Members.of)
     except json.JSONDecodeError as error:
+        strict = lenient_json.to_strict(text if isinstance(text, str) else text.decode(
+            "utf-8", "replace"))  # what protobuf's parser, Triton's, reads besides
+        if strict is not None:
+            try:
+                return json.loads(strict, object_pairs_hook=_Members.of)
+            except json.JSONDecodeError:
+                pass
         raise ConfigError(f"invalid JSON: {error.msg}", error.lineno, error.colno) from None
+
+
+class _Members(dict):
+    """A JSON object as read, the keys it named more than once kept: protobuf's JSON
+    parser (Triton's) takes the last of a field named twice, but refuses a map's key
+    named twice."""
+
+    repeated: tuple = ()
+
+    @classmethod
+    def of(cls, pairs: list) -> "_Members":
+        members = cls(pairs)
+        if len(members) < len(pairs):
+            seen: set = set()
+            members.repeated = tuple(k for k, _ in pairs if k in seen or seen.add(k))
+        return members
 
 
 def _normalize(data: dict, descriptor, path: str) -> dict:
@@ -158,6 +182,8 @@ def _normalize_field(value, field, where: str):
         value_field = field.message_type.fields_by_name["value"]
         if not isinstance(value, dict):
             return value  # ParseDict says what is wrong
+        if getattr(value, "repeated", ()):
+            raise ConfigError(f'duplicate key "{value.repeated[0]}" in map {where}')
         return {k: _normalize_field(v, value_field, f"{where}[{k}]") for k, v in value.items()}
     if field.is_repeated and isinstance(value, list):
         return [_normalize_single(item, field, f"{where}[{i}]") for i, item in enumerate(value)]
