@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from mini_triton.core.errors import Code, TritonError
 from mini_triton.core.request import InferenceRequest
 from mini_triton.core.tensor import Tensor
-from mini_triton.scheduling.batch import concat_inputs, split_outputs
+from mini_triton.core.batch import concat_inputs, split_outputs
 from mini_triton.scheduling.dynamic import BatchFormer, BatchingRules
 from mini_triton.scheduling.queue import PriorityQueues
 

@@ -23,8 +23,8 @@ from ..core.request import InferenceRequest, InferenceResponse
 from ..core.stats import ExecutionTiming
 from ..core.tensor import Tensor
 from ..core.validate import config_datatype
-from ..scheduling import batch as batching
-from ..scheduling.batch_inputs import ragged_inputs, scatter_outputs
+from ..core import batch as batching
+from ..core.batch_inputs import ragged_inputs, scatter_outputs
 
 
 @dataclass
@@ -63,6 +63,11 @@ class ModelInstance:
     #: API's response_stats), as for Triton's backends that report them; Triton 2.51's
     #: Python backend reports none.
     reports_response_statistics = True
+
+    #: Whether every non-decoupled request has its final response once `execute`
+    #: returns (the scheduler answers the rest with an error); a backend whose models
+    #: may answer later (a Python model's response sender) sees to its requests itself.
+    responds_in_execute = False
 
     def execute(self, requests: list[InferenceRequest]) -> ExecutionTiming:
         raise NotImplementedError
@@ -126,6 +131,8 @@ class Backend:
 
 class TensorBatchInstance(ModelInstance):
     """An instance that computes on concatenated input arrays."""
+
+    responds_in_execute = True  # `execute` writes every request's outputs
 
     def __init__(self, config: mc.ModelConfig):
         self.config = config

@@ -26,7 +26,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.errors import invalid_arg
 from ..core.validate import SEQUENCE_END, SEQUENCE_START
-from ..scheduling.implicit_state import initial_values
+from .implicit_state import initial_values
 from .base import Backend, ModelContext, TensorBatchInstance
 
 _INDEXED = re.compile(r"^(?:INPUT|OUTPUT)(\d+)$")

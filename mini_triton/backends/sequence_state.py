@@ -5,7 +5,7 @@ Each state is an input/output pair the client never sends: the state output
 of a sequence's i-th request becomes the state input of its (i+1)-th. A
 sequence starts from `initial_state` (zeros, or a file under the model's
 `initial_state/` folder) or, without one, from zeros with every free dim
-taken as 1 (scheduling/implicit_state.py); its state is dropped when the
+taken as 1 (backends/implicit_state.py); its state is dropped when the
 sequence ends or the sequence batcher gives it up (idle, cancelled).
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.validate import SEQUENCE_END, SEQUENCE_START
-from ..scheduling.implicit_state import initial_values
+from .implicit_state import initial_values
 
 
 class ImplicitState:

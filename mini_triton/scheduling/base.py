@@ -279,12 +279,9 @@ def _answers_within_execute(instance) -> bool:
     """Whether every non-decoupled request has its final response once `execute`
     returns: true of tensor backends; a backend whose models may answer later
     (a Python model's response sender) sees to its requests itself."""
-    declared = getattr(instance, "responds_in_execute", None)
-    if declared is not None:
-        return bool(declared)
-    from ..backends.base import TensorBatchInstance
-
-    return isinstance(instance, TensorBatchInstance)
+    # Declared by the instance (backends/base.py: ModelInstance.responds_in_execute),
+    # so the scheduler need not know the backends' classes.
+    return bool(getattr(instance, "responds_in_execute", False))
 
 
 def _fail_unanswered(requests: list, error: TritonError) -> None:

@@ -19,8 +19,8 @@ from ..core.errors import unavailable
 from ..core.request import InferenceRequest
 from ..core.stats import ModelStats
 from .base import TIMEOUT_MESSAGE, cancelled_error, execute_batch, fail, tap
-from .batch import BatchShapeRule
-from .batch_inputs import BatchInputs
+from ..core.batch import BatchShapeRule
+from ..core.batch_inputs import BatchInputs
 from .ordering import ResponseOrderer
 from .queue import Entry, PriorityQueues
 from .rate_limiter import release_gates

@@ -33,7 +33,7 @@ from ..core.request import InferenceRequest
 from ..core.stats import ModelStats
 from ..core.validate import SEQUENCE_END, SEQUENCE_START
 from .base import cancelled_error, fail, finished, tap
-from .batch_inputs import BatchInputs
+from ..core.batch_inputs import BatchInputs
 from .controls import SequenceControls
 from .dynamic import STOPPING_MESSAGE
 from .rate_limiter import release_gates

@@ -30,7 +30,7 @@ from ..core.request import InferenceRequest
 from ..core.tensor import Tensor
 from ..core.validate import SEQUENCE_END
 from .base import cancelled_error, execute_batch, fail
-from .batch import BatchShapeRule
+from ..core.batch import BatchShapeRule
 from .dynamic import BatchFormer, BatchingRules, fail_dropped
 from .ordering import ResponseOrderer
 from .rate_limiter import release_gates

@@ -35,7 +35,7 @@ from ..core.request import InferenceRequest
 from ..core.tensor import Tensor
 from ..core.stats import ModelStats
 from .base import _answers_within_execute, begin_batch, end_batch
-from .batch_inputs import BatchInputs
+from ..core.batch_inputs import BatchInputs
 
 log = logging.getLogger("mini_triton.scheduling")
 

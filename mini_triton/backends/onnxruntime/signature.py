@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ...core.errors import TritonError, invalid_arg
-from ...scheduling.batch_inputs import batch_input_names
+from ...core.batch_inputs import batch_input_names
 from ..model_checks import (check_datatype, compare_dims, configured_dims, find_tensor,
                             format_dims, type_name)
 

@@ -14,7 +14,7 @@ import threading
 import time
 
 from ...core.errors import TritonError, invalid_arg, internal
-from ...scheduling import batch as batching
+from ...core import batch as batching
 from .convert import Reply, core_response
 
 

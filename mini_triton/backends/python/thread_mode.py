@@ -11,7 +11,7 @@ import time
 
 from ...core.errors import TritonError, internal, unavailable
 from ...core.stats import ExecutionTiming
-from ...scheduling import batch as batching
+from ...core import batch as batching
 from ..base import ModelInstance
 from . import convert
 from . import utils as pb

@@ -24,7 +24,7 @@ from enum import Enum
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ...core.errors import internal, invalid_arg
-from ...scheduling.batch_inputs import batch_input_names
+from ...core.batch_inputs import batch_input_names
 
 log = logging.getLogger("mini_triton.backends.pytorch")
 

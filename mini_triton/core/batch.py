@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.errors import internal
+from .errors import internal
 
 
 @dataclass(frozen=True)

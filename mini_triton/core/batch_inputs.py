@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..core.tensor import Tensor
+from .tensor import Tensor
 
 _Kind = mc.BatchInput.Kind
 ELEMENT_COUNT = _Kind.Value("BATCH_ELEMENT_COUNT")
