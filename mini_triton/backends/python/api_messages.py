@@ -325,7 +325,10 @@ class InferenceRequest:
             raise TritonModelException("a request passed to execute cannot be executed again")
         responses = host.infer(self, bool(decoupled))
         if decoupled:
-            return ResponseIterator(responses)
+            # As Triton's exec, it returns with the first response in hand: iterating
+            # then waits only for later ones (an async_exec awaited does not leave its
+            # event loop's other coroutines waiting behind the call).
+            return ResponseIterator(responses, responses.next())
         return responses.final()
 
     def _bls_parameters(self) -> dict:
@@ -359,8 +362,9 @@ class ResponseIterator:
     """The responses of a decoupled BLS call; the last one carries the final flag
     (and is empty when the model sent the flag alone)."""
 
-    def __init__(self, responses: _ResponseQueue):
+    def __init__(self, responses: _ResponseQueue, first: tuple | None = None):
         self._responses = responses
+        self._first = first  # (response, final), already received
         self._done = False
 
     def __iter__(self):
@@ -369,7 +373,10 @@ class ResponseIterator:
     def __next__(self):
         if self._done:
             raise StopIteration
-        response, final = self._responses.next()
+        if self._first is not None:
+            (response, final), self._first = self._first, None
+        else:
+            response, final = self._responses.next()
         if final:
             self._done = True
         return response
