@@ -262,6 +262,8 @@ def _http_mistakes():
             t, infer, {"inputs": [dict(ECHO_JSON, name="NOPE")]})),
         ("http err wrong datatype", lambda t: post_json(
             t, infer, {"inputs": [dict(ECHO_JSON, datatype="INT32")]})),
+        ("http err input twice", lambda t: post_json(
+            t, infer, {"inputs": [ECHO_JSON, ECHO_JSON]})),
         ("http err unknown output", lambda t: post_json(
             t, infer, {"inputs": [ECHO_JSON], "outputs": [{"name": "NOPE"}]})),
         ("http err batch too large", lambda t: post_json(t, infer, {"inputs": [dict(

@@ -62,7 +62,7 @@ CASES = [
     ("duplicate_input", "identity_fp32",
      lambda p: [make_input(p, "INPUT0", np.ones((1, 4), np.float32), "FP32"),
                 make_input(p, "INPUT0", np.ones((1, 4), np.float32), "FP32")], {},
-     "INVALID_ARG", "input 'INPUT0' already exists in request"),
+     "INVALID_ARG", "[request id: <id_unknown>] input 'INPUT0' already exists in request"),
     ("unknown_output", "identity_fp32",
      lambda p: [make_input(p, "INPUT0", np.ones((1, 4), np.float32), "FP32")],
      {"outputs": "NOPE"}, "INVALID_ARG",

@@ -147,7 +147,10 @@ def _check(request: InferenceRequest, model: ModelSignature) -> int:
     specs = model.inputs
     inputs_by_name = {tensor.name: tensor for tensor in request.inputs}
     if len(inputs_by_name) != len(request.inputs) or not specs.keys() >= inputs_by_name.keys():
-        inputs_by_name = _index_inputs(request, model.name)  # raises Triton's error
+        try:
+            inputs_by_name = _index_inputs(request, model.name)  # raises Triton's error
+        except TritonError as error:  # named as Triton's core names it
+            raise _naming_request(error, request)
         _check_known_inputs(inputs_by_name, specs, model.name)
     try:
         if not model.required <= inputs_by_name.keys():
