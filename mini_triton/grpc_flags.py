@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from .flag_types import boolean, in_range, non_negative, non_negative_float, \
+from .cli.flag_types import boolean, in_range, non_negative, non_negative_float, \
     non_negative_seconds, positive
 from .frontends.grpc_server import GrpcOptions
 from .frontends.grpc_stream import DEFAULT_STREAM_MAX_IN_FLIGHT, DEFAULT_STREAM_MAX_QUEUED_BYTES

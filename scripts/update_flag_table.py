@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mini_triton.cli import build_parser  # noqa: E402
-from mini_triton.triton_flags import markdown_table  # noqa: E402
+from mini_triton.cli.triton_flags import markdown_table  # noqa: E402
 
 PAGE = ROOT / "docs" / "migrating-from-triton.md"
 BEGIN, END = "<!-- flag table: begin -->\n", "<!-- flag table: end -->\n"

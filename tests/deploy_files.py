@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mini_triton.cli import build_parser, settings_from
-from mini_triton.triton_flags import BY_NAME, NOT_HONOURED
+from mini_triton.cli.triton_flags import BY_NAME, NOT_HONOURED
 
 
 ROOT = Path(__file__).resolve().parents[1]

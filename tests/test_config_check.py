@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mini_triton.config.check import main
+from mini_triton.cli.check_config import main
 
 GOOD = ('name: "good"\nbackend: "identity"\nmax_batch_size: 8\n'
         'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
@@ -131,7 +131,7 @@ def test_check_config_in_a_fresh_process(configs):
     good, bad = configs
     done = subprocess.run(
         [sys.executable, "-c",
-         "import sys; from mini_triton.config.check import main; sys.exit(main(sys.argv[1:]))",
+         "import sys; from mini_triton.cli.check_config import main; sys.exit(main(sys.argv[1:]))",
          str(good), str(bad)],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
     )

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto as TP
 
 from conftest import connect, server_settings
-from mini_triton.config.check import main
+from mini_triton.cli.check_config import main
 from mini_triton.server import ServerThread
 from test_onnx_backend import add_sub, write_model
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from mini_triton.cli import build_parser  # noqa: E402
 from mini_triton.config.coverage import FIELDS, HONOURED, IRRELEVANT, WARNED  # noqa: E402
-from mini_triton.triton_flags import BY_NAME, NOT_HONOURED  # noqa: E402
+from mini_triton.cli.triton_flags import BY_NAME, NOT_HONOURED  # noqa: E402
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"

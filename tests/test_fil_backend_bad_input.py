@@ -16,7 +16,7 @@ for _library in ("xgboost", "lightgbm", "treelite", "sklearn"):
 from conftest import connect, server_settings  # noqa: E402
 from fil_models import (fil_config, lightgbm_regressor, rows,  # noqa: E402
                         save_with_unknown_field, write_fil_model, xgboost_classifier)
-from mini_triton.config.check import main as check_config  # noqa: E402
+from mini_triton.cli.check_config import main as check_config  # noqa: E402
 from mini_triton.server import ServerThread  # noqa: E402
 
 

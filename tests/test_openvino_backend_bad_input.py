@@ -13,7 +13,7 @@ pytest.importorskip("openvino", reason="openvino is missing (pip install "
                     "'mini-triton[openvino]')")
 
 from conftest import connect, server_settings  # noqa: E402
-from mini_triton.config.check import main as check_config  # noqa: E402
+from mini_triton.cli.check_config import main as check_config  # noqa: E402
 from mini_triton.server import ServerThread  # noqa: E402
 from openvino_models import mlp_onnx, openvino_predict, save_ir, write_model  # noqa: E402
 

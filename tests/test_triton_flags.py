@@ -13,7 +13,7 @@ import pytest
 
 from conftest import free_port
 from mini_triton.cli import build_parser, settings_from
-from mini_triton.triton_flags import BY_NAME, NOT_APPLICABLE, NOT_HONOURED, TRITON_FLAGS
+from mini_triton.cli.triton_flags import BY_NAME, NOT_APPLICABLE, NOT_HONOURED, TRITON_FLAGS
 from serverproc import ServerProcess
 from test_lifecycle import write_model
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..config.coverage import HONOURED
-from ..triton_flags import NOT_APPLICABLE  # a setting's status, as for a flag
+from ..config.coverage import HONOURED, NOT_APPLICABLE
 from .pytorch.settings import BOOLEANS as PYTORCH_BOOLEANS
 from .pytorch.settings import INTEGERS as PYTORCH_INTEGERS
 

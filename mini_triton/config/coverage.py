@@ -26,6 +26,7 @@ from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as mc
 
 HONOURED = "honoured"
+NOT_APPLICABLE = "not applicable"  # a flag or backend setting for a mechanism not here
 WARNED = "warned"
 IRRELEVANT = "irrelevant"
 

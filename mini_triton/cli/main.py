@@ -9,36 +9,37 @@ import os
 import sys
 from pathlib import Path
 
-from . import TRITON_VERSION, __version__
-from .backends.backend_config import backend_setting, by_backend, start_up_notes
-from .core.names import model_name_problem
-from .core.response_cache import parse_cache_config
-from .frontends.grpc_server import MAX_MESSAGE_SIZE
-from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
+from .. import TRITON_VERSION, __version__
+from ..backends.backend_config import backend_setting, by_backend, start_up_notes
+from ..core.names import model_name_problem
+from ..core.response_cache import parse_cache_config
+from ..frontends.grpc_server import MAX_MESSAGE_SIZE
+from ..frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
                                       DEFAULT_MAX_URL_SIZE)
-from .frontends.http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES as \
+from ..frontends.http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES as \
     DEFAULT_HTTP_STREAM_MAX_QUEUED_BYTES
-from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
+from ..frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
                                     DEFAULT_MAX_PIPELINED_REQUESTS)
-from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE
-from .frontends.http_offload import DEFAULT_JSON_OFFLOAD_SIZE
-from .frontends.header_forward import compile_pattern
-from .frontends.restrictions import parse_restrictions
-from .frontends.tls import TlsFiles
-from .repository.storage import repository_location
-from .scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
-from .scheduling.rate_limiter import parse_resource
-from .logsettings import FORMATS as LOG_FORMATS
-from .logsettings import TritonFormatter
-from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
-from .metrics import DEFAULT_PINNED_POOL_BYTES
-from .tracing import LIMIT_SETTINGS, Tracer, TraceLimits
+from ..frontends.http_server import DEFAULT_MAX_INPUT_SIZE
+from ..frontends.http_offload import DEFAULT_JSON_OFFLOAD_SIZE
+from ..frontends.header_forward import compile_pattern
+from ..frontends.restrictions import parse_restrictions
+from ..frontends.tls import TlsFiles
+from ..repository.storage import repository_location
+from ..scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
+from ..scheduling.rate_limiter import parse_resource
+from ..logsettings import FORMATS as LOG_FORMATS
+from ..logsettings import TritonFormatter
+from ..metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS
+from ..metrics import DEFAULT_PINNED_POOL_BYTES
+from ..tracing import LIMIT_SETTINGS, Tracer, TraceLimits
 from .triton_flags import (NOT_APPLICABLE, accepted_flags_given, add_accepted_flags,
                            grouped_adder)
-from .server import Settings, run
+from ..server import Settings, run
+from .check_config import main as check_config
 from .flag_types import (boolean, integer, non_negative, non_negative_float,  # noqa: F401
                          non_negative_seconds, port, positive)
-from .grpc_flags import add_grpc_flags, grpc_http2_limits, grpc_options
+from ..grpc_flags import add_grpc_flags, grpc_http2_limits, grpc_options
 from .bound_flags import add_bound_flags, bound_settings
 from .endpoint_flags import (add_endpoint_flags, check_port_collisions, sagemaker_settings,
                              vertex_mode, vertex_settings)
@@ -427,8 +428,6 @@ def configure_logging(verbose: int, info: bool, log_format: str = "default") -> 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "check-config":
-        from .config.check import main as check_config
-
         return check_config(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

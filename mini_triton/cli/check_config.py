@@ -30,13 +30,20 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.errors import TritonError
-from ..flag_types import boolean
-from . import ConfigError
-from .autofill import AutofillError, default_model_filename
-from .json_format import config_to_json
-from .locate import where
-from .validation import RuleError
-from .validation.ensemble import validate_ensemble_steps
+from ..backends.backend_config import backend_setting, by_backend
+from ..backends.base import ModelContext
+from ..backends.registry import backend_class
+from ..config import ConfigError
+from ..config.autofill import AutofillError, default_model_filename
+from ..config.json_format import config_to_json
+from ..config.locate import where
+from ..config.validation import RuleError
+from ..config.validation.ensemble import validate_ensemble_steps
+from ..repository import model_config as loader
+from ..repository import scan
+from ..repository.model_config import backend_name
+from ..repository.records import ServerOptions
+from .flag_types import boolean
 
 USAGE = ("usage: mini-triton check-config [--disable-auto-complete-config] "
          "[--strict-model-config=BOOL] [--backend-config=[BACKEND,]SETTING=VALUE]... PATH... "
@@ -55,9 +62,6 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_arguments(argv: list[str]) -> tuple[list[str], object]:
     """(paths, the loader's ServerOptions) of a check-config command line; _UsageError."""
-    # The command sits on top, as the server does: it loads configs with the loader.
-    from ..backends.backend_config import backend_setting, by_backend
-    from ..repository.records import ServerOptions
 
     def backend_config(value: str) -> tuple[str, str, str]:
         try:
@@ -129,7 +133,6 @@ def _is_model_folder(path: Path) -> bool:
 
 def check_model(folder: Path, options, config_path: Path | None = None):
     """(passed, completed config or None) of one model; prints its JSON or its error."""
-    from ..repository import model_config as loader
 
     config_path = config_path or folder / CONFIG_NAME
     try:
@@ -172,10 +175,6 @@ def _report(source: Path, model: str, error: Exception, rule: str = "") -> None:
 def _check_version_folders(folder: Path, config: mc.ModelConfig, options) -> None:
     """What loading needs of the folders: a version to load, and its model file, which
     agrees with the config where the backend can tell without starting an instance."""
-    from ..backends.base import ModelContext
-    from ..backends.registry import backend_class
-    from ..repository import scan
-    from ..repository.model_config import backend_name
 
     versions = scan.versions_to_load(scan.available_versions(folder), config.version_policy)
     if not versions:

@@ -4,7 +4,7 @@ does here.
 A deployment file written for tritonserver must start this server unchanged, so
 every one of its flags is accepted. A flag is one of:
 
-- honoured: it does here what it does in Triton (cli.py defines it);
+- honoured: it does here what it does in Triton (cli/main.py defines it);
 - not applicable: it only means something on a GPU or inside Triton's C++ runtime
   (memory pools, thread pools of its HTTP library, shared-library directories); it is
   accepted and named once in the start-up log;
@@ -14,9 +14,11 @@ every one of its flags is accepted. A flag is one of:
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
-NOT_APPLICABLE = "not applicable"
+from ..config.coverage import NOT_APPLICABLE
+from .flag_types import boolean
 NOT_YET = "not yet honoured"
 
 # tritonserver --help's groups, in its order ("" is the global group with --help).
@@ -92,8 +94,8 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = tuple(
              "trace-log-frequency:int")
 )
 
-# Why each flag that cli.py does not honour is only accepted. A flag missing both
-# here and from cli.py fails the test that walks TRITON_FLAGS.
+# Why each flag that cli/main.py does not honour is only accepted. A flag missing both
+# here and from cli/main.py fails the test that walks TRITON_FLAGS.
 NOT_HONOURED: dict[str, tuple[str, str]] = {
     "enable-peer-access": (NOT_APPLICABLE, "CUDA peer access between GPUs"),
     "http-thread-count": (NOT_APPLICABLE, "HTTP is served by the event loop, not a thread pool"),
@@ -158,13 +160,11 @@ def _accepted_value(argument: str):
     if argument == "float":
         return number(float)
     if argument == "bool":
-        from .cli import boolean
         return boolean
     return str
 
 
 def _argument_error(message: str):
-    import argparse
     return argparse.ArgumentTypeError(message)
 
 

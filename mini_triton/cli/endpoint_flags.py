@@ -8,8 +8,9 @@ import argparse
 import os
 from collections.abc import Mapping
 
-from .frontends.sagemaker_routes import SagemakerSettings
-from .frontends.vertex_ai_routes import VertexSettings
+from ..frontends.sagemaker_routes import SagemakerSettings
+from ..frontends.vertex_ai_routes import VertexSettings
+from .flag_types import port
 
 DEFAULT_CLOUD_PORT = 8080  # both front ends' default port in tritonserver
 
@@ -83,7 +84,6 @@ def vertex_settings(args: argparse.Namespace,
 def _environment_port(name: str, environ: Mapping[str, str]) -> int:
     if not environ.get(name):
         return DEFAULT_CLOUD_PORT
-    from .cli import port
     return _environment_value(port, name, environ)
 
 

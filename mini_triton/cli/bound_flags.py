@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from .core.stream_budget import DEFAULT_STREAM_MAX_TOTAL_QUEUED_BYTES, TOTAL_LIMIT_FLAG
+from ..core.stream_budget import DEFAULT_STREAM_MAX_TOTAL_QUEUED_BYTES, TOTAL_LIMIT_FLAG
 from .flag_types import non_negative, non_negative_seconds
-from .frontends.accept_gate import (DEFAULT_FD_RESERVE, DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECS,
+from ..frontends.accept_gate import (DEFAULT_FD_RESERVE, DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECS,
                                     HANDSHAKE_FLAG, RESERVE_FLAG, AcceptLimits)
 
 

@@ -1,0 +1,14 @@
+"""The command line, on top of the house: nothing of ours imports it but `__main__`.
+
+- main.py: `mini-triton`'s parser, its settings and `main` (the server, or a subcommand);
+- check_config.py: the `check-config` subcommand, which reads configs with the loader's
+  own code (repository/, backends/);
+- triton_flags.py: every tritonserver 2.51 flag and what it does here;
+- flag_types.py: argparse types shared by every flag module;
+- endpoint_flags.py, bound_flags.py: the SageMaker/Vertex AI endpoints' flags, and the
+  bounds on connections and queued bytes (the gRPC flags sit in ../grpc_flags.py for now).
+"""
+
+from .main import build_parser, configure_logging, main, settings_from
+
+__all__ = ["build_parser", "configure_logging", "main", "settings_from"]
