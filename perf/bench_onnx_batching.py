@@ -75,10 +75,11 @@ VARIANTS = {
     "spin": "BATCHER" + _parameter("session.intra_op.allow_spinning", "1"),
     "nospin": "BATCHER" + _parameter("session.intra_op.allow_spinning", "0"),
     "intra1": "BATCHER" + _parameter("intra_op_thread_count", "1"),
-    # Two instances: onnxruntime's own thread count in each (a thread per core), or one
-    # thread each, the share of the cores other CPU backends give (backends/cpu_share.py).
+    # Two instances: each with its share of the cores less the front end's one (the
+    # default for several instances, backends/cpu_share.py), or onnxruntime's own count
+    # (a thread per core) in each, the default before.
     "2inst": "BATCHER" + "instance_group [ { kind: KIND_CPU count: 2 } ]\n",
-    "2inst_intra1": "BATCHER" + _parameter("intra_op_thread_count", "1")
+    "2inst_ortthreads": "BATCHER" + _parameter("intra_op_thread_count", "0")
     + "instance_group [ { kind: KIND_CPU count: 2 } ]\n",
     "delay0": _batcher(0),
     "delay5ms": _batcher(5000),

@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
+from mini_triton.backends import cpu_share
 from mini_triton.backends.base import ModelContext
 from mini_triton.backends.onnxruntime import OnnxRuntimeBackend
 from mini_triton.core.request import InferenceRequest
@@ -168,6 +169,35 @@ def test_a_spinning_value_other_than_0_or_1_is_refused_naming_it(identity):
     with pytest.raises(TritonError, match="'session.intra_op.allow_spinning' must be 0 or 1, "
                                           "got 'yes'"):
         _spinning(identity, bad)
+
+
+def _intra_op_threads(folder: Path, lines: str = "") -> int:
+    from mini_triton.backends.onnxruntime.session import session_options
+
+    (folder / "config.pbtxt").write_text(
+        f'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n{lines}')
+    return session_options(read_config(folder.name, folder, ServerOptions())).intra_op_num_threads
+
+
+def test_several_instances_share_the_cores_unless_the_config_gives_a_count(identity,
+                                                                           monkeypatch):
+    # onnxruntime's own count (0: a thread per core) in each of N instances would put N
+    # compute threads on every core; one instance keeps it, as in Triton.
+    monkeypatch.setattr(cpu_share, "available_cores", lambda: 8)
+    assert _intra_op_threads(identity, "instance_group [{ kind: KIND_CPU count: 1 }]") == 0
+    assert _intra_op_threads(identity) == 3  # no group: two CPU instances, as in Triton
+    assert _intra_op_threads(identity, "instance_group [{ kind: KIND_CPU count: 2 }]") == 3
+    assert _intra_op_threads(identity, "instance_group [{ kind: KIND_CPU count: 9 }]") == 1
+    monkeypatch.setattr(cpu_share, "available_cores", lambda: 2)
+    assert _intra_op_threads(identity, "instance_group [{ kind: KIND_CPU count: 2 }]") == 1
+    # A count the config gives is taken as it is, 0 (onnxruntime's own) included.
+    count = 'parameters {{ key: "intra_op_thread_count" value: {{ string_value: "{}" }} }}'
+    group = "instance_group [{ kind: KIND_CPU count: 2 }]\n"
+    assert _intra_op_threads(identity, group + count.format(3)) == 3
+    assert _intra_op_threads(identity, group + count.format(0)) == 0
+    _, _, instance = load(identity)  # a session with those options runs
+    x = np.ones((1, 4), np.float32)
+    np.testing.assert_array_equal(instance.compute({"X": x})["Y"], x)
 
 
 # --- a batch: inputs joined once, outputs handed back as views ---
