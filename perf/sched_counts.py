@@ -99,7 +99,7 @@ def count(tree: Path, top: int) -> None:
         scheduler = LoopScheduler(text_format.Parse(CONFIG, mc.ModelConfig()), [instance],
                                   ModelStats("m", "1"), loop)
         for r in requests:
-            r.respond = lambda response: None  # the frontend's delivery, not counted
+            r.deliver = lambda response: None  # the frontend's delivery, not counted
         if queued:
             scheduler.submit(requests[0])  # the instance is busy from here on
         sys.settrace(tracer)

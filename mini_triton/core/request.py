@@ -260,6 +260,9 @@ class InferenceRequest:
     # offset, byte size); a backend may write them there itself. None: none.
     output_regions: ClassVar[dict | None] = None
     # Set by schedulers and backends:
+    # Every response passes here before `deliver` (a scheduler's tap: one final response,
+    # statistics, ordering); None: `respond` delivers at once.
+    on_response: ClassVar[Callable[[InferenceResponse], None] | None] = None
     queue_start_ns: ClassVar[int] = 0
     cancelled: ClassVar[bool] = False
     timing: ClassVar[object] = None  # the ExecutionTiming of the execution that ran it
@@ -309,7 +312,16 @@ class InferenceRequest:
         return None
 
     def respond(self, response: InferenceResponse) -> None:
-        """Send one response of this request (thread-safe); nothing after the final one."""
+        """Send one response of this request (thread-safe): through the scheduler's
+        `on_response` hook where one is set (it delivers with `deliver`), else delivered."""
+        hook = self.on_response
+        if hook is None:
+            self.deliver(response)
+        else:
+            hook(response)
+
+    def deliver(self, response: InferenceResponse) -> None:
+        """Hand one response to the stream (thread-safe); nothing after the final one."""
         if self.completed:
             return
         if self.transform is not None and response.error is None:
@@ -320,10 +332,9 @@ class InferenceRequest:
                                              error=error, final=response.final)
         if response.final:
             self.completed = True
-            # A scheduler's tap (scheduling.base.Tap) sits in front of this method as
-            # an instance attribute and holds it bound: a cycle that would leave every
-            # answered request to the garbage collector instead of reference counting.
-            self.__dict__.pop("respond", None)
+            # The hook holds this method bound: a cycle that would leave every answered
+            # request to the garbage collector instead of reference counting.
+            self.__dict__.pop("on_response", None)
             stream = self.stream
             if stream.__class__ is FinalAnswer and stream.thread == threading.get_ident():
                 # Answered within this call, on the loop: account right after (the

@@ -105,17 +105,16 @@ class Tap:
 
 def tap(request: InferenceRequest) -> Tap:
     """The request's tap, installed on first use in front of `request.respond`."""
-    current = request.__dict__.get("respond")
+    current = request.on_response
     if isinstance(current, Tap):
         return current
-    installed = Tap(request.respond)
-    request.respond = installed  # an instance attribute: backends keep calling request.respond
+    installed = request.on_response = Tap(request.deliver)  # backends keep calling respond
     return installed
 
 
 def finished(request: InferenceRequest) -> bool:
     """Whether the request has had its final response."""
-    current = request.__dict__.get("respond")
+    current = request.on_response
     return current.final_seen if isinstance(current, Tap) else request.completed
 
 
@@ -169,9 +168,9 @@ def begin_batch(instance, requests: list, stats: ModelStats,
     hold = threading.Lock()
     taps = []
     for request in requests:
-        request_tap = request.__dict__.get("respond")
+        request_tap = request.on_response
         if request_tap.__class__ is not Tap:  # `tap(request)` without its call and checks
-            request_tap = request.respond = Tap(request.respond)
+            request_tap = request.on_response = Tap(request.deliver)
         request_tap.hold = hold  # hold_final, for the whole batch at once
         taps.append(request_tap)
     start = time.monotonic_ns()
