@@ -193,6 +193,9 @@ class QueuedScheduler:
         self.condition = threading.Condition(self.lock)
         self.executing = 0  # requests handed to an instance and not yet returned
         self.stopping = False
+        # The instances waiting for work, in both batchers: a threaded one's worker adds
+        # its instance while it waits; the loop-driven one pops the next to run.
+        self.idle: list = []
 
     def submit(self, request: InferenceRequest) -> None:
         now = time.monotonic_ns()
@@ -237,7 +240,6 @@ class DynamicScheduler(QueuedScheduler):
     def __init__(self, config: mc.ModelConfig, instances: list, stats: ModelStats,
                  backend_batches: bool = True, gates: list | None = None):
         super().__init__(config, stats, backend_batches)
-        self.idle = 0  # instances waiting for work
         self.instances: list = []
         self.workers: dict[int, threading.Thread] = {}  # id(instance) → its thread
         self.gate_of: dict[int, object] = {}  # id(instance) → the rate limiter's hold, if any
@@ -302,7 +304,7 @@ class DynamicScheduler(QueuedScheduler):
         returning = False
         try:
             while True:
-                batch = self._next_batch(returning, gate, id(instance))
+                batch = self._next_batch(instance, returning, gate)
                 returning = True
                 if batch is None:
                     return
@@ -322,16 +324,16 @@ class DynamicScheduler(QueuedScheduler):
         finally:
             instance.finalize()
 
-    def _next_batch(self, returning: bool, gate=None, key: int = 0) -> list | None:
-        """The next batch for an instance (None: it stops: the scheduler stops, or the
-        instance `key` names retires). An instance back from an execution leaves
-        waiting work to an idle one first, so load spreads over the instances."""
+    def _next_batch(self, instance, returning: bool, gate=None) -> list | None:
+        """The next batch for `instance` (None: it stops: the scheduler stops, or the
+        instance retires). An instance back from an execution leaves waiting work to
+        an idle one first, so load spreads over the instances."""
         with self.condition:
             if returning and self.idle and self.queues.count:
                 self.condition.notify()
-                self._wait(None, gate)
+                self._wait(instance, None, gate)
             while True:
-                if self.retiring and key in self.retiring:
+                if self.retiring and id(instance) in self.retiring:
                     return self._leave(gate)
                 taken = self.former.take(time.monotonic_ns())
                 if taken.dropped:
@@ -351,7 +353,8 @@ class DynamicScheduler(QueuedScheduler):
                     if gate is not None:
                         gate.withdraw()
                     return None
-                self._wait(None if taken.wait_ns is None else taken.wait_ns / 1e9, gate)
+                self._wait(instance, None if taken.wait_ns is None else taken.wait_ns / 1e9,
+                           gate)
 
     def _leave(self, gate=None) -> None:
         """With the lock held: a retiring instance stops taking work; another takes
@@ -362,14 +365,14 @@ class DynamicScheduler(QueuedScheduler):
             self.condition.notify()
         return None
 
-    def _wait(self, timeout: float | None, gate=None) -> None:
+    def _wait(self, instance, timeout: float | None, gate=None) -> None:
         if gate is not None:
             gate.withdraw()  # an idle instance holds no resources, nor a place in line
-        self.idle += 1
+        self.idle.append(instance)
         try:
             self.condition.wait(timeout)
         finally:
-            self.idle -= 1
+            self.idle.remove(instance)
 
 
 def fail_dropped(requests: list) -> None:
