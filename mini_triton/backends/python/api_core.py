@@ -9,6 +9,7 @@ import struct
 import numpy as np
 
 from ...core.datatypes import DATATYPES as _DATATYPES  # private: pb_utils star-imports this
+from . import api_args as _args
 
 # --- Triton's constants ---
 
@@ -114,6 +115,11 @@ class TritonModelException(Exception):
     """Raised by the API on misuse; raised by a model to fail its requests."""
 
 
+_ERROR_SIGNATURE = (f"{_args.bound('TritonError')}(message: str, code: "
+                    f"{_args.bound('TritonError')}"
+                    ".__ErrorCode = <__ErrorCode.INTERNAL: 1>)")
+
+
 class TritonError(Exception):
     """An error for a response: `TritonError(message, code=TritonError.INTERNAL)`."""
 
@@ -127,8 +133,9 @@ class TritonError(Exception):
     CANCELLED = 7
 
     def __init__(self, message, code=INTERNAL):
-        if message is None or code is None:
-            raise TypeError("TritonError needs a message and a code")
+        if not isinstance(message, str) or type(code) is not int \
+                or not TritonError.UNKNOWN <= code <= TritonError.CANCELLED:
+            raise _args.incompatible("__init__", _ERROR_SIGNATURE, (message, code), {})
         super().__init__(message)
         self._message = str(message)
         self._code = int(code)

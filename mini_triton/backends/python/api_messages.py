@@ -9,6 +9,7 @@ import queue
 
 import numpy as np
 
+from . import api_args as _args
 from .api_core import (_CODE_BY_V2, _V2_BY_NUMPY, TRITONSERVER_REQUEST_RELEASE_ALL,
                        TRITONSERVER_RESPONSE_COMPLETE_FINAL, TritonError, TritonModelException,
                        _as_object_bytes, _current_host, _v2_datatype)
@@ -29,17 +30,19 @@ class _DLPackCapsule:
         return (1, 0)  # kDLCPU
 
 
+_TENSOR_SIGNATURE = f"{_args.bound('Tensor')}(arg0: str, arg1: numpy.ndarray)"
+_NOT_DLPACK = ("Provided tensor is not supported. Tensor must be a DLPack capsule         "
+               "or have `__dlpack__` and `__dlpack_device__` attributes")
+
+
 class Tensor:
     """A named tensor in CPU memory: `Tensor(name, numpy_array)`."""
 
     __slots__ = ("_name", "_array", "_datatype")
 
     def __init__(self, name, tensor):
-        if not isinstance(name, str):
-            raise TypeError("Tensor name must be a string")
-        if not isinstance(tensor, np.ndarray):
-            raise TritonModelException(
-                f"Tensor '{name}' expects a numpy array, got {type(tensor).__name__}")
+        if not isinstance(name, str) or not isinstance(tensor, np.ndarray):
+            raise _args.incompatible("__init__", _TENSOR_SIGNATURE, (name, tensor), {})
         # Most tensors: a numeric dtype in native byte order (the table's keys), in C order.
         datatype = _V2_BY_NUMPY.get(tensor.dtype)
         if datatype is not None and tensor.flags.c_contiguous:
@@ -91,6 +94,11 @@ class Tensor:
     @staticmethod
     def from_dlpack(name, capsule):
         """A tensor over memory shared through DLPack (a capsule or an object with `__dlpack__`)."""
+        if not isinstance(name, str):
+            raise _args.incompatible("from_dlpack", "(self: str, arg0: object) -> "
+                                     f"{_args.bound('Tensor')}", (name, capsule), {})
+        if not hasattr(capsule, "__dlpack__") and type(capsule).__name__ != "PyCapsule":
+            raise TritonModelException(_NOT_DLPACK)
         source = capsule if hasattr(capsule, "__dlpack__") else _DLPackCapsule(capsule)
         try:
             array = np.from_dlpack(source)
@@ -109,17 +117,31 @@ def _parameters_json(parameters) -> str:
     if parameters is None:
         return "{}"
     if not isinstance(parameters, dict):
-        raise TritonModelException(
-            f"Expect parameters to be a dict, found type '{type(parameters).__name__}'")
+        # Triton's words: the C++ name of pybind11's dict type, then the Python type.
+        raise TritonModelException(f"Expect N8pybind114dictE, got {type(parameters)}")
     for key, value in parameters.items():
         if not isinstance(key, str):
             raise TritonModelException(
-                f"Expect parameters keys to have type str, found type '{type(key).__name__}'")
+                f"Expect parameters keys to have type str, found type {type(key)}")
         if not isinstance(value, (bool, int, str)):
             raise TritonModelException(
                 "Expect parameters values to have type bool/int/str, found type "
-                f"'{type(value).__name__}'")
+                f"{type(value)}")
     return json.dumps(parameters)
+
+
+_NO_OUTPUTS: list = []
+_RESPONSE_SIGNATURE = (f"{_args.bound('InferenceResponse')}(output_tensors: "
+                       f"List[{_args.bound('Tensor')}] = [], error: "
+                       f"{_args.bound('TritonError')} = None)")
+
+
+def _response_arguments(output_tensors, error, parameters) -> TypeError:
+    """pybind11's TypeError for InferenceResponse, showing the arguments given."""
+    given = {"output_tensors": output_tensors, "error": error, "parameters": parameters}
+    args = () if output_tensors is _NO_OUTPUTS else (output_tensors,)
+    kwargs = {k: v for k, v in given.items() if k != "output_tensors" and v is not None}
+    return _args.incompatible("__init__", _RESPONSE_SIGNATURE, args, kwargs)
 
 
 class InferenceResponse:
@@ -127,16 +149,13 @@ class InferenceResponse:
 
     __slots__ = ("_outputs", "_error", "_parameters")
 
-    def __init__(self, output_tensors=None, error=None, parameters=None):
-        outputs = list(output_tensors) if output_tensors is not None else []
-        for tensor in outputs:
-            if not isinstance(tensor, Tensor):
-                raise TritonModelException(
-                    "InferenceResponse output_tensors must be pb_utils.Tensor objects, found "
-                    f"'{type(tensor).__name__}'")
-        if error is not None and not isinstance(error, TritonError):
-            raise TritonModelException("InferenceResponse error must be a pb_utils.TritonError")
-        self._outputs = outputs
+    def __init__(self, output_tensors=_NO_OUTPUTS, error=None, parameters=None):
+        outputs = output_tensors if type(output_tensors) is list else \
+            list(output_tensors) if isinstance(output_tensors, tuple) else None
+        if outputs is None or (error is not None and not isinstance(error, TritonError)) \
+                or not all(isinstance(tensor, Tensor) for tensor in outputs):
+            raise _response_arguments(output_tensors, error, parameters)
+        self._outputs = list(outputs)
         self._error = error
         self._parameters = "{}" if parameters is None else parameters \
             if isinstance(parameters, str) else _parameters_json(parameters)
@@ -154,6 +173,10 @@ class InferenceResponse:
         return self._parameters
 
 
+_SEND_SIGNATURE = (f"(self: {_args.bound('InferenceResponseSender')}, response: "
+                   f"{_args.bound('InferenceResponse')} = None, flags: int = 0) -> None")
+
+
 class InferenceResponseSender:
     """Sends a request's responses (decoupled models send 0..N, then the final flag)."""
 
@@ -166,6 +189,11 @@ class InferenceResponseSender:
         self._held = None  # a non-decoupled model's first response, until its final flag
 
     def send(self, response=None, flags=0):
+        if (response is not None and not isinstance(response, InferenceResponse)) \
+                or not _args.is_int(flags):
+            raise _args.incompatible("send", _SEND_SIGNATURE,
+                                     (self,) if response is None else (self, response),
+                                     {"flags": flags} if flags != 0 else {})
         if self._closed:
             raise TritonModelException(
                 "Unable to send response. Response sender has been closed.")
@@ -223,15 +251,41 @@ class InferenceResponseSender:
         return self._closed
 
 
+class _Default:
+    """Stands for a bound default object in a signature's text (pybind11 shows its
+    address)."""
+
+
+_MEMORY = _args.shown(_Default()).replace("_Default", "PreferredMemory")
+_TRACE = _args.shown(_Default()).replace("_Default", "InferenceTrace")
+_REQUEST_SIGNATURE = (
+    f"{_args.bound('InferenceRequest')}(request_id: str = '', correlation_id: object = 0, "
+    "inputs: List[triton::backend::python::PbTensor], requested_output_names: List[str], "
+    "model_name: str, model_version: int = -1, flags: int = 0, timeout: int = 0, "
+    f"preferred_memory: {_args.bound('PreferredMemory')} = {_MEMORY}, "
+    f"trace: {_args.bound('InferenceTrace')} = {_TRACE}, parameters: object = None)")
+_P = _args.Param
+_CAST_FAILED = ("Unable to cast Python instance to C++ type (#define "
+                "PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details)")
+
+
 class InferenceRequest:
     """A request handed to `execute`, or one a model builds to call another model (BLS)."""
 
+    @_args.checked("__init__", _REQUEST_SIGNATURE, _P("request_id", _args.is_str, False),
+                   _P("correlation_id", lambda value: value is not None, False),
+                   _P("inputs", _args.list_of(_args.instance_of(Tensor))),
+                   _P("requested_output_names", _args.list_of(_args.is_str)),
+                   _P("model_name", _args.is_str), _P("model_version", _args.is_int, False),
+                   _P("flags", _args.is_unsigned, False), _P("timeout", _args.is_unsigned, False),
+                   _P("preferred_memory", _args.is_anything, False),
+                   _P("trace", _args.is_anything, False),
+                   _P("parameters", _args.is_anything, False))
     def __init__(self, request_id="", correlation_id=0, inputs=None,
                  requested_output_names=None, model_name=None, model_version=-1, flags=0,
                  timeout=0, preferred_memory=None, trace=None, parameters=None):
-        if inputs is None or requested_output_names is None or model_name is None:
-            raise TypeError("InferenceRequest needs inputs, requested_output_names and "
-                            "model_name")
+        if _args.is_int(correlation_id) and correlation_id < 0:
+            raise RuntimeError(_CAST_FAILED)
         if not isinstance(correlation_id, (int, str)) or isinstance(correlation_id, bool):
             raise TritonModelException("Correlation ID must be integer or string")
         self._id = str(request_id)
@@ -297,6 +351,10 @@ class InferenceRequest:
         return self._model_name
 
     def set_release_flags(self, flags):
+        if not _args.is_int(flags):
+            raise _args.incompatible("set_release_flags", "(self: "
+                                     f"{_args.bound('InferenceRequest')}, arg0: int) -> None",
+                                     (self, flags), {})
         self._release_flags = int(flags)
 
     def get_response_sender(self):
@@ -310,10 +368,15 @@ class InferenceRequest:
     def is_cancelled(self):
         return self._handle.is_cancelled() if self._handle is not None else False
 
+    @_args.checked("exec", f"(self: {_args.bound('InferenceRequest')}, decoupled: bool = "
+                   "False) -> object", _P("decoupled", _args.is_bool, False), self_shown=True)
     def exec(self, decoupled=False):
         """Run this request on `model_name`; errors come back in the response."""
         return self._exec_on(_current_host(), decoupled)
 
+    @_args.checked("async_exec", f"(self: {_args.bound('InferenceRequest')}, decoupled: "
+                   "bool = False) -> object", _P("decoupled", _args.is_bool, False),
+                   self_shown=True)
     def async_exec(self, decoupled=False):
         """`exec` as an awaitable, for `async def execute`."""
         host = _current_host()

@@ -6,7 +6,10 @@ from __future__ import annotations
 import logging
 import sys
 
+from . import api_args as _args
 from .api_core import TritonModelException, _current_host
+
+_P = _args.Param
 
 # --- logging ---
 
@@ -28,6 +31,10 @@ class Logger:
     VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
+    @_args.checked("log", f"(message: str, level: {_args.bound('Logger.LogLevel')} = "
+                   "<LogLevel.INFO: 0>) -> None", _P("message", _args.is_str),
+                   _P("level", _args.one_of((logging.INFO, logging.WARNING, logging.ERROR,
+                                             logging.DEBUG)), False))
     def log(message, level=logging.INFO):
         # The model's own file and line, as Triton's stub logs them (`model.py:28]`).
         frame = sys._getframe(1)
@@ -37,18 +44,22 @@ class Logger:
         _log.log(level, "%s", message, stacklevel=stacklevel)
 
     @staticmethod
+    @_args.checked("log_info", "(message: str) -> None", _P("message", _args.is_str))
     def log_info(message):
         Logger.log(message, logging.INFO)
 
     @staticmethod
+    @_args.checked("log_warn", "(message: str) -> None", _P("message", _args.is_str))
     def log_warn(message):
         Logger.log(message, logging.WARNING)
 
     @staticmethod
+    @_args.checked("log_error", "(message: str) -> None", _P("message", _args.is_str))
     def log_error(message):
         Logger.log(message, logging.ERROR)
 
     @staticmethod
+    @_args.checked("log_verbose", "(message: str) -> None", _P("message", _args.is_str))
     def log_verbose(message):
         Logger.log(message, logging.DEBUG)
 
@@ -69,16 +80,20 @@ class MetricFamily:
     GAUGE = MetricKind.GAUGE
     HISTOGRAM = MetricKind.HISTOGRAM
 
+    @_args.checked("__init__", f"{_args.bound('MetricFamily')}(name: str, description: str, "
+                   f"kind: {_args.bound('MetricKind')})", _P("name", _args.is_str),
+                   _P("description", _args.is_str),
+                   _P("kind", _args.one_of((MetricKind.COUNTER, MetricKind.GAUGE,
+                                            MetricKind.HISTOGRAM))))
     def __init__(self, name, description, kind):
-        if kind not in (MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM):
-            raise TritonModelException(f"unknown metric kind '{kind}'")
-        if not name or not isinstance(name, str):
+        if not name:
             raise TritonModelException("a metric family needs a name")
         self._host = _current_host()
         self._name, self._description, self._kind = name, str(description), kind
         self._host.metric_family(name, self._description, kind)
 
     def Metric(self, labels=None, buckets=None):
+        _check_metric_arguments(self._kind, labels, buckets)
         labels = dict(labels or {})
         for key, value in labels.items():
             if not isinstance(key, str) or not isinstance(value, str):
@@ -95,6 +110,24 @@ class MetricFamily:
         return Metric(self, labels)
 
 
+def _check_metric_arguments(kind: str, labels, buckets) -> None:
+    """Triton's checks of MetricFamily.Metric's arguments, in its words."""
+    if labels is not None and not isinstance(labels, dict):
+        raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+    if buckets is not None and not isinstance(buckets, list):
+        raise TritonModelException("Failed to create metric. Buckets must be a list.")
+    if kind == MetricKind.HISTOGRAM and buckets is None:
+        raise TritonModelException("Failed to create metric. Missing required buckets.")
+    if kind != MetricKind.HISTOGRAM and buckets is not None:
+        raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+
+
+def _value_method(name: str):
+    """A Metric method taking one float, checked as Triton's binding checks it."""
+    return _args.checked(name, f"(self: {_args.bound('Metric')}, arg0: float) -> None",
+                         _P("value", _args.is_float), self_shown=True)
+
+
 class Metric:
     """One labelled metric of a family."""
 
@@ -105,6 +138,7 @@ class Metric:
     def _update(self, op: str, value) -> None:
         self._family._host.metric_update(self._family._name, self._labels, op, float(value))
 
+    @_value_method("increment")
     def increment(self, value):
         if self._family._kind == MetricKind.HISTOGRAM:
             raise TritonModelException("increment is not supported for histogram metrics")
@@ -113,11 +147,13 @@ class Metric:
                                        "value")
         self._update("increment", value)
 
+    @_value_method("set")
     def set(self, value):
         if self._family._kind != MetricKind.GAUGE:
             raise TritonModelException("set is only supported for gauge metrics")
         self._update("set", value)
 
+    @_value_method("observe")
     def observe(self, value):
         if self._family._kind != MetricKind.HISTOGRAM:
             raise TritonModelException("observe is only supported for histogram metrics")
@@ -132,13 +168,20 @@ class Metric:
 # --- model control (explicit mode) ---
 
 
+@_args.checked("load_model", "(model_name: str, config: str = '', files: object = None) -> None",
+               _P("model_name", _args.is_str), _P("config", _args.is_str, False),
+               _P("files", _args.is_anything, False))
 def load_model(model_name, config="", files=None):
     _current_host().load_model(model_name, config or "", dict(files or {}))
 
 
+@_args.checked("unload_model", "(model_name: str, unload_dependents: bool = False) -> None",
+               _P("model_name", _args.is_str), _P("unload_dependents", _args.is_bool, False))
 def unload_model(model_name, unload_dependents=False):
     _current_host().unload_model(model_name, bool(unload_dependents))
 
 
+@_args.checked("is_model_ready", "(model_name: str, model_version: str = '') -> bool",
+               _P("model_name", _args.is_str), _P("model_version", _args.is_str, False))
 def is_model_ready(model_name, model_version=""):
     return bool(_current_host().is_model_ready(model_name, str(model_version)))
