@@ -264,6 +264,9 @@ def _http_mistakes():
             t, infer, {"inputs": [dict(ECHO_JSON, datatype="INT32")]})),
         ("http err input twice", lambda t: post_json(
             t, infer, {"inputs": [ECHO_JSON, ECHO_JSON]})),
+        ("http infer non-finite json", lambda t: raw(
+            t, "POST", infer, '{"inputs": [{"name": "INPUT0", "shape": [1, 6], "datatype": '
+            '"FP32", "data": [1, NaN, Inf, -Inf, Infinity, -NaN]}]}')),
         ("http err unknown output", lambda t: post_json(
             t, infer, {"inputs": [ECHO_JSON], "outputs": [{"name": "NOPE"}]})),
         ("http err batch too large", lambda t: post_json(t, infer, {"inputs": [dict(

@@ -17,6 +17,7 @@ from ..core.tensor import RequestedOutput, Tensor
 from ..core.validate import format_shape, raw_input
 from .http_parameters import (check_input_parameters, check_output_parameters, is_uint,
                               member, shape_of)
+from . import json_nonfinite
 from .http_parameters import check_request_parameters as _check_request_parameters
 
 # loads(data) → the JSON value (ValueError when it is not JSON); dumps(obj) → compact
@@ -51,7 +52,10 @@ def loads_body(data):
     the event loop run between them: see http_offload)."""
     if len(data) > json_steps.STEP:
         return json_steps.loads(data)
-    return loads(data)
+    try:
+        return loads(data)
+    except ValueError as error:
+        return json_nonfinite.taken(data, error)  # NaN or Infinity, which Triton reads
 
 
 # --- requests ---
@@ -207,7 +211,10 @@ def _parse_json(data):
     try:  # loads_body, inline: this runs for every JSON header not remembered
         return loads(data) if len(data) <= json_steps.STEP else json_steps.loads(data)
     except (ValueError, TypeError) as error:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
+        try:  # NaN or Infinity, which Triton reads
+            return json_nonfinite.taken(data, error)
+        except (ValueError, TypeError):
+            raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
 
 
 class _BinaryCursor:
@@ -508,7 +515,7 @@ def _document(response: InferenceResponse, request: InferenceRequest, binary_def
             parameters["binary_data_size"] = len(raw)
             chunks.append(raw)
         elif datatypes.element_count(tensor.shape) <= CONVERT_SLICE:  # not is_long()
-            entry["data"] = array_to_json(tensor)
+            entry["data"] = _reply_values(_flat(tensor), tensor.datatype)
         elif long_data is not None:
             entry["data"] = LONG_DATA  # written by json_in_steps
             long_data.append((entry, tensor))
@@ -550,7 +557,7 @@ def json_in_steps(header: bytes, tensors: list[Tensor]) -> list[bytes] | None:
         for start in range(0, len(flat), CONVERT_SLICE):
             if start:
                 pieces.append(b",")
-            values = _json_values(flat[start:start + CONVERT_SLICE], tensor.datatype)
+            values = _reply_values(flat[start:start + CONVERT_SLICE], tensor.datatype)
             pieces.append(dumps(values)[1:-1])
         pieces += (b"]", part)
     return pieces
@@ -558,6 +565,11 @@ def json_in_steps(header: bytes, tensors: list[Tensor]) -> list[bytes] | None:
 
 def array_to_json(tensor: Tensor) -> list:
     return _json_values(_flat(tensor), tensor.datatype)
+
+
+def _reply_values(flat: np.ndarray, datatype: str):
+    """_json_values for an inference reply: NaN and Infinity as Triton writes them."""
+    return json_nonfinite.as_written(_json_values(flat, datatype), flat, datatype)
 
 
 def _flat(tensor: Tensor) -> np.ndarray:
