@@ -31,37 +31,46 @@ class Logger:
     VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    @_args.checked("log", f"(message: str, level: {_args.bound('Logger.LogLevel')} = "
-                   "<LogLevel.INFO: 0>) -> None", _P("message", _args.is_str),
-                   _P("level", _args.one_of((logging.INFO, logging.WARNING, logging.ERROR,
-                                             logging.DEBUG)), False))
     def log(message, level=logging.INFO):
-        # The model's own file and line, as Triton's stub logs them (`model.py:28]`).
-        frame = sys._getframe(1)
-        stacklevel = 2
-        if frame.f_code.co_name.startswith("log_") and frame.f_back is not None:
-            stacklevel = 3
-        _log.log(level, "%s", message, stacklevel=stacklevel)
+        if not isinstance(message, str) or type(level) is bool or level not in _LEVELS:
+            raise _args.incompatible("log", _LOG_SIGNATURE, (message, level), {})
+        _log_from_model(message, level)
 
     @staticmethod
-    @_args.checked("log_info", "(message: str) -> None", _P("message", _args.is_str))
     def log_info(message):
-        Logger.log(message, logging.INFO)
+        _log_at("log_info", message, logging.INFO)
 
     @staticmethod
-    @_args.checked("log_warn", "(message: str) -> None", _P("message", _args.is_str))
     def log_warn(message):
-        Logger.log(message, logging.WARNING)
+        _log_at("log_warn", message, logging.WARNING)
 
     @staticmethod
-    @_args.checked("log_error", "(message: str) -> None", _P("message", _args.is_str))
     def log_error(message):
-        Logger.log(message, logging.ERROR)
+        _log_at("log_error", message, logging.ERROR)
 
     @staticmethod
-    @_args.checked("log_verbose", "(message: str) -> None", _P("message", _args.is_str))
     def log_verbose(message):
-        Logger.log(message, logging.DEBUG)
+        _log_at("log_verbose", message, logging.DEBUG)
+
+
+_LEVELS = frozenset((logging.INFO, logging.WARNING, logging.ERROR, logging.DEBUG))
+_LOG_SIGNATURE = (f"(message: str, level: {_args.bound('Logger.LogLevel')} = "
+                  "<LogLevel.INFO: 0>) -> None")
+
+
+def _log_at(function: str, message, level: int) -> None:
+    """Logger.log_info and its siblings: one `message: str` (checked as Triton's
+    binding checks it)."""
+    if not isinstance(message, str):
+        raise _args.incompatible(function, "(message: str) -> None", (message,), {})
+    _log_from_model(message, level)
+
+
+def _log_from_model(message: str, level: int) -> None:
+    # The model's own file and line, as Triton's stub logs them (`model.py:28]`): the
+    # caller of Logger.log (3 frames up), or of Logger.log_info through _log_at (4 up).
+    stacklevel = 4 if sys._getframe(1).f_code is _log_at.__code__ else 3
+    _log.log(level, "%s", message, stacklevel=stacklevel)
 
 
 # --- custom metrics (shown on the server's metrics endpoint) ---
