@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the trace a request gets, if sampled (tracing imports this module)
-    from .tracing import Trace
 
 # The core's timestamps taken as the request is queued, and the one Triton's front ends
 # stamp themselves.
@@ -74,7 +70,7 @@ class FrontEndStamps:
     def __init__(self, front_end: FrontEnd, first_byte_ns: int, last_byte_ns: int):
         self.front_end = front_end
         self.received = (first_byte_ns, last_byte_ns)
-        self.trace: Trace | None = None
+        self.trace = None  # the tracing.Trace the request gets, if sampled
         self.forget = None  # called with these stamps once their trace is written
         self._lock = threading.Lock()
         self._done: tuple | None = None

@@ -9,41 +9,37 @@ ensemble scheduler for `platform: "ensemble"`, the sequence batcher for
 
 from __future__ import annotations
 
+from ..core.errors import invalid_arg
+from .dynamic import DynamicScheduler
+from .ensemble import EnsembleScheduler
+from .loop_driven import LoopScheduler, loop_driven
+from .rate_limiter import gates_for, release_gates
+from .sequence import SequenceScheduler
+from .warmup import warmup_samples
+
 
 def prepare_version(context) -> list:
     """The warmup samples of a validated config, their data made, before any instance
     starts."""
-    from .warmup import warmup_samples
-
     return warmup_samples(context)
 
 
 def create_scheduler(context, backend, instances, stats):
     """The scheduler for one loaded model version."""
-    from ..core.errors import invalid_arg
-    from .dynamic import DynamicScheduler
 
     config = context.config
     if config.platform == "ensemble" or config.HasField("ensemble_scheduling"):
-        from .ensemble import EnsembleScheduler
-
         if config.platform != "ensemble":
             raise invalid_arg(
                 f"ensemble scheduling cannot be set for model '{config.name}' whose platform "
                 "is not ensemble")
         return EnsembleScheduler(context, stats)
-    from .rate_limiter import gates_for, release_gates
-
     # With the rate limiter on, instances in a group with `rate_limiter` wait for their
     # resources in their own threads (never on the event loop).
     gates = gates_for(context.options.get("rate_limiter"), context, len(instances))
     try:
         if config.HasField("sequence_batching"):
-            from .sequence import SequenceScheduler
-
             return SequenceScheduler(config, instances, stats, gates=gates)
-        from .loop_driven import LoopScheduler, loop_driven
-
         loop = loop_driven(instances) if gates is None else None
         if loop is not None:
             return LoopScheduler(config, instances, stats, loop, backend.supports_batching)

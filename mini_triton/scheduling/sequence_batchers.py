@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,15 +34,12 @@ from .dynamic import BatchFormer, BatchingRules, fail_dropped
 from .ordering import ResponseOrderer
 from .rate_limiter import release_gates
 
-if TYPE_CHECKING:
-    from .sequence import SequenceScheduler
-
 
 class SlotBatcher:
     """What both strategies share: one worker thread per instance, slot queues
     (a None entry is the reaper's "release this slot"), control tensors."""
 
-    def __init__(self, owner: SequenceScheduler, index: int, instance, slot_count: int):
+    def __init__(self, owner, index: int, instance, slot_count: int):  # a SequenceScheduler
         self.owner = owner
         self.index = index
         self.instance = instance
@@ -133,7 +129,7 @@ class SlotBatcher:
 
 
 class DirectBatcher(SlotBatcher):
-    def __init__(self, owner: SequenceScheduler, index: int, instance, slot_count: int):
+    def __init__(self, owner, index: int, instance, slot_count: int):  # a SequenceScheduler
         super().__init__(owner, index, instance, slot_count)
         direct = owner.config.sequence_batching.direct
         self.max_batch_size = max(1, owner.config.max_batch_size)
@@ -233,7 +229,7 @@ class DirectBatcher(SlotBatcher):
 
 
 class OldestBatcher(SlotBatcher):
-    def __init__(self, owner: SequenceScheduler, index: int, instance, slot_count: int):
+    def __init__(self, owner, index: int, instance, slot_count: int):  # a SequenceScheduler
         super().__init__(owner, index, instance, slot_count)
         oldest = owner.config.sequence_batching.oldest
         self.former = BatchFormer(BatchingRules.for_oldest(owner.config))
