@@ -48,7 +48,8 @@ def calls(request):
         'InferenceResponse(None)': lambda: pb_utils.InferenceResponse(None),
         'InferenceResponse(error=5)': lambda: pb_utils.InferenceResponse(error=5),
         'InferenceRequest(model_name=1)': lambda: ok_request(model_name=1),
-        'InferenceRequest(requested_output_names=str)': lambda: ok_request(requested_output_names="Y"),
+        'InferenceRequest(requested_output_names=str)':
+            lambda: ok_request(requested_output_names="Y"),
         'InferenceRequest(timeout=-1)': lambda: ok_request(timeout=-1),
         'InferenceRequest(correlation_id=-1)': lambda: ok_request(correlation_id=-1),
         'InferenceRequest(parameters=5)': lambda: ok_request(parameters=5),
@@ -94,45 +95,107 @@ PROBE_IO = ('max_batch_size: 0\n'
 # What each call raised on Triton 2.51 (type, text; "0x…" stands for an address).
 EXPECTED = {
     'Tensor(name, None)': ('TypeError',
-        "__init__(): incompatible constructor arguments. The following argument types are supported:\n    1. c_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)\n\nInvoked with: 'X', None"),
+        '__init__(): incompatible constructor arguments. The following argument types are '
+        'supported:\n    1. c_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)\n'
+        "\nInvoked with: 'X', None"),
     'Tensor(1, array)': ('TypeError',
-        '__init__(): incompatible constructor arguments. The following argument types are supported:\n    1. c_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)\n\nInvoked with: 1, array([1])'),
+        '__init__(): incompatible constructor arguments. The following argument types are '
+        'supported:\n    1. c_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)\n'
+        '\nInvoked with: 1, array([1])'),
     'Tensor(name, list)': ('TypeError',
-        "__init__(): incompatible constructor arguments. The following argument types are supported:\n    1. c_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)\n\nInvoked with: 'X', [1, 2]"),
+        '__init__(): incompatible constructor arguments. The following argument types are '
+        'supported:\n    1. c_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)\n'
+        "\nInvoked with: 'X', [1, 2]"),
     'Tensor.from_dlpack(name, None)': ('TritonModelException',
-        'Provided tensor is not supported. Tensor must be a DLPack capsule         or have `__dlpack__` and `__dlpack_device__` attributes'),
+        'Provided tensor is not supported. Tensor must be a DLPack capsule         or have '
+        '`__dlpack__` and `__dlpack_device__` attributes'),
     'Tensor.from_dlpack(1, array)': ('TypeError',
-        'from_dlpack(): incompatible function arguments. The following argument types are supported:\n    1. (self: str, arg0: object) -> c_python_backend_utils.Tensor\n\nInvoked with: 1, array([1])'),
+        'from_dlpack(): incompatible function arguments. The following argument types are '
+        'supported:\n    1. (self: str, arg0: object) -> c_python_backend_utils.Tensor\n\n'
+        'Invoked with: 1, array([1])'),
     'InferenceResponse(str)': ('TypeError',
-        "__init__(): incompatible constructor arguments. The following argument types are supported:\n    1. c_python_backend_utils.InferenceResponse(output_tensors: List[c_python_backend_utils.Tensor] = [], error: c_python_backend_utils.TritonError = None)\n\nInvoked with: 'abc'"),
+        '__init__(): incompatible constructor arguments. The following argument types are '
+        'supported:\n    1. c_python_backend_utils.InferenceResponse(output_tensors: '
+        'List[c_python_backend_utils.Tensor] = [], error: '
+        "c_python_backend_utils.TritonError = None)\n\nInvoked with: 'abc'"),
     'InferenceResponse(None)': ('TypeError',
-        '__init__(): incompatible constructor arguments. The following argument types are supported:\n    1. c_python_backend_utils.InferenceResponse(output_tensors: List[c_python_backend_utils.Tensor] = [], error: c_python_backend_utils.TritonError = None)\n\nInvoked with: None'),
+        '__init__(): incompatible constructor arguments. The following argument types are '
+        'supported:\n    1. c_python_backend_utils.InferenceResponse(output_tensors: '
+        'List[c_python_backend_utils.Tensor] = [], error: '
+        'c_python_backend_utils.TritonError = None)\n\nInvoked with: None'),
     'InferenceResponse(error=5)': ('TypeError',
-        '__init__(): incompatible constructor arguments. The following argument types are supported:\n    1. c_python_backend_utils.InferenceResponse(output_tensors: List[c_python_backend_utils.Tensor] = [], error: c_python_backend_utils.TritonError = None)\n\nInvoked with: kwargs: error=5'),
+        '__init__(): incompatible constructor arguments. The following argument types are '
+        'supported:\n    1. c_python_backend_utils.InferenceResponse(output_tensors: '
+        'List[c_python_backend_utils.Tensor] = [], error: '
+        'c_python_backend_utils.TritonError = None)\n\nInvoked with: kwargs: error=5'),
     'InferenceRequest(model_name=1)': ('TypeError',
-        "__init__(): incompatible constructor arguments. The following argument types are supported:\n    1. c_python_backend_utils.InferenceRequest(request_id: str = '', correlation_id: object = 0, inputs: List[triton::backend::python::PbTensor], requested_output_names: List[str], model_name: str, model_version: int = -1, flags: int = 0, timeout: int = 0, preferred_memory: c_python_backend_utils.PreferredMemory = <c_python_backend_utils.PreferredMemory object at 0x…>, trace: c_python_backend_utils.InferenceTrace = <c_python_backend_utils.InferenceTrace object at 0x…>, parameters: object = None)\n\nInvoked with: kwargs: model_name=1, inputs=[<c_python_backend_utils.Tensor object at 0x…>], requested_output_names=['Y']"),
+        '__init__(): incompatible constructor arguments. The following argument types are '
+        "supported:\n    1. c_python_backend_utils.InferenceRequest(request_id: str = '', "
+        'correlation_id: object = 0, inputs: List[triton::backend::python::PbTensor], '
+        'requested_output_names: List[str], model_name: str, model_version: int = -1, '
+        'flags: int = 0, timeout: int = 0, preferred_memory: '
+        'c_python_backend_utils.PreferredMemory = <c_python_backend_utils.PreferredMemory '
+        'object at 0x…>, trace: c_python_backend_utils.InferenceTrace = '
+        '<c_python_backend_utils.InferenceTrace object at 0x…>, parameters: object = '
+        'None)\n\nInvoked with: kwargs: model_name=1, '
+        'inputs=[<c_python_backend_utils.Tensor object at 0x…>], '
+        "requested_output_names=['Y']"),
     'InferenceRequest(requested_output_names=str)': ('TypeError',
-        "__init__(): incompatible constructor arguments. The following argument types are supported:\n    1. c_python_backend_utils.InferenceRequest(request_id: str = '', correlation_id: object = 0, inputs: List[triton::backend::python::PbTensor], requested_output_names: List[str], model_name: str, model_version: int = -1, flags: int = 0, timeout: int = 0, preferred_memory: c_python_backend_utils.PreferredMemory = <c_python_backend_utils.PreferredMemory object at 0x…>, trace: c_python_backend_utils.InferenceTrace = <c_python_backend_utils.InferenceTrace object at 0x…>, parameters: object = None)\n\nInvoked with: kwargs: model_name='m', inputs=[<c_python_backend_utils.Tensor object at 0x…>], requested_output_names='Y'"),
+        '__init__(): incompatible constructor arguments. The following argument types are '
+        "supported:\n    1. c_python_backend_utils.InferenceRequest(request_id: str = '', "
+        'correlation_id: object = 0, inputs: List[triton::backend::python::PbTensor], '
+        'requested_output_names: List[str], model_name: str, model_version: int = -1, '
+        'flags: int = 0, timeout: int = 0, preferred_memory: '
+        'c_python_backend_utils.PreferredMemory = <c_python_backend_utils.PreferredMemory '
+        'object at 0x…>, trace: c_python_backend_utils.InferenceTrace = '
+        '<c_python_backend_utils.InferenceTrace object at 0x…>, parameters: object = '
+        "None)\n\nInvoked with: kwargs: model_name='m', "
+        "inputs=[<c_python_backend_utils.Tensor object at 0x…>], requested_output_names='Y'"),
     'InferenceRequest(timeout=-1)': ('TypeError',
-        "__init__(): incompatible constructor arguments. The following argument types are supported:\n    1. c_python_backend_utils.InferenceRequest(request_id: str = '', correlation_id: object = 0, inputs: List[triton::backend::python::PbTensor], requested_output_names: List[str], model_name: str, model_version: int = -1, flags: int = 0, timeout: int = 0, preferred_memory: c_python_backend_utils.PreferredMemory = <c_python_backend_utils.PreferredMemory object at 0x…>, trace: c_python_backend_utils.InferenceTrace = <c_python_backend_utils.InferenceTrace object at 0x…>, parameters: object = None)\n\nInvoked with: kwargs: model_name='m', inputs=[<c_python_backend_utils.Tensor object at 0x…>], requested_output_names=['Y'], timeout=-1"),
+        '__init__(): incompatible constructor arguments. The following argument types are '
+        "supported:\n    1. c_python_backend_utils.InferenceRequest(request_id: str = '', "
+        'correlation_id: object = 0, inputs: List[triton::backend::python::PbTensor], '
+        'requested_output_names: List[str], model_name: str, model_version: int = -1, '
+        'flags: int = 0, timeout: int = 0, preferred_memory: '
+        'c_python_backend_utils.PreferredMemory = <c_python_backend_utils.PreferredMemory '
+        'object at 0x…>, trace: c_python_backend_utils.InferenceTrace = '
+        '<c_python_backend_utils.InferenceTrace object at 0x…>, parameters: object = '
+        "None)\n\nInvoked with: kwargs: model_name='m', "
+        'inputs=[<c_python_backend_utils.Tensor object at 0x…>], '
+        "requested_output_names=['Y'], timeout=-1"),
     'InferenceRequest(correlation_id=-1)': ('RuntimeError',
-        'Unable to cast Python instance to C++ type (#define PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details)'),
+        'Unable to cast Python instance to C++ type (#define '
+        'PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details)'),
     'InferenceRequest(parameters=5)': ('TritonModelException',
         "Expect N8pybind114dictE, got <class 'int'>"),
     'InferenceRequest(parameters list value)': ('TritonModelException',
         "Expect parameters values to have type bool/int/str, found type <class 'list'>"),
     'InferenceRequest.exec(decoupled=str)': ('TypeError',
-        "exec(): incompatible function arguments. The following argument types are supported:\n    1. (self: c_python_backend_utils.InferenceRequest, decoupled: bool = False) -> object\n\nInvoked with: <c_python_backend_utils.InferenceRequest object at 0x…>; kwargs: decoupled='x'"),
+        'exec(): incompatible function arguments. The following argument types are '
+        'supported:\n    1. (self: c_python_backend_utils.InferenceRequest, decoupled: '
+        'bool = False) -> object\n\nInvoked with: <c_python_backend_utils.InferenceRequest '
+        "object at 0x…>; kwargs: decoupled='x'"),
     'TritonError(msg, 999)': ('TypeError',
-        "__init__(): incompatible constructor arguments. The following argument types are supported:\n    1. c_python_backend_utils.TritonError(message: str, code: c_python_backend_utils.TritonError.__ErrorCode = <__ErrorCode.INTERNAL: 1>)\n\nInvoked with: 'm', 999"),
+        '__init__(): incompatible constructor arguments. The following argument types are '
+        'supported:\n    1. c_python_backend_utils.TritonError(message: str, code: '
+        'c_python_backend_utils.TritonError.__ErrorCode = <__ErrorCode.INTERNAL: 1>)\n\n'
+        "Invoked with: 'm', 999"),
     'TritonError(msg, str)': ('TypeError',
-        "__init__(): incompatible constructor arguments. The following argument types are supported:\n    1. c_python_backend_utils.TritonError(message: str, code: c_python_backend_utils.TritonError.__ErrorCode = <__ErrorCode.INTERNAL: 1>)\n\nInvoked with: 'm', 'INTERNAL'"),
+        '__init__(): incompatible constructor arguments. The following argument types are '
+        'supported:\n    1. c_python_backend_utils.TritonError(message: str, code: '
+        'c_python_backend_utils.TritonError.__ErrorCode = <__ErrorCode.INTERNAL: 1>)\n\n'
+        "Invoked with: 'm', 'INTERNAL'"),
     'Logger.log_info(5)': ('TypeError',
-        'log_info(): incompatible function arguments. The following argument types are supported:\n    1. (message: str) -> None\n\nInvoked with: 5'),
+        'log_info(): incompatible function arguments. The following argument types are '
+        'supported:\n    1. (message: str) -> None\n\nInvoked with: 5'),
     'Logger.log(msg, 99)': ('TypeError',
-        "log(): incompatible function arguments. The following argument types are supported:\n    1. (message: str, level: c_python_backend_utils.Logger.LogLevel = <LogLevel.INFO: 0>) -> None\n\nInvoked with: 'x', 99"),
+        'log(): incompatible function arguments. The following argument types are '
+        'supported:\n    1. (message: str, level: c_python_backend_utils.Logger.LogLevel = '
+        "<LogLevel.INFO: 0>) -> None\n\nInvoked with: 'x', 99"),
     'MetricFamily(n, d, 99)': ('TypeError',
-        "__init__(): incompatible constructor arguments. The following argument types are supported:\n    1. c_python_backend_utils.MetricFamily(name: str, description: str, kind: c_python_backend_utils.MetricKind)\n\nInvoked with: 'probe_x', 'd', 99"),
+        '__init__(): incompatible constructor arguments. The following argument types are '
+        'supported:\n    1. c_python_backend_utils.MetricFamily(name: str, description: '
+        "str, kind: c_python_backend_utils.MetricKind)\n\nInvoked with: 'probe_x', 'd', 99"),
     'Metric(labels=5)': ('TritonModelException',
         'Failed to create metric. Labels must be a dictionary.'),
     'Metric(histogram, buckets=str)': ('TritonModelException',
@@ -140,19 +203,38 @@ EXPECTED = {
     'Metric(counter, buckets)': ('TritonModelException',
         'Failed to create metric. Unexpected buckets found.'),
     'counter.increment(str)': ('TypeError',
-        "increment(): incompatible function arguments. The following argument types are supported:\n    1. (self: c_python_backend_utils.Metric, arg0: float) -> None\n\nInvoked with: <c_python_backend_utils.Metric object at 0x…>, 'x'"),
+        'increment(): incompatible function arguments. The following argument types are '
+        'supported:\n    1. (self: c_python_backend_utils.Metric, arg0: float) -> None\n\n'
+        "Invoked with: <c_python_backend_utils.Metric object at 0x…>, 'x'"),
     'sender.send(str)': ('TypeError',
-        "send(): incompatible function arguments. The following argument types are supported:\n    1. (self: c_python_backend_utils.InferenceResponseSender, response: c_python_backend_utils.InferenceResponse = None, flags: int = 0) -> None\n\nInvoked with: <c_python_backend_utils.InferenceResponseSender object at 0x…>, 'x'"),
+        'send(): incompatible function arguments. The following argument types are '
+        'supported:\n    1. (self: c_python_backend_utils.InferenceResponseSender, '
+        'response: c_python_backend_utils.InferenceResponse = None, flags: int = 0) -> '
+        'None\n\nInvoked with: <c_python_backend_utils.InferenceResponseSender object at '
+        "0x…>, 'x'"),
     'sender.send(flags=str)': ('TypeError',
-        "send(): incompatible function arguments. The following argument types are supported:\n    1. (self: c_python_backend_utils.InferenceResponseSender, response: c_python_backend_utils.InferenceResponse = None, flags: int = 0) -> None\n\nInvoked with: <c_python_backend_utils.InferenceResponseSender object at 0x…>; kwargs: flags='x'"),
+        'send(): incompatible function arguments. The following argument types are '
+        'supported:\n    1. (self: c_python_backend_utils.InferenceResponseSender, '
+        'response: c_python_backend_utils.InferenceResponse = None, flags: int = 0) -> '
+        'None\n\nInvoked with: <c_python_backend_utils.InferenceResponseSender object at '
+        "0x…>; kwargs: flags='x'"),
     'request.set_release_flags(str)': ('TypeError',
-        "set_release_flags(): incompatible function arguments. The following argument types are supported:\n    1. (self: c_python_backend_utils.InferenceRequest, arg0: int) -> None\n\nInvoked with: <c_python_backend_utils.InferenceRequest object at 0x…>, 'x'"),
+        'set_release_flags(): incompatible function arguments. The following argument '
+        'types are supported:\n    1. (self: c_python_backend_utils.InferenceRequest, '
+        'arg0: int) -> None\n\nInvoked with: <c_python_backend_utils.InferenceRequest '
+        "object at 0x…>, 'x'"),
     'load_model(5)': ('TypeError',
-        "load_model(): incompatible function arguments. The following argument types are supported:\n    1. (model_name: str, config: str = '', files: object = None) -> None\n\nInvoked with: 5"),
+        'load_model(): incompatible function arguments. The following argument types are '
+        "supported:\n    1. (model_name: str, config: str = '', files: object = None) -> "
+        'None\n\nInvoked with: 5'),
     'unload_model(None)': ('TypeError',
-        'unload_model(): incompatible function arguments. The following argument types are supported:\n    1. (model_name: str, unload_dependents: bool = False) -> None\n\nInvoked with: None'),
+        'unload_model(): incompatible function arguments. The following argument types are '
+        'supported:\n    1. (model_name: str, unload_dependents: bool = False) -> None\n\n'
+        'Invoked with: None'),
     'is_model_ready(m, 5)': ('TypeError',
-        "is_model_ready(): incompatible function arguments. The following argument types are supported:\n    1. (model_name: str, model_version: str = '') -> bool\n\nInvoked with: 'm', 5"),
+        'is_model_ready(): incompatible function arguments. The following argument types '
+        "are supported:\n    1. (model_name: str, model_version: str = '') -> bool\n\n"
+        "Invoked with: 'm', 5"),
 }
 
 
