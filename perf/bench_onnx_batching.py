@@ -75,9 +75,14 @@ VARIANTS = {
     "spin": "BATCHER" + _parameter("session.intra_op.allow_spinning", "1"),
     "nospin": "BATCHER" + _parameter("session.intra_op.allow_spinning", "0"),
     "intra1": "BATCHER" + _parameter("intra_op_thread_count", "1"),
+    # One instance (a config without instance groups has two on the CPU, as in
+    # Triton): onnxruntime's own thread count (the default for one instance), or one
+    # thread, leaving a core to the front end as other CPU backends do.
+    "1inst": "BATCHER" + "instance_group [ { kind: KIND_CPU count: 1 } ]\n",
+    "1inst_intra1": "BATCHER" + _parameter("intra_op_thread_count", "1")
+    + "instance_group [ { kind: KIND_CPU count: 1 } ]\n",
     # Two instances: each with its share of the cores less the front end's one (the
-    # default for several instances, backends/cpu_share.py), or onnxruntime's own count
-    # (a thread per core) in each, the default before.
+    # default), or onnxruntime's own count (a thread per core) in each, as before.
     "2inst": "BATCHER" + "instance_group [ { kind: KIND_CPU count: 2 } ]\n",
     "2inst_ortthreads": "BATCHER" + _parameter("intra_op_thread_count", "0")
     + "instance_group [ { kind: KIND_CPU count: 2 } ]\n",
