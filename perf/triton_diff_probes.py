@@ -482,7 +482,26 @@ def _counted_differently():
                 "inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32",
                             "data": [0, 1, 2, 3]}], "outputs": [{"name": "DOUBLE"}]})),
         ("http err empty body", lambda t: raw(t, "POST", "/v2/models/echo/infer", "")),
-    ]
+    ] + _answered_by_sender()
+
+
+def _in_3(module):
+    tensor = module.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([3], np.float32))
+    return [tensor]
+
+
+def _answered_by_sender():
+    """Python models that are not decoupled answering through the response sender: the
+    response then the final flag alone (answer_late), the response then an error
+    response (answer_twice), unary and on a stream."""
+    calls = []
+    for model in ("answer_late", "answer_twice"):
+        calls += [(f"{p} infer {model}", partial(infer, protocol=p, model=model,
+                                                 inputs_of=_in_3)) for p in ("http", "grpc")]
+        calls.append((f"grpc stream {model}", partial(grpc_stream, model=model,
+                                                      inputs=_in_3)))
+    return calls
 
 
 def probes():
