@@ -41,6 +41,13 @@ MODELS = {
     "send_error_then_final": _HEAD + ERROR.format(flags="") + FINAL + "        return None\n",
     # the response, then execute raises
     "send_then_raise": _HEAD + '        raise pb_utils.TritonModelException("after it")\n',
+    # the response, a second one (which raises; the model catches it), then the final flag
+    "send_twice_caught": _HEAD + (
+        "            try:\n"
+        "                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor('OUT', x)]))\n"
+        "            except pb_utils.TritonModelException as error:\n"
+        "                assert 'cannot send more than one response' in str(error)\n"
+        + FINAL + "        return None\n"),
 }
 
 
@@ -79,12 +86,16 @@ def _stream(server, model: str) -> list:
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_response_then_final_flag_is_one_answer_with_outputs(served, protocol):
-    assert _infer(protocol, served, "send_then_final").as_numpy("OUT").tolist() == [6.0]
+@pytest.mark.parametrize("model", ["send_then_final", "send_twice_caught"])
+def test_response_then_final_flag_is_one_answer_with_outputs(served, protocol, model):
+    """A second response raises in the model (Triton: "Unable to send response.
+    Non-decoupled model cannot send more than one response."); caught, the first stands."""
+    assert _infer(protocol, served, model).as_numpy("OUT").tolist() == [6.0]
 
 
-def test_response_then_final_flag_streamed(served):
-    got = _stream(served, "send_then_final")
+@pytest.mark.parametrize("model", ["send_then_final", "send_twice_caught"])
+def test_response_then_final_flag_streamed(served, model):
+    got = _stream(served, model)
     assert len(got) == 1 and got[0][1] is None
     assert got[0][0].as_numpy("OUT").tolist() == [6.0]
 

@@ -216,16 +216,19 @@ class InferenceResponseSender:
     def _answer_once(self, response, final: bool) -> None:
         """A non-decoupled model answers once, as on Triton 2.51: its first response waits
         for the final flag, so that `send(response)` then `send(flags=FINAL)` is one
-        response with the outputs; a further response (an error too) makes the answer
-        'expected a single response, got N', after the first one (a stream shows only it)."""
+        response with the outputs. A further response raises (Triton's words); if the
+        model lets that end `execute`, the failure counts as a second response
+        (`_fail_after_response`)."""
         if response is None and not self._sent:
             raise TritonModelException("Unable to send response. Non-decoupled model "
                                        "cannot send complete final before sending a "
                                        "response.")
         if response is not None:
+            if self._sent:
+                raise TritonModelException("Unable to send response. Non-decoupled model "
+                                           "cannot send more than one response.")
             self._sent += 1
-            if self._held is None:
-                self._held = response
+            self._held = response
         if not final:
             return
         self._closed = True
