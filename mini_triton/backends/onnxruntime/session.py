@@ -102,10 +102,10 @@ def intra_op_threads(config: mc.ModelConfig) -> int:
     `intra_op_thread_count` where the config gives it. Else one instance keeps
     onnxruntime's count, as in Triton: one thread, leaving a core to the front end as the
     other CPU backends do, spent less CPU per row on two cores but served no more rows per
-    second (perf/README.md, "ONNX Runtime against its own run"). Several instances (a
-    config without instance groups has two on the CPU, as in Triton) would each take a
-    thread per core, so they get their share of the cores less the front end's one
-    (cpu_share.py) instead: as many rows per second, 15-18% less CPU per row.
+    second (perf/README.md, "The thread budget"). Several instances (a config without
+    instance groups has two on the CPU, as in Triton) would each take a thread per core,
+    so they get their share of the cores less the front end's one (cpu_share.py)
+    instead: as many rows per second within the noise, a tenth less CPU per row.
     """
     if "intra_op_thread_count" in config.parameters:
         return max(0, int_parameter(config, "intra_op_thread_count", 0))
