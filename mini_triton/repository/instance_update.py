@@ -32,7 +32,8 @@ log = logging.getLogger("mini_triton.repository")
 
 
 def update_in_place(record: ModelRecord | None, folder: Path, options: ServerOptions,
-                    server=None, override: mc.ModelConfig | None = None) -> ModelRecord | None:
+                    server=None, override: mc.ModelConfig | None = None,
+                    parsed: mc.ModelConfig | None = None) -> ModelRecord | None:
     """`record` updated in place to the config `folder` (or `override`) now gives; None
     where that takes a full load instead. Never raises: a failed update is an
     UNAVAILABLE record saying why (the serving versions then keep serving)."""
@@ -44,7 +45,7 @@ def update_in_place(record: ModelRecord | None, folder: Path, options: ServerOpt
             _files_besides(fingerprint, folder, config_file):
         return None
     try:
-        config = read_config(record.name, folder, options, server, override)
+        config = read_config(record.name, folder, options, server, override, parsed)
     except TritonError:
         return None  # the full load reports it
     if not _instances_only(record, config, folder):

@@ -27,13 +27,15 @@ log = logging.getLogger("mini_triton.repository")
 
 
 def load_record(name: str, folder: Path, options: ServerOptions, server=None,
-                override: mc.ModelConfig | None = None, namespace: str = "") -> ModelRecord:
-    """Read, complete and load every version of one model folder. Never raises:
-    a failure becomes an UNAVAILABLE record whose reason says why."""
+                override: mc.ModelConfig | None = None, namespace: str = "",
+                parsed: mc.ModelConfig | None = None) -> ModelRecord:
+    """Read (`parsed`: as the load's plan read it), complete and load every version of one
+    model folder. Never raises: a failure becomes an UNAVAILABLE record whose reason
+    says why."""
     record = ModelRecord(name, folder, fingerprint=scan.fingerprint(folder), namespace=namespace)
     started = time.monotonic()
     try:
-        record.config = read_config(name, folder, options, server, override)
+        record.config = read_config(name, folder, options, server, override, parsed)
     except TritonError as error:
         record.reason = f"failed to load '{name}': {error.message}"
         return record

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..config import ConfigError, parse_config_file
+from ..config import ConfigError
 from ..config.json_format import config_from_json
 from ..core.errors import TritonError, internal, invalid_arg, not_found, unavailable
 from ..core.names import check_model_name
@@ -22,6 +22,7 @@ from . import scan
 from .namespaces import keys_named, lookup, model_key, name_of, namespace_of, resolve
 from .listing import DUPLICATE_REASON, Listing, log_not_unique, merge
 from .instance_update import update_in_place
+from .load_plan import Planned, dependencies_first, plan_load, read_config_file, steps_of
 from .loading import load_record
 from .overrides import remove_private_model, remove_private_root, write_private_model
 from .records import (LoadedVersion, ModelRecord, ServerOptions, State,  # noqa: F401
@@ -140,15 +141,17 @@ class ModelRepositoryManager:
         model lifecycle does), each ensemble after the models it uses. Model code runs in
         the pool; every change of a record happens in this thread, under the lock."""
         known = set(folders) | set(self.records)
+        configs = {key: read_config_file(folder, self.options.model_config_name)
+                   for key, folder in folders.items()}  # each read once, here
 
-        def steps_of(key: str, folder: Path) -> set[str]:
-            return self._peek_steps(key, folder, known=known)
+        def steps(key: str, folder: Path) -> set[str]:
+            return steps_of(key, configs[key], self.options.model_namespacing, lambda: known)
 
-        order = _dependencies_first(folders, steps_of)
+        order = dependencies_first(folders, steps)
         if not order:
             return
         position = {name: index for index, name in enumerate(order)}
-        waits_for = {name: {s for s in steps_of(name, folders[name])
+        waits_for = {name: {s for s in steps(name, folders[name])
                             if position.get(s, len(order)) < position[name]}
                      for name in order}  # only earlier steps: a cycle cannot deadlock
         pending, running = list(order), {}
@@ -161,7 +164,8 @@ class ModelRepositoryManager:
                     pending.remove(name)
                     with self.lock:
                         previous = self._mark_loading(name, folders[name])
-                    future = pool.submit(self._load_with_retries, name, folders[name], None)
+                    future = pool.submit(self._load_with_retries, name, folders[name], None,
+                                         configs[name])
                     running[future] = (name, previous)
                 done, _ = concurrent.futures.wait(
                     running, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -215,36 +219,67 @@ class ModelRepositoryManager:
                     raise invalid_arg(f"failed to load '{name}': a 'config' parameter must be "
                                       "given with file overrides")
                 folder = write_private_model(name, files)
-                return self._load_key(name, folder, override, folder)
-            try:
-                listing = self.listing(fetch={name})
-            except StorageError as error:
-                raise unavailable(f"failed to load '{name}', failed to poll from model "
-                                  f"repository: {error}") from None
-            folders = listing.folders
-            if keys_named(name, listing.duplicates):  # a loaded one keeps serving
-                log_not_unique(keys_named(name, listing.duplicates))
-                raise internal(f"failed to load '{name}', failed to poll from model "
-                               "repository")
-            keys = keys_named(name, folders)
-            if not keys:
-                raise invalid_arg(f"failed to load '{name}', failed to poll from model "
-                                  f"repository: model '{name}' is not found in any "
-                                  "model repository")
-            records = [self._load_key(key, folders[key], override) for key in keys]
+                return self._load_planned(Planned(name, folder, None, override, folder))
+            folders = self._folders_named(name)
+            records = [self._load_planned(self._planned(key, folder, override))
+                       for key, folder in folders.items()]
             return records[-1]
 
-    def _load_key(self, key: str, folder: Path, override: mc.ModelConfig | None,
-                  private_dir: Path | None = None) -> ModelRecord:
-        """Load one model (its ensemble's steps first); TritonError unless READY."""
-        for step in self._peek_steps(key, folder, override):
-            if not self._key_ready(step):
-                self.load(name_of(step), check_mode=False)
-        record = self._load_folder(key, folder, override, private_dir)
-        if record.state != State.READY or self.records.get(key) is not record:
-            current = self.records.get(key)
-            raise invalid_arg(current.reason if current and current is not record
-                              and current.reason else record.reason)
+    def _folders_named(self, name: str) -> dict[str, Path]:
+        """Key → folder of every repository's model `name`, listed afresh (fetched)."""
+        try:
+            listing = self.listing(fetch={name})
+        except StorageError as error:
+            raise unavailable(f"failed to load '{name}', failed to poll from model "
+                              f"repository: {error}") from None
+        if keys_named(name, listing.duplicates):  # a loaded one keeps serving
+            log_not_unique(keys_named(name, listing.duplicates))
+            raise internal(f"failed to load '{name}', failed to poll from model "
+                           "repository")
+        keys = keys_named(name, listing.folders)
+        if not keys:
+            raise invalid_arg(f"failed to load '{name}', failed to poll from model "
+                              f"repository: model '{name}' is not found in any "
+                              "model repository")
+        return {key: listing.folders[key] for key in keys}
+
+    def _planned(self, key: str, folder: Path,
+                 override: mc.ModelConfig | None = None) -> Planned:
+        parsed = None if override is not None else \
+            read_config_file(folder, self.options.model_config_name)
+        return Planned(key, folder, parsed, override)
+
+    def _step_entries(self, step: str) -> list[Planned]:
+        """What loading a step by its name loads (every repository's), or its error."""
+        name = name_of(step)
+        try:
+            check_model_name(name)
+            return [self._planned(key, folder) for key, folder in
+                    self._folders_named(name).items()]
+        except TritonError as error:
+            return [Planned(step, error=error)]
+
+    def _planned_steps(self, entry: Planned) -> set[str]:
+        config = entry.override if entry.override is not None else entry.config
+        return steps_of(entry.key, config, self.options.model_namespacing, self._known_keys)
+
+    def _known_keys(self) -> set[str]:
+        return set(self.records) | set(self.model_folders())
+
+    def _load_planned(self, first: Planned) -> ModelRecord:
+        """Load `first` after the models its steps need that do not serve yet, as one
+        plan computed first (load_plan.py); TritonError unless each becomes READY."""
+        plan = plan_load(first, self._planned_steps, self._key_ready, self._step_entries)
+        planned = frozenset(entry.key for entry in plan)
+        for entry in plan:
+            if entry.error is not None:
+                raise entry.error
+            record = self._load_folder(entry.key, entry.folder, entry.override,
+                                       entry.private_dir, entry.config, planned)
+            if record.state != State.READY or self.records.get(entry.key) is not record:
+                current = self.records.get(entry.key)
+                raise invalid_arg(current.reason if current and current is not record
+                                  and current.reason else record.reason)
         return record
 
     def _key_ready(self, key: str) -> bool:
@@ -398,14 +433,16 @@ class ModelRepositoryManager:
     # --- internals ---
 
     def _load_folder(self, key: str, folder: Path, override: mc.ModelConfig | None = None,
-                     private_dir: Path | None = None) -> ModelRecord:
+                     private_dir: Path | None = None, parsed: mc.ModelConfig | None = None,
+                     planned: frozenset = frozenset()) -> ModelRecord:
         """Load a new record next to the old one and swap it in; a failed reload keeps
-        the old versions serving and records why in the index."""
+        the old versions serving and records why in the index. `parsed`: the config
+        file as the plan read it; `planned`: the keys the same plan loads."""
         with self.lock:
             previous = self._mark_loading(key, folder)
-            record = self._load_with_retries(key, folder, override)
+            record = self._load_with_retries(key, folder, override, parsed)
             record.private_dir = private_dir
-            return self._install(key, record, previous)
+            return self._install(key, record, previous, planned)
 
     def _mark_loading(self, key: str, folder: Path) -> ModelRecord | None:
         """A model about to load shows LOADING, unless older versions keep serving;
@@ -417,8 +454,8 @@ class ModelRepositoryManager:
                                             namespace=namespace_of(key))
         return previous
 
-    def _install(self, key: str, record: ModelRecord,
-                 previous: ModelRecord | None) -> ModelRecord:
+    def _install(self, key: str, record: ModelRecord, previous: ModelRecord | None,
+                 planned: frozenset = frozenset()) -> ModelRecord:
         """Swap a loaded record in and stop the previous one; a failed reload keeps
         the previous versions serving."""
         with self.lock:
@@ -436,7 +473,7 @@ class ModelRepositoryManager:
                 self._unload_replaced(previous, record)
             self._report(record)
             if record.state == State.READY:
-                self._reload_dependents(key)
+                self._reload_dependents(key, planned)
             return record
 
     def _unload_replaced(self, previous: ModelRecord, record: ModelRecord) -> None:
@@ -453,22 +490,24 @@ class ModelRepositoryManager:
         self.replaced = [t for t in self.replaced if t.is_alive()] + [thread]
         thread.start()
 
-    def _load_with_retries(self, key: str, folder: Path,
-                           override: mc.ModelConfig | None) -> ModelRecord:
+    def _load_with_retries(self, key: str, folder: Path, override: mc.ModelConfig | None,
+                           parsed: mc.ModelConfig | None = None) -> ModelRecord:
         """load_record, tried again up to --model-load-retry-count times while it fails
         (as Triton retries a model whose load failed, e.g. on a flaky mount)."""
         name, namespace = name_of(key), namespace_of(key)
         updated = update_in_place(self.records.get(key), folder, self.options, self.server,
-                                  override)
+                                  override, parsed)
         if updated is not None:  # only instance_group changed: no reload
             return updated
-        record = load_record(name, folder, self.options, self.server, override, namespace)
+        record = load_record(name, folder, self.options, self.server, override, namespace,
+                             parsed)
         for attempt in range(self.options.model_load_retry_count):
             if record.state == State.READY:
                 break
             log.warning("%s; retrying (%d of %d)", record.reason, attempt + 1,
                         self.options.model_load_retry_count)
-            record = load_record(name, folder, self.options, self.server, override, namespace)
+            record = load_record(name, folder, self.options, self.server, override, namespace,
+                                 parsed)
         return record
 
     def _report(self, record: ModelRecord) -> None:
@@ -494,55 +533,26 @@ class ModelRepositoryManager:
         return sorted(k for k, r in self.records.items() if r.versions and key in {
             resolve(step, r.namespace, self.records) for step in r.ensemble_steps()})
 
-    def _reload_dependents(self, key: str) -> None:
-        """An ensemble follows the models it uses: reload it when one of them changes."""
+    def _reload_dependents(self, key: str, planned: frozenset = frozenset()) -> None:
+        """An ensemble follows the models it uses: reload it when one of them changes
+        (unless the same plan loads it next)."""
         for dependent in self._dependents(key):
+            if dependent in planned:
+                continue
             record = self.records[dependent]
             if record.model_dir is not None and record.private_dir is None:
                 self._load_folder(dependent, record.model_dir)
 
-    def _peek_steps(self, key: str, folder: Path | None,
-                    override: mc.ModelConfig | None = None, known=None) -> set[str]:
-        """The keys of the models an ensemble folder uses, read without loading it: each
-        step resolved from the ensemble's namespace among the `known` keys (a step no
-        model answers keeps its bare name)."""
-        config = override
-        path = scan.config_path(folder, self.options.model_config_name) if folder else None
-        if config is None and path is not None and path.exists():
-            try:
-                config = parse_config_file(path)
-            except ConfigError:
-                return set()
-        if config is None or config.platform != "ensemble":
-            return set()
-        names = {step.model_name for step in config.ensemble_scheduling.step}
-        if not self.options.model_namespacing:
-            return names - {key}
-        known = set(self.records) | set(self.model_folders()) if known is None else known
-        return {resolve(step, namespace_of(key), known) or step for step in names} - {key}
+    def _peek_steps(self, key: str, folder: Path | None, known) -> set[str]:
+        """The keys of the models an ensemble folder uses, read without loading it."""
+        config = read_config_file(folder, self.options.model_config_name)
+        return steps_of(key, config, self.options.model_namespacing, lambda: known)
 
 
 def _loading_statuses(previous: ModelRecord | None) -> dict[int, VersionStatus]:
     if previous is None:
         return {}
     return {v: VersionStatus(v, State.LOADING) for v in previous.statuses}
-
-
-def _dependencies_first(folders: dict[str, Path], steps_of) -> list[str]:
-    """Model names ordered so that an ensemble comes after the models it uses."""
-    ordered, placed = [], set()
-
-    def place(name: str, trail: tuple) -> None:
-        if name in placed or name not in folders or name in trail:
-            return
-        for step in sorted(steps_of(name, folders[name])):
-            place(step, trail + (name,))
-        placed.add(name)
-        ordered.append(name)
-
-    for name in folders:
-        place(name, ())
-    return ordered
 
 
 def _config_override(name: str, config_json: str) -> mc.ModelConfig:

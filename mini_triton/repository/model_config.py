@@ -29,14 +29,19 @@ from .overrides import is_private_model
 
 
 def read_config(name: str, folder: Path, options, server=None,
-                override: mc.ModelConfig | None = None) -> mc.ModelConfig:
+                override: mc.ModelConfig | None = None,
+                parsed: mc.ModelConfig | None = None) -> mc.ModelConfig:
     """The completed config of a model folder (an override, else config.pbtxt, then
-    auto-complete), checked by Triton's config rules."""
+    auto-complete), checked by Triton's config rules; `parsed`: config.pbtxt as a load's
+    plan read it (load_plan.py), completed from a copy."""
     source = None
     try:
         if override is not None:
             config = mc.ModelConfig()
             config.CopyFrom(override)
+        elif parsed is not None:
+            config, source = mc.ModelConfig(), scan.config_path(folder, options.model_config_name)
+            config.CopyFrom(parsed)
         else:
             config, source = config_in_folder(
                 scan.config_path(folder, options.model_config_name), options)
