@@ -9,7 +9,8 @@
 The model is an MLP 2048 → 4096 (ReLU) → 2048 with fixed random weights (about
 64 MiB), built here with onnx.helper into a temporary repository, one model per
 variant over the same file (a variant is a config: session parameters, batcher
-settings; `VARIANTS` below). The server runs as a child process and
+settings; `VARIANTS` below; a variant without an instance group has two CPU
+instances, Triton's default for ONNX Runtime). The server runs as a child process and
 `perf/loadgen.py` keeps `--concurrency` single-row requests in flight against
 each variant in turn; raw onnxruntime then runs the same file at batch 16 in
 this process, with the server idle, once as onnxruntime comes (its threads
@@ -375,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         rows = run_rounds(args, model_file, variants)
     print()
-    print(f"{os.cpu_count()} CPUs; MLP {' → '.join(map(str, WIDTHS))}, FP32, one instance; "
+    print(f"{os.cpu_count()} CPUs; MLP {' → '.join(map(str, WIDTHS))}, FP32, two CPU "
+          "instances unless the variant names its group; "
           f"{args.protocol} c{args.concurrency}, single-row requests")
     print(rounds_table(rows))
     print()
