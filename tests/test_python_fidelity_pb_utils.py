@@ -32,6 +32,7 @@ def calls(request):
     family = pb_utils.MetricFamily("probe_counter", "d", pb_utils.MetricFamily.COUNTER)
     histogram = pb_utils.MetricFamily("probe_hist", "d", pb_utils.MetricFamily.HISTOGRAM)
     counter = family.Metric(labels={"a": "b"})
+    h = histogram.Metric(labels={"a": "b"}, buckets=[1.0, 2.0])
     sender = request.get_response_sender()
 
     def ok_request(**kw):
@@ -70,6 +71,19 @@ def calls(request):
         'load_model(5)': lambda: pb_utils.load_model(5),
         'unload_model(None)': lambda: pb_utils.unload_model(None),
         'is_model_ready(m, 5)': lambda: pb_utils.is_model_ready("m", 5),
+        'MetricFamily(bad name, d, COUNTER)':
+            lambda: pb_utils.MetricFamily("bad name!", "d", pb_utils.MetricFamily.COUNTER),
+        "MetricFamily('', d, COUNTER)":
+            lambda: pb_utils.MetricFamily("", "d", pb_utils.MetricFamily.COUNTER),
+        'Metric(labels int value)': lambda: family.Metric(labels={"a": 1}),
+        'Metric(labels int key)': lambda: family.Metric(labels={1: "a"}),
+        'Metric(histogram, unsorted buckets)':
+            lambda: histogram.Metric(labels={"c": "e"}, buckets=[2.0, 1.0]),
+        'counter.increment(-1)': lambda: counter.increment(-1),
+        'counter.set(1)': lambda: counter.set(1),
+        'counter.observe(1)': lambda: counter.observe(1),
+        'histogram.increment(1)': lambda: h.increment(1),
+        'histogram.value()': lambda: h.value(),
     }
 
 
@@ -235,6 +249,38 @@ EXPECTED = {
         'is_model_ready(): incompatible function arguments. The following argument types '
         "are supported:\n    1. (model_name: str, model_version: str = '') -> bool\n\n"
         "Invoked with: 'm', 5"),
+    'MetricFamily(bad name, d, COUNTER)': ('TritonModelException',
+        'Error when creating MetricFamily: Failed to process the request for model '
+        "'pb_probe_0', message: Invalid metric name"),
+    "MetricFamily('', d, COUNTER)": ('TritonModelException',
+        'Error when creating MetricFamily: Failed to process the request for model '
+        "'pb_probe_0', message: Invalid metric name"),
+    'Metric(labels int value)': ('TritonModelException',
+        "Error when creating Metric: Failed to process the request for model 'pb_probe_0', "
+        'message: attempt to access JSON non-string as string'),
+    'Metric(labels int key)': ('TritonModelException',
+        "Error when creating Metric: Failed to process the request for model 'pb_probe_0', "
+        'message: Invalid label name'),
+    'Metric(histogram, unsorted buckets)': ('TritonModelException',
+        "Error when creating Metric: Failed to process the request for model 'pb_probe_0', "
+        'message: Bucket Boundaries must be strictly sorted'),
+    'counter.increment(-1)': ('TritonModelException',
+        'Failed to increment metric value: Failed to process the request for model '
+        "'pb_probe_0', message: TRITONSERVER_METRIC_KIND_COUNTER can only be incremented "
+        'monotonically by non-negative values.'),
+    'counter.set(1)': ('TritonModelException',
+        "Failed to set metric value: Failed to process the request for model 'pb_probe_0', "
+        'message: TRITONSERVER_METRIC_KIND_COUNTER does not support Set'),
+    'counter.observe(1)': ('TritonModelException',
+        'Failed to observe metric value: Failed to process the request for model '
+        "'pb_probe_0', message: TRITONSERVER_METRIC_KIND_COUNTER does not support Observe"),
+    'histogram.increment(1)': ('TritonModelException',
+        'Failed to increment metric value: Failed to process the request for model '
+        "'pb_probe_0', message: TRITONSERVER_METRIC_KIND_HISTOGRAM does not support "
+        'Increment'),
+    'histogram.value()': ('TritonModelException',
+        "Failed to get metric value: Failed to process the request for model 'pb_probe_0', "
+        'message: TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Value'),
 }
 
 

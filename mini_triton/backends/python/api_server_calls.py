@@ -4,6 +4,7 @@ custom metrics and model control."""
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 from . import api_args as _args
@@ -82,6 +83,26 @@ class MetricKind:
     HISTOGRAM = "histogram"
 
 
+_KIND_NAMES = {MetricKind.COUNTER: "TRITONSERVER_METRIC_KIND_COUNTER",
+               MetricKind.GAUGE: "TRITONSERVER_METRIC_KIND_GAUGE",
+               MetricKind.HISTOGRAM: "TRITONSERVER_METRIC_KIND_HISTOGRAM"}
+# Prometheus' rules, which Triton's server applies to what a model declares.
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+def _refused(action: str, message: str) -> TritonModelException:
+    """Triton's words for a metric call its server refuses."""
+    host = _current_host()
+    instance = getattr(host, "instance_name", "") if host is not None else ""
+    return TritonModelException(f"{action}: Failed to process the request for model "
+                                f"'{instance}', message: {message}")
+
+
+def _unsupported(action: str, kind: str, operation: str) -> TritonModelException:
+    return _refused(action, f"{_KIND_NAMES[kind]} does not support {operation}")
+
+
 class MetricFamily:
     """A named family of metrics: `MetricFamily(name, description, kind)`."""
 
@@ -95,8 +116,8 @@ class MetricFamily:
                    _P("kind", _args.one_of((MetricKind.COUNTER, MetricKind.GAUGE,
                                             MetricKind.HISTOGRAM))))
     def __init__(self, name, description, kind):
-        if not name:
-            raise TritonModelException("a metric family needs a name")
+        if not _METRIC_NAME.match(name):
+            raise _refused("Error when creating MetricFamily", "Invalid metric name")
         self._host = _current_host()
         self._name, self._description, self._kind = name, str(description), kind
         self._host.metric_family(name, self._description, kind)
@@ -105,16 +126,16 @@ class MetricFamily:
         _check_metric_arguments(self._kind, labels, buckets)
         labels = dict(labels or {})
         for key, value in labels.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise TritonModelException("metric labels must map str to str")
-        if self._kind == MetricKind.HISTOGRAM:
-            if not buckets:
-                raise TritonModelException("histogram metrics need 'buckets'")
+            if not isinstance(value, str):
+                raise _refused("Error when creating Metric",
+                               "attempt to access JSON non-string as string")
+            if not isinstance(key, str) or not _LABEL_NAME.match(key):
+                raise _refused("Error when creating Metric", "Invalid label name")
+        if buckets is not None:
             buckets = [float(b) for b in buckets]
             if buckets != sorted(set(buckets)):
-                raise TritonModelException("histogram buckets must be increasing")
-        elif buckets is not None:
-            raise TritonModelException(f"{self._kind} metrics take no 'buckets'")
+                raise _refused("Error when creating Metric",
+                               "Bucket Boundaries must be strictly sorted")
         self._host.metric_create(self._name, labels, buckets)
         return Metric(self, labels)
 
@@ -150,27 +171,28 @@ class Metric:
     @_value_method("increment")
     def increment(self, value):
         if self._family._kind == MetricKind.HISTOGRAM:
-            raise TritonModelException("increment is not supported for histogram metrics")
+            raise _unsupported("Failed to increment metric value", MetricKind.HISTOGRAM,
+                               "Increment")
         if self._family._kind == MetricKind.COUNTER and value < 0:
-            raise TritonModelException("a counter can only be incremented by a non-negative "
-                                       "value")
+            raise _refused("Failed to increment metric value", "TRITONSERVER_METRIC_KIND_COUNTER "
+                           "can only be incremented monotonically by non-negative values.")
         self._update("increment", value)
 
     @_value_method("set")
     def set(self, value):
         if self._family._kind != MetricKind.GAUGE:
-            raise TritonModelException("set is only supported for gauge metrics")
+            raise _unsupported("Failed to set metric value", self._family._kind, "Set")
         self._update("set", value)
 
     @_value_method("observe")
     def observe(self, value):
         if self._family._kind != MetricKind.HISTOGRAM:
-            raise TritonModelException("observe is only supported for histogram metrics")
+            raise _unsupported("Failed to observe metric value", self._family._kind, "Observe")
         self._update("observe", value)
 
     def value(self):
         if self._family._kind == MetricKind.HISTOGRAM:
-            raise TritonModelException("value is not supported for histogram metrics")
+            raise _unsupported("Failed to get metric value", MetricKind.HISTOGRAM, "Value")
         return self._family._host.metric_value(self._family._name, self._labels)
 
 

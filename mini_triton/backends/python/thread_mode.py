@@ -23,9 +23,10 @@ from .runner import ModelError, ModelRunner
 class ThreadHost:
     """The model API's view of the server, for model code running in the server."""
 
-    def __init__(self, bridge: ServerBridge, model_dir: str):
+    def __init__(self, bridge: ServerBridge, model_dir: str, instance_name: str = ""):
         self.bridge = bridge
         self._model_dir = model_dir
+        self.instance_name = instance_name  # named in errors, as Triton's are
 
     def infer(self, request: pb.InferenceRequest, decoupled: bool) -> pb._ResponseQueue:
         responses = pb._ResponseQueue()
@@ -82,7 +83,7 @@ class ThreadInstance(ModelInstance):
         self.iterative = backend.config.sequence_batching.iterative_sequence
         self.output_names = [o.name for o in backend.config.output]
         self.outstanding = Outstanding()
-        self.host = ThreadHost(backend.bridge, str(backend.model_file.parent))
+        self.host = ThreadHost(backend.bridge, str(backend.model_file.parent), instance_name)
         self.runner = ModelRunner(backend.model_file, instance_name, self.decoupled)
         self.broken: str | None = None
         token = pb._use_host(self.host, default=True)

@@ -311,6 +311,11 @@ class Worker:
     def model_dir(self) -> str:
         return self._model_dir
 
+    @property
+    def instance_name(self) -> str:
+        """The instance this worker serves (named in errors, as Triton's are)."""
+        return self.runner.instance_name if self.runner is not None else ""
+
 
 def _model_inputs(message, descriptors: list) -> list:
     """A request's input tensors as the model API's Tensors over the message's bytes
