@@ -16,6 +16,8 @@ rule a config breaks is the one Triton reports:
 - `instances`: instance groups (ValidateInstanceGroup);
 - `warmup`: model_warmup samples.
 
+What they share (`RuleError`, `broken`, `run_rules`) is in `rules`.
+
 The loader and `mini-triton check-config` call the same entry points:
 `validate_model_config` (before the backend completes the config, and again
 after), `validate_io_config`, `validate_instance_groups` and
@@ -25,42 +27,13 @@ after), `validate_io_config`, `validate_instance_groups` and
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ...core.errors import Code, TritonError
+from ...core.errors import TritonError
 from ..locate import where
-
-Rule = Callable[[mc.ModelConfig], None]
-
-
-class RuleError(TritonError):
-    """A config that breaks one of Triton's rules.
-
-    `message` is Triton's text; `field` the path of the field it is about (as
-    config/locate.py names fields); `rule` the name of the rule's function.
-    """
-
-    def __init__(self, message: str, field: tuple = (), code: Code = Code.INVALID_ARG):
-        super().__init__(code, message)
-        self.field = tuple(field)
-        self.rule = ""
-
-
-def broken(message: str, *field) -> RuleError:
-    """The error a rule raises: Triton's message and the field's path."""
-    return RuleError(message, field)
-
-
-def run_rules(rules: Iterable[Rule], config: mc.ModelConfig) -> None:
-    """Apply `rules` in order; the first one broken raises its RuleError, named."""
-    for rule in rules:
-        try:
-            rule(config)
-        except RuleError as error:
-            error.rule = error.rule or rule.__name__
-            raise
+from . import batching, ensemble, instances, model, sequence, tensors, warmup
+from .rules import Rule, RuleError, broken, run_rules  # noqa: F401 (the package's API)
 
 
 def located(error: RuleError, source: Path | None) -> TritonError:
@@ -72,8 +45,6 @@ def located(error: RuleError, source: Path | None) -> TritonError:
 
 def validate_model_config(config: mc.ModelConfig) -> None:
     """Triton's ValidateModelConfig; raises RuleError."""
-    from . import batching, ensemble, model, sequence
-
     run_rules(model.IDENTITY_RULES, config)
     run_rules(batching.DYNAMIC_RULES, config)
     run_rules(model.SEQUENCE_CACHE_RULES, config)
@@ -85,15 +56,11 @@ def validate_model_config(config: mc.ModelConfig) -> None:
 
 def validate_io_config(config: mc.ModelConfig) -> None:
     """Triton's ValidateModelIOConfig (inputs, outputs, batch inputs and outputs)."""
-    from . import tensors
-
     run_rules(tensors.RULES, config)
 
 
 def validate_instance_groups(config: mc.ModelConfig) -> None:
     """Triton's ValidateInstanceGroup, on a config whose groups are normalised."""
-    from . import instances
-
     run_rules(instances.RULES, config)
 
 
@@ -101,8 +68,6 @@ def validate_loaded_config(config: mc.ModelConfig) -> None:
     """Everything a completed config must pass before a model version loads: the
     checks above in Triton's order, then those Triton's schedulers and warmup make
     (implicit state, warmup samples, the batch inputs this server builds)."""
-    from . import sequence, tensors, warmup
-
     validate_instance_groups(config)
     validate_model_config(config)
     validate_io_config(config)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ...core.names import model_name_problem, printable
-from . import broken
+from .rules import broken
 
 ENSEMBLE = "ensemble"
 

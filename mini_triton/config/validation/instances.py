@@ -13,7 +13,7 @@ import re
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ...core.errors import Code
-from . import RuleError, broken
+from .rules import RuleError, broken
 
 _Group = mc.ModelInstanceGroup
 _TENSORRT = "tensorrt_plan"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import broken
+from .rules import broken
 
 _Kind = mc.ModelSequenceBatching.Control.Kind
 _BOOLEAN_KINDS = ("CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_END", "CONTROL_SEQUENCE_READY")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import RuleError, broken
+from .rules import RuleError, broken
 
 WILDCARD = -1
 _TENSORRT = "tensorrt_plan"

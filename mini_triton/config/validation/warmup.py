@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import broken
+from .rules import broken
 from .sequence import inside_folder
 
 
