@@ -16,16 +16,16 @@ from .core.collector import settle_garbage_collector
 from .core.response_cache import ResponseCache
 from .core.stream_budget import DEFAULT_STREAM_MAX_TOTAL_QUEUED_BYTES, StreamBudget
 from .frontends import grpc_server
-from .frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
-                                      DEFAULT_MAX_URL_SIZE, HeadLimits, HttpReply,
-                                      HttpRequest, serve_async)
-from .frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
-                                    DEFAULT_MAX_PIPELINED_REQUESTS,
-                                    DEFAULT_STREAM_MAX_QUEUED_BYTES, ConnectionLimits)
+from .frontends.http1.protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
+                                       DEFAULT_MAX_URL_SIZE, HeadLimits, HttpReply, HttpRequest,
+                                       serve_async)
+from .frontends.http1.limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
+                                     DEFAULT_MAX_PIPELINED_REQUESTS,
+                                     DEFAULT_STREAM_MAX_QUEUED_BYTES, ConnectionLimits)
 from .frontends.accept_gate import AcceptLimits
-from .frontends.http_listener import start_server
+from .frontends.http1.listener import start_server
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
-from .frontends.http_offload import DEFAULT_JSON_OFFLOAD_SIZE
+from .frontends.http1.offload import DEFAULT_JSON_OFFLOAD_SIZE
 from .frontends.http2_limits import Http2Limits
 from .frontends.sagemaker_routes import UNSPECIFIED_MODEL, SagemakerFrontend, SagemakerSettings
 from .frontends.vertex_ai_routes import (VertexFrontend, VertexSettings, check_routes,

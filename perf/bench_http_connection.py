@@ -22,7 +22,7 @@ from two_trees import ROUND_PRELUDE, compare_trees, tree_arguments
 
 ROUND = ROUND_PRELUDE + r"""
 import asyncio, json, sys, time
-from mini_triton.frontends.http_protocol import HttpProtocol, HttpReply
+from mini_triton.frontends.http1.protocol import HttpProtocol, HttpReply
 
 HEADER = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
                                  "parameters": {"binary_data_size": 64}}],

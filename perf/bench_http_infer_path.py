@@ -26,7 +26,7 @@ from two_trees import ROUND_PRELUDE, whole_path_main
 ROUND = ROUND_PRELUDE + r"""
 import asyncio, json, sys, time
 import uvloop
-from mini_triton.frontends.http_protocol import HttpProtocol
+from mini_triton.frontends.http1.protocol import HttpProtocol
 from mini_triton.frontends.http_server import HttpFrontend, error_reply
 
 CONFIG = '''backend: "identity"

@@ -82,7 +82,7 @@ class AiohttpExchange:
 def aiohttp_app(frontend, max_body: int):
     from aiohttp import web
 
-    from mini_triton.frontends.http_protocol import HttpRequest
+    from mini_triton.frontends.http1.protocol import HttpRequest
 
     async def handle(request: web.BaseRequest):
         body = await request.read()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mini_triton.frontends.http_body import LARGE_BODY, BodyReceiver
+from mini_triton.frontends.http1.body import LARGE_BODY, BodyReceiver
 
 CHUNK = b"\x01" * 65_536
 

@@ -413,7 +413,7 @@ def test_replies_name_the_server(server):
 
 def test_the_flags_and_their_defaults():
     from mini_triton.cli import build_parser, settings_from
-    from mini_triton.frontends.http_limits import ConnectionLimits
+    from mini_triton.frontends.http1.limits import ConnectionLimits
 
     defaults = settings_from(build_parser().parse_args([]))
     assert (defaults.http_keepalive_timeout_secs, defaults.http_max_pipelined_requests,
@@ -461,7 +461,7 @@ class FlowTransport:
 
 
 def flow_protocol(max_pipelined: int):
-    from mini_triton.frontends.http_protocol import (ConnectionLimits, HeadLimits, HttpProtocol,
+    from mini_triton.frontends.http1.protocol import (ConnectionLimits, HeadLimits, HttpProtocol,
                                                      HttpReply)
 
     started = []
@@ -479,7 +479,7 @@ def gets(*paths: str) -> bytes:
 
 
 def test_requests_past_the_limit_wait_unstarted_and_the_connection_unread():
-    from mini_triton.frontends.http_protocol import HttpReply
+    from mini_triton.frontends.http1.protocol import HttpReply
 
     protocol, transport, started = flow_protocol(max_pipelined=2)
     protocol.data_received(gets("/1", "/2", "/3", "/4", "/5"))  # one read, five requests
@@ -498,7 +498,7 @@ def test_requests_past_the_limit_wait_unstarted_and_the_connection_unread():
 def test_requests_answered_in_their_own_call_start_the_held_ones_without_recursion():
     """Thousands of pipelined requests in one read, each answered at once: the held
     ones start one after another from a loop, not from nested calls."""
-    from mini_triton.frontends.http_protocol import (ConnectionLimits, HeadLimits, HttpProtocol,
+    from mini_triton.frontends.http1.protocol import (ConnectionLimits, HeadLimits, HttpProtocol,
                                                      HttpReply)
 
     protocol = HttpProtocol(lambda request, exchange: exchange.answer(HttpReply(200, b"k")),
@@ -511,7 +511,7 @@ def test_requests_answered_in_their_own_call_start_the_held_ones_without_recursi
 
 
 def test_requests_arriving_while_replies_wait_unsent_are_held_until_the_buffer_drains():
-    from mini_triton.frontends.http_protocol import HttpReply
+    from mini_triton.frontends.http1.protocol import HttpReply
 
     protocol, transport, started = flow_protocol(max_pipelined=16)
     protocol.pause_writing()  # the transport's buffer passed its high-water mark

@@ -9,8 +9,8 @@ import gzip
 
 from test_http_protocol import protocol_with
 
-from mini_triton.frontends.http_head import HEADS, REPLY_HEADS, HeadMemo
-from mini_triton.frontends.http_protocol import HttpReply
+from mini_triton.frontends.http1.head import HEADS, REPLY_HEADS, HeadMemo
+from mini_triton.frontends.http1.protocol import HttpReply
 
 
 def recorded_requests(data: bytes) -> list:

@@ -155,8 +155,8 @@ def test_stopping_listener_sends_the_replies_under_way_then_closes():
     whose request is being answered gets its reply first, then closes."""
     import asyncio
 
-    from mini_triton.frontends.http_listener import start_server
-    from mini_triton.frontends.http_protocol import HttpReply, serve_async
+    from mini_triton.frontends.http1.listener import start_server
+    from mini_triton.frontends.http1.protocol import HttpReply, serve_async
 
     async def scenario():
         release = asyncio.Event()
@@ -210,7 +210,7 @@ class RecordingTransport:
 
 
 def protocol_with(app):
-    from mini_triton.frontends.http_protocol import (ConnectionLimits, HeadLimits, HttpProtocol,
+    from mini_triton.frontends.http1.protocol import (ConnectionLimits, HeadLimits, HttpProtocol,
                                                      HttpReply)
 
     # No running event loop here, so no header timer and no keep-alive timer.
@@ -225,7 +225,7 @@ def protocol_with(app):
 def test_an_answer_given_in_the_requests_own_call_is_written_before_it_returns():
     """Inference answers from the call that delivers its response: the reply must
     leave at once, not after another round of the event loop."""
-    from mini_triton.frontends.http_protocol import HttpReply
+    from mini_triton.frontends.http1.protocol import HttpReply
 
     def app(request, exchange):
         exchange.answer(HttpReply(200, b'{"path":"' + request.path.encode() + b'"}'))
@@ -237,7 +237,7 @@ def test_an_answer_given_in_the_requests_own_call_is_written_before_it_returns()
 
 
 def test_pipelined_answers_given_out_of_order_are_written_in_order():
-    from mini_triton.frontends.http_protocol import HttpReply
+    from mini_triton.frontends.http1.protocol import HttpReply
 
     exchanges = []
     protocol, transport = protocol_with(lambda request, exchange: exchanges.append(
@@ -254,7 +254,7 @@ def test_pipelined_answers_given_out_of_order_are_written_in_order():
 
 
 def test_a_lost_connection_cancels_only_the_requests_still_unanswered():
-    from mini_triton.frontends.http_protocol import HttpReply
+    from mini_triton.frontends.http1.protocol import HttpReply
 
     exchanges, cancelled = [], []
 
@@ -271,7 +271,7 @@ def test_a_lost_connection_cancels_only_the_requests_still_unanswered():
 
 
 def test_an_app_that_raises_gets_a_500_and_the_connection_keeps_serving():
-    from mini_triton.frontends.http_protocol import HttpReply
+    from mini_triton.frontends.http1.protocol import HttpReply
 
     def app(request, exchange):
         if request.path == "/bug":

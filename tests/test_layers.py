@@ -44,10 +44,6 @@ DEFERRED = {
                                    "worker process, which imports this package, stays light",
     "mini_triton.backends.python.backend": "thread mode's instance loads only where a model "
                                            "asks for it",
-    "mini_triton.frontends.http_exchange": "the HTTP/1.1 server's modules form a circle, "
-                                           "cut when frontends/ splits by protocol",
-    "mini_triton.frontends.http_head": "as http_exchange",
-    "mini_triton.frontends.http_router": "as http_exchange",
 }
 
 # Front ends use the service's API, never the repository behind it (`service.manager`).

@@ -263,7 +263,7 @@ def test_a_header_block_over_the_limit_in_one_piece_is_431(server):
 def test_the_router_remembers_only_short_paths():
     """Matched paths are cached for speed; long ones (no model name is longer than 255
     bytes) would let junk URLs hold megabytes for good."""
-    from mini_triton.frontends.http_protocol import HttpReply, Router
+    from mini_triton.frontends.http1.protocol import HttpReply, Router
 
     router = Router(lambda message: HttpReply(404))
     router.add("GET", "/v2/models/{model}/ready", lambda request: None)
@@ -365,7 +365,7 @@ def test_the_chunk_a_head_begins_in_is_not_counted_against_it():
     chunk, is within its limits: only its own bytes count."""
     from test_http_protocol import RecordingTransport
 
-    from mini_triton.frontends.http_protocol import (ConnectionLimits, HeadLimits, HttpProtocol,
+    from mini_triton.frontends.http1.protocol import (ConnectionLimits, HeadLimits, HttpProtocol,
                                                      HttpReply)
 
     paths = []
@@ -416,7 +416,7 @@ class HalfClosingTransport:
 def test_data_after_a_connection_close_request_ends_with_that_reply():
     """The client asked to close after its request: its reply is written, then the
     connection closes, and the refusal of what followed is never written."""
-    from mini_triton.frontends.http_protocol import HeadLimits, HttpProtocol, HttpReply
+    from mini_triton.frontends.http1.protocol import HeadLimits, HttpProtocol, HttpReply
 
     async def scenario():
         exchanges = []
@@ -457,7 +457,7 @@ def test_expect_100_continue_within_the_limit_still_continues(server):
 
 def test_the_flags_and_their_defaults():
     from mini_triton.cli import build_parser, settings_from
-    from mini_triton.frontends.http_protocol import HeadLimits
+    from mini_triton.frontends.http1.protocol import HeadLimits
 
     defaults = settings_from(build_parser().parse_args([]))
     assert (defaults.http_max_url_size, defaults.http_max_header_size,

@@ -14,14 +14,14 @@ from ..backends.backend_config import backend_setting, by_backend, start_up_note
 from ..core.names import model_name_problem
 from ..core.response_cache import parse_cache_config
 from ..frontends.grpc_server import MAX_MESSAGE_SIZE
-from ..frontends.http_protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
-                                      DEFAULT_MAX_URL_SIZE)
-from ..frontends.http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES as \
+from ..frontends.http1.protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
+                                        DEFAULT_MAX_URL_SIZE)
+from ..frontends.http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES as \
     DEFAULT_HTTP_STREAM_MAX_QUEUED_BYTES
-from ..frontends.http_limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
-                                    DEFAULT_MAX_PIPELINED_REQUESTS)
+from ..frontends.http1.limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
+                                      DEFAULT_MAX_PIPELINED_REQUESTS)
 from ..frontends.http_server import DEFAULT_MAX_INPUT_SIZE
-from ..frontends.http_offload import DEFAULT_JSON_OFFLOAD_SIZE
+from ..frontends.http1.offload import DEFAULT_JSON_OFFLOAD_SIZE
 from ..frontends.header_forward import compile_pattern
 from ..frontends.restrictions import parse_restrictions
 from ..frontends.tls import TlsFiles

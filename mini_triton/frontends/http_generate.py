@@ -20,9 +20,9 @@ from ..service import InferenceService
 from ..trace_front_end import FrontEndStamps
 from . import generate, http_codec
 from .errors import http_status
-from .http_exchange import Exchange, HttpReply, HttpRequest
-from .http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
-from .http_offload import BodyDecoder, off_loop
+from .http1.exchange import Exchange, HttpReply, HttpRequest
+from .http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
+from .http1.offload import BodyDecoder, off_loop
 
 log = logging.getLogger("mini_triton.http")
 

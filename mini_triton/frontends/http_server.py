@@ -25,9 +25,9 @@ from . import http_codec, http_parameters
 from .errors import http_status
 from .header_forward import forward_headers
 from .http_generate import GenerateEndpoints
-from .http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES
-from .http_offload import DEFAULT_JSON_OFFLOAD_SIZE, BodyDecoder, off_loop
-from .http_protocol import Exchange, HttpReply, HttpRequest, Router
+from .http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES
+from .http1.offload import DEFAULT_JSON_OFFLOAD_SIZE, BodyDecoder, off_loop
+from .http1.protocol import Exchange, HttpReply, HttpRequest, Router
 from .openai_routes import OpenAIRoutes
 from .restrictions import Restriction, http_refusal
 

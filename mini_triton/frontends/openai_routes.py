@@ -22,10 +22,10 @@ from ..service import InferenceService
 from . import chat_template, generate, http_codec
 from . import openai_codec as codec
 from .errors import http_status
-from .http_exchange import BodyStream, Exchange, HttpReply, HttpRequest
+from .http1.exchange import BodyStream, Exchange, HttpReply, HttpRequest
 from .http_generate import EVENT_STREAM, STREAM_HEADERS
-from .http_limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
-from .http_offload import BodyDecoder
+from .http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
+from .http1.offload import BodyDecoder
 from .openai_codec import OpenAIError
 
 log = logging.getLogger("mini_triton.openai")

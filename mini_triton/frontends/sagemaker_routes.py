@@ -33,7 +33,7 @@ from ..core.names import printable
 from ..service import InferenceService
 from .errors import http_status
 from .http_codec import loads_body
-from .http_exchange import Exchange, HttpReply, HttpRequest
+from .http1.exchange import Exchange, HttpReply, HttpRequest
 from .http_server import HttpFrontend, InferReplies, error_reply, json_reply
 from .restrictions import Restriction, http_refusal, unmet
 

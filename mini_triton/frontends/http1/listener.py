@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
-from .accept_gate import AcceptGate, AcceptLimits, listen
-from .http_limits import ConnectionLimits, HeadLimits
-from .http_protocol import App, HttpProtocol, HttpReply
+from ..accept_gate import AcceptGate, AcceptLimits, listen
+from .limits import ConnectionLimits, HeadLimits
+from .protocol import App, HttpProtocol, HttpReply
 
 
 class Listener:

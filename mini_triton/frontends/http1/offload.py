@@ -20,7 +20,7 @@ import gc
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
-from ..core import json_steps
+from ...core import json_steps
 
 # One step of core.json_steps: a body this large takes a few milliseconds to parse.
 DEFAULT_JSON_OFFLOAD_SIZE = json_steps.STEP

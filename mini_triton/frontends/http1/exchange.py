@@ -7,10 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Awaitable, Callable
-
-if TYPE_CHECKING:
-    from .http_protocol import HttpProtocol
+from typing import Awaitable, Callable, Protocol
 
 log = logging.getLogger("mini_triton.http")
 
@@ -39,6 +36,21 @@ class HttpReply:
 Handler = Callable[[HttpRequest], Awaitable[HttpReply]]
 
 
+class Connection(Protocol):
+    """What an exchange and its streamed body use of the connection they are on
+    (`protocol.HttpProtocol` is the one): declared here, beside its users, so that this
+    module needs nothing from the connection's, which builds on it."""
+
+    _write_paused: bool  # the transport's buffer is past its high-water mark
+    router_error: Callable[[int, str], HttpReply]  # a reply in the server's error format
+
+    def _flush(self) -> None:
+        """Write the replies that are ready, in order."""
+
+    def received_ns(self, request: HttpRequest) -> tuple[int, int]:
+        """When the request's first and last bytes came (monotonic ns)."""
+
+
 class Exchange:
     """One request of a connection and, once there, its reply. Replies are written in
     the order their requests arrived, each as soon as it and those before it are
@@ -48,7 +60,7 @@ class Exchange:
     __slots__ = ("protocol", "method", "path", "keep_alive", "accept_encoding", "reply",
                  "cancel", "chunked")
 
-    def __init__(self, protocol: "HttpProtocol", method: str, path: str, keep_alive: bool,
+    def __init__(self, protocol: Connection, method: str, path: str, keep_alive: bool,
                  accept_encoding: str, chunked: bool = True):
         self.protocol = protocol
         self.method = method

@@ -4,13 +4,11 @@ as anchored regexes, matched paths remembered (bounded)."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 from urllib.parse import unquote
 
-from ..core.memo import BoundedMemo
-
-if TYPE_CHECKING:
-    from .http_protocol import Handler, HttpReply
+from ...core.memo import BoundedMemo
+from .exchange import Handler, HttpReply
 
 
 def _placeholder(match: re.Match) -> str:

@@ -12,16 +12,12 @@ HeadMemo)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import httptools
 
-from .. import SERVER_NAME, __version__
-from ..core.memo import BoundedMemo
-from .http_body import LARGE_BODY
-
-if TYPE_CHECKING:
-    from .http_exchange import HttpReply
+from ... import SERVER_NAME, __version__
+from ...core.memo import BoundedMemo
+from .body import LARGE_BODY
+from .exchange import HttpReply
 
 
 class RequestHead:

@@ -31,16 +31,16 @@ from typing import Callable
 
 import httptools
 
-from .http_body import BodyReceiver
-from .http_encoding import InflatedTooLarge, inflate
-from .http_head import HEADS, RequestHead, body_encoding, path_of, raw_fields
-from .http_exchange import (App, BodyStream, Exchange, Handler, HttpReply,  # noqa: F401
-                            HttpRequest, serve_async)
-from .http_limits import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,  # noqa: F401
-                          DEFAULT_MAX_URL_SIZE, ConnectionLimits, HeadLimits)
-from .http_output import HttpOutput
-from .http_router import Router  # noqa: F401 (where it used to live)
-from .http_timers import CLOSED_PROBE, HttpTimers
+from .body import BodyReceiver
+from .encoding import InflatedTooLarge, inflate
+from .head import HEADS, RequestHead, body_encoding, path_of, raw_fields
+from .exchange import (App, BodyStream, Exchange, Handler, HttpReply,  # noqa: F401
+                       HttpRequest, serve_async)
+from .limits import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,  # noqa: F401
+                     DEFAULT_MAX_URL_SIZE, ConnectionLimits, HeadLimits)
+from .output import HttpOutput
+from .router import Router  # noqa: F401 (where it used to live)
+from .timers import CLOSED_PROBE, HttpTimers
 
 # Each header line costs its name, its value and ": " CRLF (the counted size).
 _HEADER_LINE_FRAMING = 4

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from .http_encoding import compress
-from .http_exchange import BodyStream, Exchange, HttpReply
-from .http_head import REPLY_HEADS, head_bytes, length_head
-from .http_offload import DEFAULT_JSON_OFFLOAD_SIZE, off_loop
+from .encoding import compress
+from .exchange import BodyStream, Exchange, HttpReply
+from .head import REPLY_HEADS, head_bytes, length_head
+from .offload import DEFAULT_JSON_OFFLOAD_SIZE, off_loop
 
 # After a refusal the connection is closed for writing at once, while what the client
 # still sends is read and dropped for up to this long: closing a socket with unread
