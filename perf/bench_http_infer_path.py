@@ -27,7 +27,7 @@ ROUND = ROUND_PRELUDE + r"""
 import asyncio, json, sys, time
 import uvloop
 from mini_triton.frontends.http1.protocol import HttpProtocol
-from mini_triton.frontends.http_server import HttpFrontend, error_reply
+from mini_triton.frontends.kserve_rest.server import HttpFrontend, error_reply
 
 CONFIG = '''backend: "identity"
 max_batch_size: 8

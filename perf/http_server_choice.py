@@ -125,7 +125,7 @@ def serve_aiohttp(argv: list[str]) -> int:
 
     from mini_triton import server as server_module
     from mini_triton.cli import build_parser, configure_logging, settings_from
-    from mini_triton.frontends.http_server import HttpFrontend
+    from mini_triton.frontends.kserve_rest.server import HttpFrontend
 
     class AiohttpServer(server_module.Server):
         async def _listen(self, app, address, port, ssl_context=None):

@@ -12,7 +12,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from mini_triton.core.errors import TritonError
-from mini_triton.frontends import http_codec
+from mini_triton.frontends.kserve_rest import http_codec
 from test_errors import post
 
 INFER = "/v2/models/identity_fp32/infer"

@@ -12,7 +12,7 @@ import pytest
 
 from mini_triton.core.request import InferenceRequest, InferenceResponse
 from mini_triton.core.tensor import RequestedOutput, Tensor
-from mini_triton.frontends import http_codec
+from mini_triton.frontends.kserve_rest import http_codec
 
 
 def reply(output: Tensor, id: str = "", version: str = "1", parameters=None):

@@ -15,7 +15,7 @@ from mini_triton.core import json_steps
 from mini_triton.core.errors import TritonError
 from mini_triton.core.request import InferenceRequest, InferenceResponse
 from mini_triton.core.tensor import RequestedOutput, Tensor
-from mini_triton.frontends import generate, http_codec
+from mini_triton.frontends.kserve_rest import generate, http_codec
 
 # Steps from barely more than the longest number up to more than most documents: each
 # cuts the documents below at other places.

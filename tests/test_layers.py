@@ -175,7 +175,7 @@ def test_front_ends_use_the_service_api():
     ("mini_triton.scheduling.base", "mini_triton.backends.base", True),
     ("mini_triton.config.check", "mini_triton.repository.scan", True),
     ("mini_triton.core.request", "mini_triton.core.errors", False),
-    ("mini_triton.frontends.http_server", "mini_triton.service", False),
+    ("mini_triton.frontends.kserve_rest.server", "mini_triton.service", False),
     ("mini_triton.server", "mini_triton.cli", True),
 ])
 def test_the_rule_itself(importer, imported, expected):

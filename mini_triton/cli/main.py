@@ -20,7 +20,7 @@ from ..frontends.http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES as \
     DEFAULT_HTTP_STREAM_MAX_QUEUED_BYTES
 from ..frontends.http1.limits import (DEFAULT_KEEPALIVE_TIMEOUT_SECS, DEFAULT_MAX_CONNECTIONS,
                                       DEFAULT_MAX_PIPELINED_REQUESTS)
-from ..frontends.http_server import DEFAULT_MAX_INPUT_SIZE
+from ..frontends.kserve_rest.server import DEFAULT_MAX_INPUT_SIZE
 from ..frontends.http1.offload import DEFAULT_JSON_OFFLOAD_SIZE
 from ..frontends.header_forward import compile_pattern
 from ..frontends.restrictions import parse_restrictions

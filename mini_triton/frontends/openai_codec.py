@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ..core.errors import TritonError
 from ..core.request import InferenceRequest
-from . import generate, http_codec
+from .kserve_rest import generate, http_codec
 
 DEFAULT_MAX_TOKENS = 16  # as Triton's OpenAI front end
 MAX_CHOICES = 16  # `n` (times the prompts of one completions request) at most

@@ -19,11 +19,12 @@ import time
 from .. import SERVER_NAME
 from ..core.errors import Code, TritonError
 from ..service import InferenceService
-from . import chat_template, generate, http_codec
+from . import chat_template
+from .kserve_rest import generate, http_codec
 from . import openai_codec as codec
 from .errors import http_status
 from .http1.exchange import BodyStream, Exchange, HttpReply, HttpRequest
-from .http_generate import EVENT_STREAM, STREAM_HEADERS
+from .kserve_rest.generate_routes import EVENT_STREAM, STREAM_HEADERS
 from .http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
 from .http1.offload import BodyDecoder
 from .openai_codec import OpenAIError

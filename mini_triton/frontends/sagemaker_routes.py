@@ -32,9 +32,9 @@ from ..core.files import read_regular
 from ..core.names import printable
 from ..service import InferenceService
 from .errors import http_status
-from .http_codec import loads_body
+from .kserve_rest.http_codec import loads_body
 from .http1.exchange import Exchange, HttpReply, HttpRequest
-from .http_server import HttpFrontend, InferReplies, error_reply, json_reply
+from .kserve_rest.server import HttpFrontend, InferReplies, error_reply, json_reply
 from .restrictions import Restriction, http_refusal, unmet
 
 log = logging.getLogger("mini_triton.sagemaker")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..core.errors import invalid_arg
 from ..service import InferenceService
 from .http1.exchange import Exchange, HttpReply, HttpRequest
-from .http_server import V2_REPLIES, HttpFrontend, InferReplies, error_reply
+from .kserve_rest.server import V2_REPLIES, HttpFrontend, InferReplies, error_reply
 from .restrictions import Restriction, http_refusal, unmet
 from .sagemaker_routes import post_infer
 

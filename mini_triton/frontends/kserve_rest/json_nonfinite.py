@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from ..core import datatypes, json_steps
+from ...core import datatypes, json_steps
 
 try:
     from orjson import Fragment

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core import datatypes
-from ..core.errors import TritonError, invalid_arg
-from ..core.request import InferenceRequest, InferenceResponse
-from ..core.tensor import Tensor
-from ..core.validate import config_datatype
+from ...core import datatypes
+from ...core.errors import TritonError, invalid_arg
+from ...core.request import InferenceRequest, InferenceResponse
+from ...core.tensor import Tensor
+from ...core.validate import config_datatype
 from . import http_codec
 
 PARAMETERS = "parameters"  # the one nested field of the request schema

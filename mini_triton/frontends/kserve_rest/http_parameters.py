@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 
-from ..core.errors import invalid_arg
-from ..logsettings import FORMATS
+from ...core.errors import invalid_arg
+from ...logsettings import FORMATS
 
 _UINT64_END = 2 ** 64
 _DECIMAL = re.compile(r"-?[0-9]+")  # a str pattern's [0-9] is ASCII only

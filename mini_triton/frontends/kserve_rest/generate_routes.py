@@ -14,15 +14,15 @@ import asyncio
 import logging
 import time
 
-from .. import trace_front_end as front_end_trace
-from ..core.errors import TritonError
-from ..service import InferenceService
-from ..trace_front_end import FrontEndStamps
+from ... import trace_front_end as front_end_trace
+from ...core.errors import TritonError
+from ...service import InferenceService
+from ...trace_front_end import FrontEndStamps
+from ..errors import http_status
+from ..http1.exchange import Exchange, HttpReply, HttpRequest
+from ..http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
+from ..http1.offload import BodyDecoder, off_loop
 from . import generate, http_codec
-from .errors import http_status
-from .http1.exchange import Exchange, HttpReply, HttpRequest
-from .http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
-from .http1.offload import BodyDecoder, off_loop
 
 log = logging.getLogger("mini_triton.http")
 

@@ -8,15 +8,15 @@ import json
 
 import numpy as np
 
-from ..core.memo import BoundedMemo
+from ...core.memo import BoundedMemo
 
-from ..core import datatypes, json_steps
-from ..core.errors import TritonError, invalid_arg
-from ..core.request import InferenceRequest, InferenceResponse
-from ..core.tensor import RequestedOutput, Tensor
-from ..core.validate import format_shape, raw_input
-from .http_parameters import (check_input_parameters, check_output_parameters, is_uint,
-                              member, shape_of)
+from ...core import datatypes, json_steps
+from ...core.errors import TritonError, invalid_arg
+from ...core.request import InferenceRequest, InferenceResponse
+from ...core.tensor import RequestedOutput, Tensor
+from ...core.validate import format_shape, raw_input
+from .http_parameters import (check_input_parameters, check_output_parameters, is_uint, member,
+                              shape_of)
 from . import json_nonfinite
 from .http_parameters import check_request_parameters as _check_request_parameters
 

@@ -15,21 +15,21 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from .. import trace_front_end as front_end_trace
-from ..config.json_format import config_to_json
-from ..core import validate
-from ..core.errors import TritonError, invalid_arg
-from ..service import InferenceService
-from ..trace_front_end import FrontEndStamps
+from ... import trace_front_end as front_end_trace
+from ...config.json_format import config_to_json
+from ...core import validate
+from ...core.errors import TritonError, invalid_arg
+from ...service import InferenceService
+from ...trace_front_end import FrontEndStamps
+from ..errors import http_status
+from ..header_forward import forward_headers
+from ..http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES
+from ..http1.offload import DEFAULT_JSON_OFFLOAD_SIZE, BodyDecoder, off_loop
+from ..http1.protocol import Exchange, HttpReply, HttpRequest, Router
+from ..openai_routes import OpenAIRoutes
+from ..restrictions import Restriction, http_refusal
 from . import http_codec, http_parameters
-from .errors import http_status
-from .header_forward import forward_headers
-from .http_generate import GenerateEndpoints
-from .http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES
-from .http1.offload import DEFAULT_JSON_OFFLOAD_SIZE, BodyDecoder, off_loop
-from .http1.protocol import Exchange, HttpReply, HttpRequest, Router
-from .openai_routes import OpenAIRoutes
-from .restrictions import Restriction, http_refusal
+from .generate_routes import GenerateEndpoints
 
 log = logging.getLogger("mini_triton.http")
 
