@@ -28,6 +28,9 @@ from ...core.loop_thread import on_loop_thread
 from ...core.stats import ExecutionTiming
 from ..base import ModelInstance
 from . import convert
+from .messages import (BLS_RESPONSE, CALL, CONTROL_METHODS, DONE, EXECUTE, FINALIZE, FREED,
+                       INFER, INIT, IS_CANCELLED, IS_READY, METRIC_METHODS, NOTIFY, REPLY,
+                       RESPONSE)
 from .outstanding import Outstanding, reschedule
 from .process_batch import Batch, encode_group, final_response, on_loop, serving_loop
 from .restarts import Backoff, Restarter
@@ -43,8 +46,6 @@ BUSY_FINALIZE_TIMEOUT_S = 1.0  # for a worker still executing when its model unl
 REPLY_POLL_CAP_NS = 250_000
 FREED_BATCH = 8  # the worker's blocks this end is done with, returned in a message of their own
 READY_TIMEOUT_S = 5.0  # a model's own is_ready() gets this long, as in Triton
-_CONTROL_METHODS = frozenset(("load_model", "unload_model", "is_model_ready"))
-_METRIC_METHODS = frozenset(("metric_family", "metric_create", "metric_value"))
 
 
 class ProcessInstance(ModelInstance):
@@ -107,7 +108,7 @@ class ProcessInstance(ModelInstance):
             self.worker = worker
         self._start_reading(worker)
         try:
-            reply = self._request({"op": "init", "model_file": str(self.backend.model_file),
+            reply = self._request({"op": INIT, "model_file": str(self.backend.model_file),
                                    "instance_name": self.name, "decoupled": self.decoupled,
                                    "args": self.init_args})
         except TritonError:
@@ -239,7 +240,7 @@ class ProcessInstance(ModelInstance):
             self.outstanding.fail(requests, unavailable(down))
             return None
         try:
-            self.link.send({"op": "execute", "batch": batch.id, "requests": encoded,
+            self.link.send({"op": EXECUTE, "batch": batch.id, "requests": encoded,
                             "poll_ns": poll_ns}, outgoing)
         except OSError:
             pass  # the reader sees the worker gone and fails the batch
@@ -343,7 +344,7 @@ class ProcessInstance(ModelInstance):
     def _dispatch(self, message) -> None:
         meta = message.meta
         op = meta["op"]
-        if op == "response":
+        if op == RESPONSE:
             key = (meta["batch"], meta["index"])
             group = self.targets.get(key)
             if group is not None:
@@ -352,21 +353,23 @@ class ProcessInstance(ModelInstance):
                     self.targets.pop(key, None)
                     if group[0].iterations:
                         self._drop_targets(group)
-        elif op == "done":
+        elif op == DONE:
             self._done(message)
-        elif op == "reply":
+        elif op == REPLY:
             future = self.calls.pop(meta["call"], None)
             if future is not None:
                 future.set_result(meta)
-        elif op == "infer":
+        elif op == INFER:
             self._infer(message)
-        elif op == "call":
+        elif op == CALL:
             self._answer(meta)
-        elif op == "notify":
+        elif op == NOTIFY:
             try:
                 self.bridge.metric_update(*meta["args"])
             except TritonError as error:
                 log.warning("model '%s': %s", self.model, error.message)
+        elif op == FREED:
+            pass  # the worker gave blocks back (Link has taken them)
 
     def _done(self, message) -> None:
         meta = message.meta
@@ -440,7 +443,7 @@ class ProcessInstance(ModelInstance):
             outgoing = Outgoing()
             encoded = put_reply(outgoing, reply)
             try:
-                link.send({"op": "bls_response", "call": call_id, "reply": encoded,
+                link.send({"op": BLS_RESPONSE, "call": call_id, "reply": encoded,
                            "final": final}, outgoing)
             except OSError:
                 pass  # the worker is gone; its reader handles that
@@ -450,7 +453,7 @@ class ProcessInstance(ModelInstance):
     def _answer(self, meta: dict) -> None:
         method, args = meta["method"], meta["args"]
         call = (self.link, meta["call"], method, args)
-        if method in _CONTROL_METHODS:  # may take long: never on the reader thread
+        if method in CONTROL_METHODS:  # may take long: never on the reader thread
             threading.Thread(target=self._answer_now, args=call, daemon=True).start()
         else:
             self._answer_now(*call)
@@ -458,10 +461,10 @@ class ProcessInstance(ModelInstance):
     def _answer_now(self, link, call_id: int, method: str, args: list) -> None:
         value, error = None, None
         try:
-            if method == "is_cancelled":
+            if method == IS_CANCELLED:
                 group = self.targets.get(tuple(args), [])
                 value = bool(group) and all(r.cancelled for r in group)
-            elif method in _CONTROL_METHODS or method in _METRIC_METHODS:
+            elif method in CONTROL_METHODS or method in METRIC_METHODS:
                 value = getattr(self.bridge, method)(*args)
             else:
                 error = f"unknown request '{method}'"
@@ -470,7 +473,7 @@ class ProcessInstance(ModelInstance):
         except Exception as failure:
             error = f"{type(failure).__name__}: {failure}"
         try:
-            link.send({"op": "reply", "call": call_id, "value": value, "error": error})
+            link.send({"op": REPLY, "call": call_id, "value": value, "error": error})
         except OSError:
             pass
 
@@ -544,7 +547,7 @@ class ProcessInstance(ModelInstance):
         if not self.has_is_ready or self.batches:
             return True  # a worker busy executing is alive; it answers when idle
         try:
-            return bool(self._call({"op": "is_ready"}, READY_TIMEOUT_S).get("value"))
+            return bool(self._call({"op": IS_READY}, READY_TIMEOUT_S).get("value"))
         except (TritonError, concurrent.futures.TimeoutError):
             return False
 
@@ -569,7 +572,7 @@ class ProcessInstance(ModelInstance):
             # exit timeout): its finalize would wait behind that work.
             timeout = FINALIZE_TIMEOUT_S if drained else BUSY_FINALIZE_TIMEOUT_S
             try:
-                self._request({"op": "finalize"}, timeout)
+                self._request({"op": FINALIZE}, timeout)
             except (TritonError, concurrent.futures.TimeoutError):
                 log.warning("instance '%s' did not finalize in time; stopping its worker",
                             self.name)

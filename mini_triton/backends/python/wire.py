@@ -33,6 +33,7 @@ import numpy as np
 from ...core import datatypes
 from .arena import Arena, PeerSegments, aligned
 from .convert import Reply
+from .messages import FREED
 
 SHARED_THRESHOLD = 64 * 1024  # bytes; smaller tensors travel inline
 # Metadata bytes, descriptor count, flags (_BOOKKEEPING), tensor bytes.
@@ -322,7 +323,7 @@ class Link:
         self.regions.pop(serial, None)
         self._regions_announced.discard(serial)
         try:
-            self._send_with_descriptors({"op": "freed", "_forget": [serial]}, None)
+            self._send_with_descriptors({"op": FREED, "_forget": [serial]}, None)
         except OSError:
             pass  # the other end is gone
 
@@ -342,7 +343,7 @@ class Link:
         otherwise sends nothing for a while, e.g. a server reading a long stream of
         responses)."""
         if len(self.peer.freed) >= at_least:
-            self.send({"op": "freed"})
+            self.send({"op": FREED})
 
     def _send_rest(self, pieces: list, sent: int) -> None:
         for piece in pieces:

@@ -25,6 +25,8 @@ from ...core.collector import settle_garbage_collector
 from ...logsettings import TritonFormatter
 from . import convert
 from . import utils as pb
+from .messages import (AUTO_COMPLETE, BLS_RESPONSE, CALL, DONE, EXECUTE, FINALIZE, FREED,
+                       INFER, INIT, IS_CANCELLED, IS_READY, NOTIFY, REPLY, RESPONSE)
 from .runner import ModelError, ModelRunner, install_module_alias
 from .wire import Link, Outgoing, PollBudget, get_reply, put_reply, put_tensors
 
@@ -46,13 +48,13 @@ class RemoteHandle:
     def send(self, response, final: bool) -> None:
         outgoing = Outgoing()
         reply = None if response is None else convert.reply_from_model(response, self.wanted)
-        self.worker.link.send({"op": "response", "batch": self.batch, "index": self.index,
+        self.worker.link.send({"op": RESPONSE, "batch": self.batch, "index": self.index,
                                "reply": put_reply(outgoing, reply), "final": final}, outgoing)
         if final:
             self.final_sent = True
 
     def is_cancelled(self) -> bool:
-        return bool(self.worker.request("is_cancelled", self.batch, self.index))
+        return bool(self.worker.request(IS_CANCELLED, self.batch, self.index))
 
 
 class Responses(pb._ResponseQueue):
@@ -142,22 +144,22 @@ class Worker:
         """Give a message to whoever waits for it (called holding the lock)."""
         meta = message.meta
         op = meta["op"]
-        if op == "execute":  # most messages
+        if op == EXECUTE:  # most messages
             self.commands.append(message)
-        elif op == "bls_response":
+        elif op == BLS_RESPONSE:
             responses = self.calls.get(meta["call"])
             if responses is not None:
                 if meta["final"]:
                     self.calls.pop(meta["call"], None)
                 responses.put(convert.model_response(get_reply(message, meta["reply"])),
                               meta["final"])
-        elif op == "reply":
+        elif op == REPLY:
             if meta["call"] in self.calls:
                 self.calls.pop(meta["call"])
                 self.replies[meta["call"]] = meta
-        elif op == "freed":
+        elif op == FREED:
             pass  # the server gave blocks back (Link has taken them)
-        elif op == "is_ready":
+        elif op == IS_READY:
             threading.Thread(target=self._is_ready, args=(meta["call"],), daemon=True).start()
         else:
             self.commands.append(message)
@@ -172,13 +174,13 @@ class Worker:
         while True:
             message = self.wait_for(self._next_command, self.poll)
             op = message.meta["op"]
-            if op == "execute":
+            if op == EXECUTE:
                 self._execute(message)
-            elif op == "init":
+            elif op == INIT:
                 self._initialize(message.meta)
-            elif op == "auto_complete":
+            elif op == AUTO_COMPLETE:
                 self._auto_complete(message.meta)
-            elif op == "finalize":
+            elif op == FINALIZE:
                 self._finalize(message.meta)
                 return
 
@@ -197,7 +199,7 @@ class Worker:
             self.runner.initialize(meta["args"])
         except ModelError as failure:
             error = str(failure)
-        self.link.send({"op": "reply", "call": meta["call"], "error": error,
+        self.link.send({"op": REPLY, "call": meta["call"], "error": error,
                         "has_is_ready": error is None and self.runner.has_is_ready()})
         if error is None:
             settle_garbage_collector()  # this process now only serves the model
@@ -210,7 +212,7 @@ class Worker:
             config = runner.auto_complete(meta["config"])
         except ModelError as failure:
             error = str(failure)
-        self.link.send({"op": "reply", "call": None, "config": config, "error": error})
+        self.link.send({"op": REPLY, "call": None, "config": config, "error": error})
 
     def _execute(self, message) -> None:
         meta = message.meta
@@ -240,7 +242,7 @@ class Worker:
         # the model kept them).
         del requests, result
         message.forget()
-        self.link.send({"op": "done", "batch": batch, "error": error, "replies": replies,
+        self.link.send({"op": DONE, "batch": batch, "error": error, "replies": replies,
                         "open": still_open, "reschedule": again}, outgoing)
 
     def _put_replies(self, outgoing: Outgoing, requests: list, responses: list,
@@ -255,11 +257,11 @@ class Worker:
     def _finalize(self, meta: dict) -> None:
         if self.runner is not None and self.runner.model is not None:
             self.runner.finalize()
-        self.link.send({"op": "reply", "call": meta["call"], "error": None})
+        self.link.send({"op": REPLY, "call": meta["call"], "error": None})
 
     def _is_ready(self, call_id: int) -> None:
         ready = self.runner.is_ready() if self.runner is not None else False
-        self.link.send({"op": "reply", "call": call_id, "value": ready is not False,
+        self.link.send({"op": REPLY, "call": call_id, "value": ready is not False,
                         "error": None})
 
     # --- the host interface of the model API ---
@@ -272,7 +274,7 @@ class Worker:
             self.calls[call_id] = responses
         outgoing = Outgoing()
         encoded = tuple(call._replace(inputs=put_tensors(outgoing, call.inputs)))
-        self.link.send({"op": "infer", "call": call_id, "request": encoded,
+        self.link.send({"op": INFER, "call": call_id, "request": encoded,
                         "decoupled": decoupled}, outgoing)
         return responses
 
@@ -281,7 +283,7 @@ class Worker:
         call_id = next(self.ids)
         with self.lock:
             self.calls[call_id] = None
-        self.link.send({"op": "call", "call": call_id, "method": method, "args": list(args)})
+        self.link.send({"op": CALL, "call": call_id, "method": method, "args": list(args)})
         reply = self.wait_for(lambda: self.replies.pop(call_id, None))
         if reply.get("error"):
             raise pb.TritonModelException(reply["error"])
@@ -294,7 +296,7 @@ class Worker:
         self.request("metric_create", name, labels, buckets)
 
     def metric_update(self, name, labels, op, value):
-        self.link.send({"op": "notify", "args": [name, labels, op, value]})
+        self.link.send({"op": NOTIFY, "args": [name, labels, op, value]})
 
     def metric_value(self, name, labels):
         return self.request("metric_value", name, labels)

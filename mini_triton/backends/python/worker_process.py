@@ -16,6 +16,7 @@ from pathlib import Path
 from ... import PACKAGE_DIR
 from ...core.errors import internal
 from .exec_env import ExecutionEnvironment
+from .messages import AUTO_COMPLETE
 from .wire import Link
 
 WORKER_MODULE = "mini_triton.backends.python.worker"
@@ -76,7 +77,7 @@ def auto_complete(model_file: Path, config_json: str, model_name: str,
     label = f"{model_name}_auto_complete"
     process, link = spawn(label, environment)
     try:
-        link.send({"op": "auto_complete", "model_file": str(model_file), "label": model_name,
+        link.send({"op": AUTO_COMPLETE, "model_file": str(model_file), "label": model_name,
                    "config": config_json})
         reply = link.recv().meta
     except (EOFError, OSError):
