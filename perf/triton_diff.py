@@ -70,7 +70,7 @@ KNOWN_OPEN: dict[str, str] = {
 # (on purpose): compared as equal.
 _CONTENT_TYPES_ALIKE = {"text/plain", "application/json"}
 MODELS = ("echo", "gen", "gen_stream", "pipeline", "seq", "step_a", "step_b", "warm",
-          "answer_late", "answer_twice")
+          "answer_late", "answer_twice", "stream_after")
 
 
 def start(name: str, python: str, out_dir: Path) -> Server:

@@ -469,8 +469,19 @@ def _late_calls():
                 c=client_of, m=model, k=kw, cv=conv)))
     calls.append(("http raw stats echo",
                   lambda t: scrub(raw(t, "GET", "/v2/models/echo/stats"))))
+    calls.append(("decoupled statistics end when execute returns", _released_stream_statistics))
     calls.append(("metrics page", metrics_page))
     return calls
+
+
+def _released_stream_statistics(target) -> dict:
+    """A decoupled model that streams after execute returned: Triton ends the request's
+    statistics when execute returns, not at the last of its 0.9 s of responses."""
+    responses = grpc_stream(target, "stream_after", lambda m: [_text(m)])
+    stats = grpc_client(target).get_inference_statistics("stream_after", as_json=True)
+    success = stats["model_stats"][0]["inference_stats"]["success"]
+    return {"responses": len(responses), "success": int(success.get("count", 0)),
+            "ended_before_the_stream": int(success.get("ns", 0)) < 600_000_000}
 
 
 def _counted_differently():
