@@ -14,6 +14,7 @@ from onnx import TensorProto as TP
 from conftest import connect, server_settings
 from mini_triton.cli.check_config import main
 from mini_triton.server import ServerThread
+from model_configs import onnx_batched
 from test_onnx_backend import add_sub, write_model
 
 pytest.importorskip("onnxruntime")
@@ -27,10 +28,9 @@ ONNX_MODELS = {
     # No inputs or outputs in the config: they come from the file, which the warmup needs.
     "onnx_from_file": (add_sub(), 'platform: "onnxruntime_onnx"\n' + WARMUP_16),
     # The file has no batch dimension: the backend's auto-complete refuses max_batch_size.
-    "onnx_cannot_batch": (add_sub(TP.INT32, (2, 8)),
-                          'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n'),
+    "onnx_cannot_batch": (add_sub(TP.INT32, (2, 8)), onnx_batched(4)),
     # INPUT0 is FP32 in the file: the rest is completed, then the file refuses the config.
-    "onnx_wrong_type": (add_sub(), 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+    "onnx_wrong_type": (add_sub(), onnx_batched(8) +
                         'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'),
 }
 

@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import DEFAULT_REPOSITORY, ROOT, STATUS, connect, protocol_fixture, server_settings
 from mini_triton.server import ServerThread
+from model_configs import onnx_batched
 
 pytest.importorskip("onnxruntime")
 
@@ -103,7 +104,7 @@ output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }},
 
 
 def bad_io(t0="TYPE_FP32", d0="16", out1="OUTPUT1") -> str:
-    return 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n' + FP32_16.format(
+    return onnx_batched(8) + FP32_16.format(
         t0=t0, d0=d0, out1=out1)
 
 
@@ -369,7 +370,7 @@ BAD_MODELS = {
                        "unexpected inference output 'NOPE', allowed outputs are: "
                        "'OUTPUT0','OUTPUT1'"),
     "batching_unsupported": (add_sub(TP.INT32, (2, 8)),
-                             'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n',
+                             onnx_batched(4),
                              "model does not support batching while non-zero max_batch_size is "
                              "specified"),
     "batch_dim_missing": (add_sub(TP.INT32, (2, 8)), """

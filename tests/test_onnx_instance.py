@@ -17,6 +17,7 @@ from mini_triton.core.request import InferenceRequest
 from mini_triton.core.tensor import Tensor
 from mini_triton.core.validate import ModelSignature, normalize
 from mini_triton.repository.loading import ServerOptions, read_config
+from model_configs import onnx_batched
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -140,8 +141,7 @@ def test_null_requests_of_empty_slots_get_initial_state_and_leave_none(accumulat
 def _spinning(folder: Path, parameters: str = ""):
     from mini_triton.backends.onnxruntime.session import session_options
 
-    (folder / "config.pbtxt").write_text(
-        f'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n{parameters}')
+    (folder / "config.pbtxt").write_text(onnx_batched(4) + parameters)
     config = read_config(folder.name, folder, ServerOptions())
     options = session_options(config)
     return [options.get_session_config_entry(f"session.{pool}.allow_spinning")
@@ -174,8 +174,7 @@ def test_a_spinning_value_other_than_0_or_1_is_refused_naming_it(identity):
 def _intra_op_threads(folder: Path, lines: str = "") -> int:
     from mini_triton.backends.onnxruntime.session import session_options
 
-    (folder / "config.pbtxt").write_text(
-        f'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n{lines}')
+    (folder / "config.pbtxt").write_text(onnx_batched(4) + lines)
     return session_options(read_config(folder.name, folder, ServerOptions())).intra_op_num_threads
 
 
@@ -218,7 +217,7 @@ def affine(tmp_path):
     folder = tmp_path / "affine"
     (folder / "1").mkdir(parents=True)
     onnx.save(model, str(folder / "1" / "model.onnx"))
-    (folder / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n')
+    (folder / "config.pbtxt").write_text(onnx_batched(8))
     return folder
 
 

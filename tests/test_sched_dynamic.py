@@ -9,11 +9,10 @@ import pytest
 from mini_triton.core.errors import Code, TritonError
 from mini_triton.core.stats import ModelStats
 from mini_triton.scheduling.dynamic import DynamicScheduler
+from model_configs import scheduled_model
 from recording_backend import Recorder, error_of, make_request, parse_config
 
-BASE = ('name: "m" max_batch_size: 8 '
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ] '
-        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ] ')
+BASE = scheduled_model()
 
 
 @pytest.fixture

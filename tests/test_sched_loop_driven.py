@@ -12,11 +12,10 @@ from mini_triton.core.request import InferenceResponse
 from mini_triton.core.stats import ExecutionTiming, ModelStats
 from mini_triton.core.tensor import Tensor
 from mini_triton.scheduling.loop_driven import LoopScheduler
+from model_configs import scheduled_model
 from recording_backend import make_request, parse_config
 
-BASE = ('name: "m" max_batch_size: 8 '
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ] '
-        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ] ')
+BASE = scheduled_model()
 
 
 class HandInstance:
@@ -99,7 +98,7 @@ def test_a_request_meeting_an_idle_instance_starts_without_queueing():
 def test_a_lone_batch_with_requests_queued_behind_it_is_not_light_load():
     async def scenario():
         scheduler, instance, _ = scheduler_with(
-            "dynamic_batching { }", BASE.replace("max_batch_size: 8", "max_batch_size: 1"))
+            "dynamic_batching { }", scheduled_model(max_batch_size=1))
         for name in "abc":
             scheduler.submit(make_request(name))
         instance.finish(0)  # "b" goes alone (batches of one), with "c" still queued

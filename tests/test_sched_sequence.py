@@ -11,6 +11,7 @@ from mini_triton.core.errors import Code, TritonError
 from mini_triton.core.stats import ModelStats
 from mini_triton.core.validate import SEQUENCE_END, SEQUENCE_START
 from mini_triton.scheduling.sequence import SequenceScheduler
+from model_configs import scheduled_model
 from recording_backend import Recorder, error_of, make_request, parse_config
 
 CONTROLS = '''
@@ -26,10 +27,8 @@ CONTROLS = '''
 def model(strategy: str = "direct { }", max_batch_size: int = 2, corrid: str = "TYPE_UINT64",
           idle_us: int = 0) -> str:
     idle = f"max_sequence_idle_microseconds: {idle_us}" if idle_us else ""
-    return (f'name: "m" max_batch_size: {max_batch_size} '
-            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ] '
-            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ] '
-            f'sequence_batching {{ {strategy} {idle} {CONTROLS % corrid} }}')
+    return scheduled_model(max_batch_size) + \
+        f'sequence_batching {{ {strategy} {idle} {CONTROLS % corrid} }}'
 
 
 @pytest.fixture
