@@ -12,7 +12,7 @@ from .frontends.grpc_server import GrpcOptions
 from .frontends.grpc_stream import DEFAULT_STREAM_MAX_IN_FLIGHT, DEFAULT_STREAM_MAX_QUEUED_BYTES
 from .frontends.grpc_transport import DEFAULT_MESSAGE_THREADS
 from .frontends.grpc_wire import COMPRESSION_LEVELS
-from .frontends.http2_limits import Http2Limits
+from .frontends.http2.limits import Http2Limits
 
 
 def add_grpc_flags(add) -> None:

@@ -240,7 +240,7 @@ def test_streams_past_the_last_stream_id_are_refused_retryably(tmp_path_factory)
 def test_the_clocks_are_looked_at_four_times_a_second():
     """Every timeout fires within a quarter of a second of its time: the server's one
     timer looks at the connections' clocks at least that often, whatever the limits."""
-    from mini_triton.frontends.http2_limits import Http2Limits
+    from mini_triton.frontends.http2.limits import Http2Limits
 
     assert Http2Limits().tick() == 0.25
     assert Http2Limits(frame_timeout=0.4).tick() == 0.1

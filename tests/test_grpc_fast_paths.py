@@ -97,7 +97,7 @@ def test_a_small_request_read_whole_is_taken_as_the_general_path_takes_it(case):
     from tritonclient.grpc import service_pb2 as pb
 
     from mini_triton.frontends.grpc_transport import Method, RawRequest
-    from mini_triton.frontends.http2_limits import Http2Limits
+    from mini_triton.frontends.http2.limits import Http2Limits
     from test_grpc_receive import frame, read_in_pieces
     from h2_client import DATA, END_HEADERS, INFER, PREFACE, SETTINGS
 

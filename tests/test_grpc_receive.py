@@ -55,7 +55,7 @@ def test_a_large_data_frame_goes_to_its_stream_as_it_is_read():
     read by read, and the handler gets the message exactly."""
     from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, \
         RawRequest
-    from mini_triton.frontends.http2_limits import Http2Limits
+    from mini_triton.frontends.http2.limits import Http2Limits
 
     request = pb.ModelInferRequest(model_name="m")
     request.inputs.add(name="INPUT0", datatype="FP32", shape=[MIB // 2])

@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2_grpc
 from mini_triton.frontends.grpc_hpack import HeaderDecoder
 from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, methods_of
 from mini_triton.frontends.grpc_wire import MessageTooLarge, inflate
-from mini_triton.frontends.http2_limits import Http2Limits
+from mini_triton.frontends.http2.limits import Http2Limits
 from h2_client import (CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY,
                                  H2, HEADERS, INFER, INITIAL_WINDOW_SIZE, LIVE, MAX_FRAME_SIZE,
                                  PING, PREFACE, RST_STREAM, SETTINGS, SLOW, VALUES, WAIT,

@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2 as pb
 from . import grpc_infer_read, grpc_split, grpc_transport, grpc_wire
 from .grpc_offload import PARSE_OFF_LOOP_FROM, READ_CHECKED_FROM, collector_paused
 from .grpc_wire import COMPRESSION_LEVELS
-from .http2_limits import Http2Limits
+from .http2.limits import Http2Limits
 from .tls import TlsFiles
 
 MAX_MESSAGE_SIZE = grpc_transport.MAX_MESSAGE_SIZE  # INT32_MAX, as tritonserver sets it

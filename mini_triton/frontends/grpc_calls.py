@@ -4,7 +4,7 @@ call runs (routing by `:path`, deadlines, request messages, handlers, statuses).
 Handlers keep grpc.aio's shape, `async def Method(request, context)` (a streaming one
 takes an async iterator and yields), so the servicer does not know which transport
 runs it. `GrpcCalls` is the call half of the connection class (grpc_transport.py);
-the frames and flow control it relies on are http2_connection.py's.
+the frames and flow control it relies on are http2/connection.py's.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .grpc_wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, UNPARSE
                         UNPARSEABLE_MESSAGE, WINDOW_BITS, Deflated, ScatteredMessage,
                         parse_timeout, refusal_block, response_encoding, status_block,
                         too_large)
-from .http2_frames import INTERNAL_ERROR, PROTOCOL_ERROR
+from .http2.frames import INTERNAL_ERROR, PROTOCOL_ERROR
 
 log = logging.getLogger("mini_triton.grpc")
 
@@ -122,13 +122,13 @@ class Stream:
         self.trailers: bytes | None = None   # sent once the held-back DATA is
         self.headers_sent = False
         self.compress: bytes | None = None  # the grpc-encoding of our messages
-        self.into = None  # a large message's buffer it is received into (http2_bodies)
+        self.into = None  # a large message's buffer it is received into (http2/bodies.py)
 
 
 class GrpcCalls:
     """The calls of one connection. Expects the connection's `server`, `loop`,
     `max_message`, `max_unary_body`, `max_whole`, `streams`, `ready`, and its `_send`,
-    `_reset`, `_drop_held_back`, `_give_back_stream` (http2_connection.Http2Connection),
+    `_reset`, `_drop_held_back`, `_give_back_stream` (http2.connection.Http2Connection),
     `_decompress`, `_read_checked`, `_compressed`, `_inflate_streamed`, `_read_streamed`
     (grpc_offload)."""
 

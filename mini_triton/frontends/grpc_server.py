@@ -22,7 +22,7 @@ from .errors import grpc_status
 from .grpc_aio import (MAX_MESSAGE_SIZE, RAW_REQUESTS, SERVICE,  # noqa: F401 (theirs)
                        create_grpcio_server, server_options)
 from .header_forward import forward_headers
-from .http2_limits import Http2Limits
+from .http2.limits import Http2Limits
 from .restrictions import GRPC_PREFIX, Restriction, grpc_refusal
 from .tls import TlsFiles, server_context
 

@@ -9,16 +9,16 @@ socket callbacks, so a unary call is a few frames parsed and one write.
 
 Cut by concern, as HTTP/2 libraries are:
 
-- http2_frames.py: frame and setting numbers, error codes, building frames (pure);
-- http2_limits.py: every limit, its default, and the reset and ping policies (pure);
+- http2/frames.py: frame and setting numbers, error codes, building frames (pure);
+- http2/limits.py: every limit, its default, and the reset and ping policies (pure);
 - grpc_hpack.py, grpc_wire.py: header blocks in and their checks; gRPC's prefix,
   timeout, statuses;
-- http2_connection.py: one connection's reads, its frames parsed and handed on;
-- http2_control.py: control frames in (settings, pings, window updates, resets) and
+- http2/connection.py: one connection's reads, its frames parsed and handed on;
+- http2/control.py: control frames in (settings, pings, window updates, resets) and
   the rules frames are judged by;
-- http2_receive.py: a call's HEADERS and DATA in, receive windows given back;
-- http2_output.py: frames out, flow control, backpressure;
-- http2_upkeep.py: the clocks: timeouts, keepalive, connection age, graceful GOAWAY;
+- http2/receive.py: a call's HEADERS and DATA in, receive windows given back;
+- http2/output.py: frames out, flow control, backpressure;
+- http2/upkeep.py: the clocks: timeouts, keepalive, connection age, graceful GOAWAY;
 - grpc_calls.py: a stream's call: routing, messages, handlers, deadlines, statuses;
 - grpc_offload.py: what grows with a client's message, on worker threads: inflating,
   reading many-field messages, compressing large responses;
@@ -38,8 +38,8 @@ from .grpc_calls import (AbortError, CallContext, GrpcCalls, Method, RawRequest,
 from .grpc_hpack import HeaderDecoder  # noqa: F401
 from .grpc_offload import OffLoop
 from .grpc_wire import binary_header_value  # noqa: F401
-from .http2_connection import Http2Connection
-from .http2_limits import Http2Limits
+from .http2.connection import Http2Connection
+from .http2.limits import Http2Limits
 
 log = logging.getLogger("mini_triton.grpc")
 

@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import grpc
 
-from .http2_frames import literal
+from .http2.frames import literal
 
 # `grpc-timeout: <at most 8 digits><unit>` (the gRPC HTTP/2 spec), seconds per unit.
 TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}

@@ -6,7 +6,7 @@ at all makes us wait instead of queueing without end:
 - while the transport holds more than `write_buffer_size` unsent, the connection's
   frames are not parsed and its socket not read (pause_writing/resume_writing);
 - output held back by flow control counts per connection: past `max_held_back_bytes`
-  new streams are refused (http2_receive), and a streaming call holds at most one
+  new streams are refused (http2/receive.py), and a streaming call holds at most one
   message back: its handler's next one waits for it (`drained`);
 - calls already running are bounded too: a response that would take the connection's
   held-back output past `held_back_cutoff_bytes` is not kept (one alone always is, so
@@ -23,9 +23,9 @@ import struct
 
 import grpc
 
-from .grpc_wire import (COMPRESSED_RESPONSE_HEADERS, MESSAGE_PREFIX, OK_TRAILERS,
+from ..grpc_wire import (COMPRESSED_RESPONSE_HEADERS, MESSAGE_PREFIX, OK_TRAILERS,
                         RESPONSE_HEADERS, Compressed, ScatteredMessage, status_block)
-from .http2_frames import (CONTINUATION, DATA, END_HEADERS, END_STREAM, FRAME_HEADER, GOAWAY,
+from .frames import (CONTINUATION, DATA, END_HEADERS, END_STREAM, FRAME_HEADER, GOAWAY,
                            HEADERS, NO_ERROR, RST_STREAM, frame)
 
 log = logging.getLogger("mini_triton.grpc")

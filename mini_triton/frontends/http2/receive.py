@@ -1,7 +1,7 @@
 """One HTTP/2 connection's frames in that carry a call's request: HEADERS and
 CONTINUATION (a header block, decoded for the call layer's `_on_stream_headers`, or the
 refusal of its stream), DATA read in place into its stream's body (a large unary message
-into a pooled buffer, http2_bodies.py), and the receive windows given back as the bytes
+into a pooled buffer, http2/bodies.py), and the receive windows given back as the bytes
 are taken.
 """
 
@@ -11,10 +11,10 @@ import struct
 
 import grpc
 
-from .grpc_calls import Stream
-from .grpc_wire import MESSAGE_PREFIX, status_block
-from .http2_bodies import LARGE_BODY, BodyInto
-from .http2_frames import (END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR,
+from ..grpc_calls import Stream
+from ..grpc_wire import MESSAGE_PREFIX, status_block
+from .bodies import LARGE_BODY, BodyInto
+from .frames import (END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR,
                            FRAME_SIZE_ERROR, MAX_WINDOW, PADDED, PRIORITY_FLAG, PROTOCOL_ERROR,
                            REFUSED_STREAM, STREAM_CLOSED, WINDOW_UPDATE, ProtocolError, frame,
                            padded_bounds, strip_padding)

@@ -1,7 +1,7 @@
 """One HTTP/2 connection on an asyncio Protocol, frames in: the socket's reads into one
 buffer, the connection preface, and frames parsed from it and handed on by type. Control
-frames are http2_control.py's, a call's HEADERS and DATA http2_receive.py's, frames out
-http2_output.py's, clocks http2_upkeep.py's; what a stream's headers and body mean is the
+frames are http2/control.py's, a call's HEADERS and DATA http2/receive.py's, frames out
+http2/output.py's, clocks http2/upkeep.py's; what a stream's headers and body mean is the
 call layer's (grpc_calls.GrpcCalls), reached through `_on_stream_headers`, `_on_body` and
 `_cancel_call`.
 
@@ -18,13 +18,13 @@ import struct
 import hpack
 from hpack.exceptions import OversizedHeaderListError
 
-from .grpc_calls import Stream
-from .grpc_hpack import HeaderDecoder
-from .grpc_offload import READ_CHECKED_FROM
-from .grpc_wire import MESSAGE_PREFIX
-from .http2_bodies import LARGE_BODY, BodyPool
-from .http2_control import Http2Control
-from .http2_frames import (COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_FRAME_SIZE,
+from ..grpc_calls import Stream
+from ..grpc_hpack import HeaderDecoder
+from ..grpc_offload import READ_CHECKED_FROM
+from ..grpc_wire import MESSAGE_PREFIX
+from .bodies import LARGE_BODY, BodyPool
+from .control import Http2Control
+from .frames import (COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_FRAME_SIZE,
                            DEFAULT_WINDOW, END_STREAM, ENHANCE_YOUR_CALM, FIXED_SIZES,
                            FRAME_HEADER, FRAME_SIZE_ERROR, GOAWAY, HEADERS, INTERNAL_ERROR,
                            MAX_WINDOW, PADDED, PING, PREFACE, PRIORITY, PROTOCOL_ERROR,
@@ -32,10 +32,10 @@ from .http2_frames import (COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_FRAME_
                            SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS,
                            SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE,
                            WINDOW_UPDATE, ProtocolError, frame)
-from .http2_limits import PingPolicy, ResetBudget
-from .http2_output import Http2Output
-from .http2_receive import Http2Receive
-from .http2_upkeep import Http2Upkeep
+from .limits import PingPolicy, ResetBudget
+from .output import Http2Output
+from .receive import Http2Receive
+from .upkeep import Http2Upkeep
 
 log = logging.getLogger("mini_triton.grpc")
 

@@ -11,7 +11,7 @@ output moved on); a clock runs while its counter stands still.
   SETTINGS_TIMEOUT);
 - idle timeout: no stream open (GOAWAY NO_ERROR, as grpc core's max_connection_idle);
   after KEEP_BODIES_IDLE seconds of it, the buffers kept for large request messages
-  (http2_bodies) are let go;
+  (http2/bodies.py) are let go;
 - stall timeout: output waiting (the write buffer full, or DATA held back by a closed
   window) and none of it moving (ENHANCE_YOUR_CALM, and the connection aborted);
 - keepalive: with nothing received for keepalive_time, a PING (with a call open, or
@@ -31,7 +31,7 @@ from __future__ import annotations
 import random
 import struct
 
-from .http2_frames import (ENHANCE_YOUR_CALM, GOAWAY, MAX_WINDOW, NO_ERROR, PING,
+from .frames import (ENHANCE_YOUR_CALM, GOAWAY, MAX_WINDOW, NO_ERROR, PING,
                            SETTINGS_TIMEOUT, frame)
 
 KEEPALIVE_PING = b"keepaliv"

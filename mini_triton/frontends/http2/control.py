@@ -1,14 +1,14 @@
 """One HTTP/2 connection's control frames in (RFC 9113 §6): SETTINGS, PING, GOAWAY,
 WINDOW_UPDATE, RST_STREAM and PRIORITY; and the rules any frame in is judged by: a frame
 on an idle stream, a stream's error, and the count of frames that carry no data (a
-flood). The frames that carry a call's request are http2_receive.py's.
+flood). The frames that carry a call's request are http2/receive.py's.
 """
 
 from __future__ import annotations
 
 import struct
 
-from .http2_frames import (ACK, DEFAULT_FRAME_SIZE, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR,
+from .frames import (ACK, DEFAULT_FRAME_SIZE, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR,
                            FRAME_SIZE_ERROR, MAX_FRAME_SIZE, MAX_WINDOW, PING, PROTOCOL_ERROR,
                            SETTINGS, SETTINGS_ENABLE_PUSH, SETTINGS_HEADER_TABLE_SIZE,
                            SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, ProtocolError,
