@@ -26,7 +26,7 @@ from .frontends.accept_gate import AcceptLimits
 from .frontends.http1.listener import start_server
 from .frontends.kserve_rest.server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
 from .frontends.http1.offload import DEFAULT_JSON_OFFLOAD_SIZE
-from .frontends.http2_limits import Http2Limits
+from .frontends.http2.limits import Http2Limits
 from .frontends.sagemaker_routes import UNSPECIFIED_MODEL, SagemakerFrontend, SagemakerSettings
 from .frontends.vertex_ai_routes import (VertexFrontend, VertexSettings, check_routes,
                                          default_model)
