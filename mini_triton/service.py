@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -115,6 +116,11 @@ class InferenceService:
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.manager.get(name, version).config
+
+    def model_folder(self, name: str, version: str = "") -> tuple[Path | None, int]:
+        """Where the model lives in its repository (None for one that has no folder)
+        and the number of the version that serves `version` ('' = latest ready)."""
+        return self.manager.record(name).model_dir, self.manager.get(name, version).version
 
     # --- inference ---
 

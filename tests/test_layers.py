@@ -47,11 +47,7 @@ DEFERRED = {
 }
 
 # Front ends use the service's API, never the repository behind it (`service.manager`).
-SERVICE_API_EXCEPTIONS = {
-    "mini_triton.frontends.openai_routes":
-        "the OpenAI model list reads each model's folder and version from the repository "
-        "manager; a service call that answers them is to replace it",
-}
+SERVICE_API_EXCEPTIONS: dict[str, str] = {}
 
 
 def module_name(path: Path) -> str:

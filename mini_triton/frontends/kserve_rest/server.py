@@ -26,7 +26,7 @@ from ..header_forward import forward_headers
 from ..http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES
 from ..http1.offload import DEFAULT_JSON_OFFLOAD_SIZE, BodyDecoder, off_loop
 from ..http1.protocol import Exchange, HttpReply, HttpRequest, Router
-from ..openai_routes import OpenAIRoutes
+from ..openai.routes import OpenAIRoutes
 from ..restrictions import Restriction, http_refusal
 from . import http_codec, http_parameters
 from .generate_routes import GenerateEndpoints

@@ -22,9 +22,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..core.errors import TritonError
-from ..core.request import InferenceRequest
-from .kserve_rest import generate, http_codec
+from ...core.errors import TritonError
+from ...core.request import InferenceRequest
+from ..kserve_rest import generate, http_codec
 
 DEFAULT_MAX_TOKENS = 16  # as Triton's OpenAI front end
 MAX_CHOICES = 16  # `n` (times the prompts of one completions request) at most

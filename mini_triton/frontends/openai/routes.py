@@ -16,18 +16,17 @@ import contextlib
 import logging
 import time
 
-from .. import SERVER_NAME
-from ..core.errors import Code, TritonError
-from ..service import InferenceService
-from . import chat_template
-from .kserve_rest import generate, http_codec
-from . import openai_codec as codec
-from .errors import http_status
-from .http1.exchange import BodyStream, Exchange, HttpReply, HttpRequest
-from .kserve_rest.generate_routes import EVENT_STREAM, STREAM_HEADERS
-from .http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
-from .http1.offload import BodyDecoder
-from .openai_codec import OpenAIError
+from ... import SERVER_NAME
+from ...core.errors import Code, TritonError
+from ...service import InferenceService
+from ..errors import http_status
+from ..http1.exchange import BodyStream, Exchange, HttpReply, HttpRequest
+from ..http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES, STREAM_LIMIT_FLAG
+from ..http1.offload import BodyDecoder
+from ..kserve_rest import generate, http_codec
+from ..kserve_rest.generate_routes import EVENT_STREAM, STREAM_HEADERS
+from . import chat_template, codec
+from .codec import OpenAIError
 
 log = logging.getLogger("mini_triton.openai")
 
@@ -152,11 +151,9 @@ class OpenAIRoutes:
 
     def _folders(self, model: str) -> list:
         """Where a model's tokenizer config may be: its version folder, then its own."""
-        manager = self.service.manager
         try:
-            folder = manager.record(model).model_dir
-            version = manager.get(model).version
-        except (TritonError, AttributeError):
+            folder, version = self.service.model_folder(model)
+        except TritonError:
             return []
         return [] if folder is None else [folder / str(version), folder]
 

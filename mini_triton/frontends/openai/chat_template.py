@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from ..core.errors import internal, invalid_arg
+from ...core.errors import internal, invalid_arg
 
 log = logging.getLogger("mini_triton.openai")
 
