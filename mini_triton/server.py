@@ -15,7 +15,7 @@ from . import TRITON_VERSION, __version__
 from .core.collector import settle_garbage_collector
 from .core.response_cache import ResponseCache
 from .core.stream_budget import DEFAULT_STREAM_MAX_TOTAL_QUEUED_BYTES, StreamBudget
-from .frontends import grpc_server
+from .frontends.grpc import server as grpc_server
 from .frontends.http1.protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
                                        DEFAULT_MAX_URL_SIZE, HeadLimits, HttpReply, HttpRequest,
                                        serve_async)
@@ -27,8 +27,8 @@ from .frontends.http1.listener import start_server
 from .frontends.kserve_rest.server import DEFAULT_MAX_INPUT_SIZE, HttpFrontend, error_reply
 from .frontends.http1.offload import DEFAULT_JSON_OFFLOAD_SIZE
 from .frontends.http2.limits import Http2Limits
-from .frontends.sagemaker_routes import UNSPECIFIED_MODEL, SagemakerFrontend, SagemakerSettings
-from .frontends.vertex_ai_routes import (VertexFrontend, VertexSettings, check_routes,
+from .frontends.cloud.sagemaker import UNSPECIFIED_MODEL, SagemakerFrontend, SagemakerSettings
+from .frontends.cloud.vertex_ai import (VertexFrontend, VertexSettings, check_routes,
                                          default_model)
 from .frontends.tls import TlsError, TlsFiles, server_context
 from .metrics import DEFAULT_INTERVAL_MS as DEFAULT_METRICS_INTERVAL_MS

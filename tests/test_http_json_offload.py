@@ -29,7 +29,7 @@ from conftest import DEFAULT_REPOSITORY
 from serverproc import ServerProcess
 
 from mini_triton.core.errors import TritonError
-from mini_triton.frontends.sagemaker_routes import header_length
+from mini_triton.frontends.cloud.sagemaker import header_length
 from mini_triton.repository.scan import parse_version
 
 VICTIM_BOUND = 1.0  # seconds: the second-worst latency of a victim's call under attack

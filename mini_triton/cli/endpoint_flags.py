@@ -8,8 +8,8 @@ import argparse
 import os
 from collections.abc import Mapping
 
-from ..frontends.sagemaker_routes import SagemakerSettings
-from ..frontends.vertex_ai_routes import VertexSettings
+from ..frontends.cloud.sagemaker import SagemakerSettings
+from ..frontends.cloud.vertex_ai import VertexSettings
 from .flag_types import port
 
 DEFAULT_CLOUD_PORT = 8080  # both front ends' default port in tritonserver

@@ -26,16 +26,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import MAX_CONFIG_BYTES
-from ..core.errors import Code, TritonError, invalid_arg
-from ..core.files import read_regular
-from ..core.names import printable
-from ..service import InferenceService
-from .errors import http_status
-from .kserve_rest.http_codec import loads_body
-from .http1.exchange import Exchange, HttpReply, HttpRequest
-from .kserve_rest.server import HttpFrontend, InferReplies, error_reply, json_reply
-from .restrictions import Restriction, http_refusal, unmet
+from ...config import MAX_CONFIG_BYTES
+from ...core.errors import Code, TritonError, invalid_arg
+from ...core.files import read_regular
+from ...core.names import printable
+from ...service import InferenceService
+from ..errors import http_status
+from ..http1.exchange import Exchange, HttpReply, HttpRequest
+from ..kserve_rest.http_codec import loads_body
+from ..kserve_rest.server import HttpFrontend, InferReplies, error_reply, json_reply
+from ..restrictions import Restriction, http_refusal, unmet
 
 log = logging.getLogger("mini_triton.sagemaker")
 

@@ -21,12 +21,12 @@ import logging
 import re
 from dataclasses import dataclass
 
-from ..core.errors import invalid_arg
-from ..service import InferenceService
-from .http1.exchange import Exchange, HttpReply, HttpRequest
-from .kserve_rest.server import V2_REPLIES, HttpFrontend, InferReplies, error_reply
-from .restrictions import Restriction, http_refusal, unmet
-from .sagemaker_routes import post_infer
+from ...core.errors import invalid_arg
+from ...service import InferenceService
+from ..http1.exchange import Exchange, HttpReply, HttpRequest
+from ..kserve_rest.server import V2_REPLIES, HttpFrontend, InferReplies, error_reply
+from ..restrictions import Restriction, http_refusal, unmet
+from .sagemaker import post_infer
 
 log = logging.getLogger("mini_triton.vertex_ai")
 
