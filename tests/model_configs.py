@@ -30,3 +30,18 @@ def onnx_batched(max_batch_size: int) -> str:
     """An ONNX Runtime model's config head; the rest is completed from the model file
     or appended by the test."""
     return f'platform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
+
+
+# One INT32 value in (INPUT0) and out (OUTPUT0), without batching.
+INPUT0_OUTPUT0_INT32 = """max_batch_size: 0
+input [ { name: "INPUT0", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+
+
+def slow_identity(delay_ms: int, instances: int = 0) -> str:
+    """The identity backend's model "slow": each execution takes `delay_ms`, on
+    `instances` instances (the default count where 0)."""
+    group = f"instance_group [ {{ count: {instances} }} ]\n" if instances else ""
+    return ('name: "slow"\nbackend: "identity"\n' + INPUT0_OUTPUT0_INT32 + group +
+            f'parameters {{ key: "execute_delay_ms" value: {{ string_value: "{delay_ms}" }} }}\n')

@@ -98,3 +98,18 @@ def counted_sequence_config(count: int) -> dict:
     config["sequence_batching"] = {"max_sequence_idle_microseconds": 60_000_000}
     config["output"].append({"name": "INSTANCE", "data_type": "TYPE_STRING", "dims": [1]})
     return config
+
+
+# A model that answers each request with the final flag alone, no response: a decoupled
+# model's empty stream, and an error from a model that is not decoupled. The send is on
+# line 7: test_python_fidelity.py names that line in the error's traceback.
+FINAL_FLAG_ONLY = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            request.get_response_sender().send(
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''

@@ -14,12 +14,8 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import server_settings
 from mini_triton.server import ServerThread
+from model_configs import IN_OUT_INT32
 from python_backend_models import write_model
-
-IO = """
-input [ { name: "IN", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
-"""
 
 # `FAULT` is replaced by what the model does when IN is 1; other values are echoed.
 FAULTY = '''
@@ -60,16 +56,16 @@ HANG = {"process": "time.sleep(3600)", "thread": "time.sleep(2)"}
 
 # name → (modes, config body, source)
 FAULT_MODELS = {
-    "healthy": (("process", "thread"), IO, FAULTY.replace("FAULT", "pass")),
-    "segfaults": (("process",), IO, FAULTY.replace("FAULT", SEGFAULT)),
-    "exits": (("process",), IO, FAULTY.replace("FAULT", EXIT)),
-    "hangs": (("process", "thread"), IO, None),
+    "healthy": (("process", "thread"), IN_OUT_INT32, FAULTY.replace("FAULT", "pass")),
+    "segfaults": (("process",), IN_OUT_INT32, FAULTY.replace("FAULT", SEGFAULT)),
+    "exits": (("process",), IN_OUT_INT32, FAULTY.replace("FAULT", EXIT)),
+    "hangs": (("process", "thread"), IN_OUT_INT32, None),
     "hangs_past_execute_timeout": (
         ("process", "thread"),
-        IO + 'parameters { key: "execute_timeout_ms" value: { string_value: "500" } }\n', None),
-    "initialize_raises": (("process", "thread"), IO, FAILING_INITIALIZE.replace(
+        IN_OUT_INT32 + 'parameters { key: "execute_timeout_ms" value: { string_value: "500" } }\n', None),
+    "initialize_raises": (("process", "thread"), IN_OUT_INT32, FAILING_INITIALIZE.replace(
         "FAULT", 'raise ValueError("cannot initialize: the weights are missing")')),
-    "initialize_exits": (("process",), IO, FAILING_INITIALIZE.replace("FAULT", "os._exit(5)")),
+    "initialize_exits": (("process",), IN_OUT_INT32, FAILING_INITIALIZE.replace("FAULT", "os._exit(5)")),
 }
 
 

@@ -15,11 +15,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import server_settings
+from model_configs import DECOUPLED_IN_OUT_FP32, IN_OUT_FP32
 from mini_triton.server import ServerThread
-
-IO = ('max_batch_size: 0\n'
-      'input [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
-      'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }]\n')
+from python_models import FINAL_FLAG_ONLY
 
 PROBE = '''
 import json, sys
@@ -60,18 +58,8 @@ class TritonPythonModel:
         return None
 '''
 
-FINAL_ONLY = '''
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            request.get_response_sender().send(
-                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-'''
-
-PROBE_IO = IO.replace('name: "OUT" data_type: TYPE_FP32', 'name: "OUT" data_type: TYPE_STRING')
+PROBE_IO = IN_OUT_FP32.replace('name: "OUT" data_type: TYPE_FP32',
+                               'name: "OUT" data_type: TYPE_STRING')
 
 MODELS = {
     "probe": (PROBE_IO, PROBE),
@@ -79,9 +67,9 @@ MODELS = {
     "grouped": (PROBE_IO + "instance_group [{ count: 2 kind: KIND_CPU }, "
                 "{ count: 1 kind: KIND_CPU }, { name: \"solo\" count: 1 kind: KIND_CPU }]\n",
                 PROBE),
-    "raiser": (IO, RAISER),
-    "sent_final": (IO, SENT_FINAL),
-    "final_only": (IO, FINAL_ONLY),
+    "raiser": (IN_OUT_FP32, RAISER),
+    "sent_final": (IN_OUT_FP32, SENT_FINAL),
+    "final_only": (IN_OUT_FP32, FINAL_FLAG_ONLY),
 }
 
 
@@ -195,16 +183,10 @@ class TritonPythonModel:
         return responses
 '''
 
-_DECOUPLED_IO = ('model_transaction_policy { decoupled: true }\nmax_batch_size: 0\n'
-                 'input [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
-                 'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }]\n')
 MODELS.update({
-    "repeat_source": (_DECOUPLED_IO, REPEAT_SOURCE),
-    "bls_gather_streams": (_DECOUPLED_IO, BLS_GATHER_STREAMS),
-    "bls_gather_unary": ('max_batch_size: 0\n'
-                         'input [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
-                         'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }]\n',
-                         BLS_GATHER_UNARY),
+    "repeat_source": (DECOUPLED_IN_OUT_FP32, REPEAT_SOURCE),
+    "bls_gather_streams": (DECOUPLED_IN_OUT_FP32, BLS_GATHER_STREAMS),
+    "bls_gather_unary": (IN_OUT_FP32, BLS_GATHER_UNARY),
 })
 
 # B is optional; "extra" connects the steps and exists only when B came.

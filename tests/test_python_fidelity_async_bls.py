@@ -14,6 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from conftest import server_settings
+from model_configs import DECOUPLED_IN_OUT_FP32
 from mini_triton.server import ServerThread
 from test_python_fidelity import write_model
 
@@ -66,16 +67,12 @@ class TritonPythonModel:
         return None
 '''
 
-DECOUPLED_IO = ('model_transaction_policy { decoupled: true }\nmax_batch_size: 0\n'
-                'input [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
-                'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }]\n')
-
 
 @pytest.fixture(scope="module", params=["process", "thread"])
 def served(request, tmp_path_factory):
     repository = tmp_path_factory.mktemp(f"async_bls_{request.param}")
-    write_model(repository, "counter", DECOUPLED_IO, COUNTER, request.param)
-    write_model(repository, "caller", DECOUPLED_IO, CALLER, request.param)
+    write_model(repository, "counter", DECOUPLED_IN_OUT_FP32, COUNTER, request.param)
+    write_model(repository, "caller", DECOUPLED_IN_OUT_FP32, CALLER, request.param)
     with ServerThread(server_settings(repository)) as server:
         yield server
 

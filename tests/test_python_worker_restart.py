@@ -20,12 +20,8 @@ from tritonclient.utils import InferenceServerException
 from conftest import STATUS, connect, server_settings, wait_for
 from mini_triton.backends.python.restarts import Backoff, RestartPolicy
 from mini_triton.server import ServerThread
+from model_configs import IN_OUT_INT32
 from python_backend_models import write_model
-
-IO = """
-input [ { name: "IN", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
-"""
 
 ECHO_AFTER = '''
 import time
@@ -82,8 +78,8 @@ class TritonPythonModel:
 '''
 
 BACKOFF_S = 1.5  # a window wide enough to see the model down on a loaded machine
-ONE_INSTANCE = IO + "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
-TWO_INSTANCES = IO + "instance_group [ { count: 2, kind: KIND_CPU } ]\n"
+ONE_INSTANCE = IN_OUT_INT32 + "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
+TWO_INSTANCES = IN_OUT_INT32 + "instance_group [ { count: 2, kind: KIND_CPU } ]\n"
 
 
 def restart_settings(repository, first_ms: int, cap_ms: int):

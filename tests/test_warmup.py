@@ -15,7 +15,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from conftest import connect, protocol_fixture, server_settings
-from python_models import identity_model
+from python_models import FINAL_FLAG_ONLY, identity_model
 from mini_triton.server import ServerThread
 
 # Each execution appends one line per request to <log_dir>/<instance name>: the first
@@ -57,18 +57,6 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse(output_tensors=[],
                                            error=pb_utils.TritonError("An Error Occurred"))
                 for _ in requests]
-'''
-
-DECOUPLED_EMPTY = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            request.get_response_sender().send(
-                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
 '''
 
 IO = '''
@@ -183,7 +171,7 @@ def repository(tmp_path_factory) -> Path:
         (model / "1" / "warmup").mkdir()
         np.array([1.5, 2.5, 3.5, 4.5], np.float32).tofile(model / "1" / "warmup" / "four_floats")
     write_python_model(repo, "failing_infer", FAILING, FAILING_CONFIG)
-    write_python_model(repo, "decoupled", DECOUPLED_EMPTY, DECOUPLED_CONFIG)
+    write_python_model(repo, "decoupled", FINAL_FLAG_ONLY, DECOUPLED_CONFIG)
     write_python_model(repo, "good_sample", IDENTITY, GOOD_SAMPLE)
     write_python_model(repo, "missing_input", IDENTITY, GOOD_SAMPLE.replace(
         'input [ { name: "INPUT"', 'input [ { name: "EXTRA" data_type: TYPE_FP32 dims: [ 1 ] }, '
