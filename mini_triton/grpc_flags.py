@@ -8,10 +8,10 @@ import argparse
 
 from .cli.flag_types import boolean, in_range, non_negative, non_negative_float, \
     non_negative_seconds, positive
-from .frontends.grpc_server import GrpcOptions
-from .frontends.grpc_stream import DEFAULT_STREAM_MAX_IN_FLIGHT, DEFAULT_STREAM_MAX_QUEUED_BYTES
-from .frontends.grpc_transport import DEFAULT_MESSAGE_THREADS
-from .frontends.grpc_wire import COMPRESSION_LEVELS
+from .frontends.grpc.server import GrpcOptions
+from .frontends.grpc.stream_infer import DEFAULT_STREAM_MAX_IN_FLIGHT, DEFAULT_STREAM_MAX_QUEUED_BYTES
+from .frontends.grpc.native_transport import DEFAULT_MESSAGE_THREADS
+from .frontends.grpc.wire import COMPRESSION_LEVELS
 from .frontends.http2.limits import Http2Limits
 
 

@@ -15,7 +15,7 @@ from . import TRITON_VERSION, __version__
 from .core.collector import settle_garbage_collector
 from .core.response_cache import ResponseCache
 from .core.stream_budget import DEFAULT_STREAM_MAX_TOTAL_QUEUED_BYTES, StreamBudget
-from .frontends import grpc_server
+from .frontends.grpc import server as grpc_server
 from .frontends.http1.protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
                                        DEFAULT_MAX_URL_SIZE, HeadLimits, HttpReply, HttpRequest,
                                        serve_async)

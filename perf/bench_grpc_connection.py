@@ -26,7 +26,10 @@ ROUND = ROUND_PRELUDE + r"""
 import asyncio, json, struct, sys, time
 import hpack
 from tritonclient.grpc import service_pb2 as pb
-from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method
+try:
+    from mini_triton.frontends.grpc.native_transport import GrpcConnection, GrpcServer, Method
+except ImportError:  # a tree from before frontends/grpc/ (its modules were grpc_*.py)
+    from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method
 
 PATH = b"/inference.GRPCInferenceService/ModelInfer"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

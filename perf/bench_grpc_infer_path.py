@@ -27,7 +27,10 @@ import asyncio, json, os, struct, sys, time
 import hpack
 import uvloop
 from tritonclient.grpc import service_pb2 as pb
-from mini_triton.frontends import grpc_server, grpc_transport
+try:
+    from mini_triton.frontends.grpc import native_transport, server
+except ImportError:  # a tree from before frontends/grpc/ (its modules were grpc_*.py)
+    from mini_triton.frontends import grpc_server as server, grpc_transport as native_transport
 
 CONFIG = '''backend: "identity"
 max_batch_size: 8
@@ -117,10 +120,10 @@ def main(count, by_function):
 
 
 async def _connect(service, transport):
-    frontend = grpc_server.GrpcFrontend(service)
-    methods = grpc_transport.methods_of(frontend, grpc_server.SERVICE, pb,
-                                        grpc_server.NATIVE_RAW_REQUESTS)
-    connection = grpc_transport.GrpcConnection(grpc_transport.GrpcServer(methods))
+    frontend = server.GrpcFrontend(service)
+    methods = native_transport.methods_of(frontend, server.SERVICE, pb,
+                                          server.NATIVE_RAW_REQUESTS)
+    connection = native_transport.GrpcConnection(native_transport.GrpcServer(methods))
     connection.connection_made(transport)  # its timers need the running loop
     # the windows a client opens: every response goes out at once (no DATA held back)
     connection.data_received(PREFACE + frame(4, 0, 0, struct.pack(">HI", 4, 2**31 - 1))

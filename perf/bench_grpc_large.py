@@ -3,8 +3,8 @@
 connection fed ModelInfer calls of one FP32 tensor (588 KiB by default) the way
 perf_analyzer's gRPC channel sends them (HEADERS, then the message in DATA frames of our
 SETTINGS_MAX_FRAME_SIZE, read in 256 KiB pieces as the event loop reads a socket), each
-answered at once by a `begin` handler that reads the tensor as grpc_server does
-(grpc_split) and sends it back (grpc_codec.serialize_infer_response), to a transport
+answered at once by a `begin` handler that reads the tensor as frontends/grpc/server.py
+does (message_split.py) and sends it back (codec.py's serialize_infer_response), to a transport
 that keeps nothing. Each read is copied into the buffer the connection offers, as the
 event loop reads a socket into it (into a bytes object handed to `data_received`, for
 a tree before the transport read into its own buffer). No sockets, no model: the
@@ -32,9 +32,15 @@ import hpack
 from tritonclient.grpc import service_pb2 as pb
 from mini_triton.core.request import InferenceResponse
 from mini_triton.core.tensor import Tensor
-from mini_triton.frontends import grpc_codec
-from mini_triton.frontends.grpc_split import split_infer_request
-from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, RawRequest
+try:
+    from mini_triton.frontends.grpc import codec
+    from mini_triton.frontends.grpc.message_split import split_infer_request
+    from mini_triton.frontends.grpc.native_transport import (GrpcConnection, GrpcServer, Method,
+                                                             RawRequest)
+except ImportError:  # a tree from before frontends/grpc/ (its modules were grpc_*.py)
+    from mini_triton.frontends import grpc_codec as codec
+    from mini_triton.frontends.grpc_split import split_infer_request
+    from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, RawRequest
 
 PATH = b"/inference.GRPCInferenceService/ModelInfer"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -71,12 +77,12 @@ def call(stream):
 def begin(message, context, reply):
     parsed, raws = split_infer_request(message)
     tensor = Tensor("OUTPUT0", "FP32", [1, ELEMENTS], raw=raws[0])
-    reply(grpc_codec.serialize_infer_response(
+    reply(codec.serialize_infer_response(
         InferenceResponse(model_name="identity_py", model_version="1", outputs=[tensor])))
 
 
 async def main():
-    method = Method(RawRequest, None, False, begin)  # grpc_server reads it as bytes
+    method = Method(RawRequest, None, False, begin)  # grpc/server.py reads it as bytes
     server = GrpcServer({PATH: method})
     connection = GrpcConnection(server)
     connection.connection_made(NullTransport())

@@ -28,9 +28,9 @@ sys.path.insert(0, str(HERE.parent))
 from mini_triton.server import Server, Settings  # noqa: E402
 
 DEFAULT_SECTIONS = [
-    "frontends.grpc_transport.GrpcConnection.data_received",
-    "frontends.grpc_transport.HeaderDecoder.decode",
-    "frontends.grpc_transport.GrpcConnection._send",
+    "frontends.grpc.native_transport.GrpcConnection.data_received",
+    "frontends.grpc.native_transport.HeaderDecoder.decode",
+    "frontends.grpc.native_transport.GrpcConnection._send",
     "frontends.http_protocol.HttpProtocol.data_received",
     "frontends.http_protocol.HttpProtocol._write",
     "service.InferenceService._start",

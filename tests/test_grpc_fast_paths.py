@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Stream
-from mini_triton.frontends.grpc_wire import OK_TRAILERS
+from mini_triton.frontends.grpc.native_transport import GrpcConnection, GrpcServer, Stream
+from mini_triton.frontends.grpc.wire import OK_TRAILERS
 from h2_client import HEADERS, RecordingTransport, frames_in
 
 
@@ -96,7 +96,7 @@ def test_a_small_request_read_whole_is_taken_as_the_general_path_takes_it(case):
     import hpack
     from tritonclient.grpc import service_pb2 as pb
 
-    from mini_triton.frontends.grpc_transport import Method, RawRequest
+    from mini_triton.frontends.grpc.native_transport import Method, RawRequest
     from mini_triton.frontends.http2.limits import Http2Limits
     from test_grpc_receive import frame, read_in_pieces
     from h2_client import DATA, END_HEADERS, INFER, PREFACE, SETTINGS

@@ -53,7 +53,7 @@ def test_a_large_data_frame_goes_to_its_stream_as_it_is_read():
     """A 2 MiB request message in one DATA frame (the server allows 4 MiB frames), read
     64 KiB at a time: the read buffer stays at one read's size, the stream's body grows
     read by read, and the handler gets the message exactly."""
-    from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, \
+    from mini_triton.frontends.grpc.native_transport import GrpcConnection, GrpcServer, Method, \
         RawRequest
     from mini_triton.frontends.http2.limits import Http2Limits
 
@@ -122,7 +122,7 @@ def infer_calls(count: int, elements: int) -> tuple[list[bytes], bytes]:
 def serve_in_process(data: bytes, begin) -> list:
     """Feeds `data` to a connection whose ModelInfer is `begin`; the buffers the
     connection keeps for large messages afterwards."""
-    from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, \
+    from mini_triton.frontends.grpc.native_transport import GrpcConnection, GrpcServer, Method, \
         RawRequest
 
     async def scenario() -> list:
@@ -177,7 +177,7 @@ def test_a_message_still_referred_to_is_not_written_over():
 def test_an_idle_connection_lets_go_of_the_buffers_it_kept():
     """The buffers kept for large messages are let go once the connection has had no
     call open for a second (its clocks, looked at by the server's timer)."""
-    from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, \
+    from mini_triton.frontends.grpc.native_transport import GrpcConnection, GrpcServer, Method, \
         RawRequest
 
     _, data = infer_calls(2, MIB // 4)

@@ -1,4 +1,4 @@
-"""frontends/grpc_split.py: a ModelInferRequest read with its raw contents as views of
+"""frontends/grpc/message_split.py: a ModelInferRequest read with its raw contents as views of
 the received bytes decodes exactly as protobuf's own parse of the whole message."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from mini_triton.frontends import grpc_codec
-from mini_triton.frontends.grpc_split import SPLIT_FROM, split_infer_request
+from mini_triton.frontends.grpc import codec
+from mini_triton.frontends.grpc.message_split import SPLIT_FROM, split_infer_request
 
 
 def _request(raws: list[bytes]) -> pb.ModelInferRequest:
@@ -35,8 +35,8 @@ def test_split_request_decodes_as_protobufs_parse(raws):
         assert all(v.obj is data for v in views)  # views of the bytes received, no copies
     else:
         assert views is None  # small: protobuf parses it whole
-    split = grpc_codec.decode_infer_request(message, views)
-    whole = grpc_codec.decode_infer_request(pb.ModelInferRequest.FromString(data))
+    split = codec.decode_infer_request(message, views)
+    whole = codec.decode_infer_request(pb.ModelInferRequest.FromString(data))
     assert [(t.name, t.shape, bytes(t.raw or b""), t.parameters) for t in split.inputs] == \
         [(t.name, t.shape, bytes(t.raw or b""), t.parameters) for t in whole.inputs]
     assert (split.model_name, split.model_version, split.id, split.parameters) == \

@@ -1,4 +1,4 @@
-"""frontends/grpc_split.py off the event loop: a ModelInferRequest read in pieces is
+"""frontends/grpc/message_split.py off the event loop: a ModelInferRequest read in pieces is
 the message protobuf parses whole (its raw contents apart), however its fields are cut;
 and on the loop only a bounded walk is made.
 
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
-from mini_triton.frontends import grpc_infer_read, grpc_split
+from mini_triton.frontends.grpc import infer_read, message_split
 
 names = st.text(st.characters(codec="utf-8"), max_size=6)
 int64s = st.integers(-2**63, 2**63 - 1)
@@ -65,8 +65,8 @@ def without_raws(request: pb.ModelInferRequest) -> tuple[pb.ModelInferRequest, l
 @given(infer_requests(), st.integers(1, 64))
 def test_a_request_read_in_pieces_is_the_request_protobuf_parses(request, piece):
     expected, expected_raws = without_raws(request)
-    with mock.patch.object(grpc_split, "PARSE_PIECE", piece):
-        message, raws = grpc_split.split_anywhere(request.SerializeToString())
+    with mock.patch.object(message_split, "PARSE_PIECE", piece):
+        message, raws = message_split.split_anywhere(request.SerializeToString())
     assert message == expected
     assert [bytes(raw) for raw in raws] == expected_raws
 
@@ -74,7 +74,7 @@ def test_a_request_read_in_pieces_is_the_request_protobuf_parses(request, piece)
 def test_unknown_fields_are_skipped_off_the_loop():
     known = pb.ModelInferRequest(model_name="m", id="x").SerializeToString()
     unknown = b"\x78\x00" * 1000 + b"\x82\x01\x03abc"  # fields 15 (varint) and 16 (bytes)
-    message, raws = grpc_split.split_anywhere(unknown + known + unknown)
+    message, raws = message_split.split_anywhere(unknown + known + unknown)
     assert (message.model_name, message.id, raws) == ("m", "x", [])
 
 
@@ -85,9 +85,9 @@ def test_unknown_fields_are_skipped_off_the_loop():
     b"\x2a\x03\x1a\x01\x80",                   # a shape's varint cut short
 ])
 def test_a_message_that_is_not_well_formed_is_a_decode_error_off_the_loop(data):
-    with mock.patch.object(grpc_split, "PARSE_PIECE", 1):
+    with mock.patch.object(message_split, "PARSE_PIECE", 1):
         with pytest.raises(DecodeError):
-            grpc_split.split_anywhere(data)
+            message_split.split_anywhere(data)
 
 
 def test_the_loop_walks_few_fields_and_parses_little():
@@ -96,15 +96,15 @@ def test_the_loop_walks_few_fields_and_parses_little():
     tensor = pb.ModelInferRequest(model_name="m")
     tensor.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 1 << 16])
     tensor.raw_input_contents.append(bytes(1 << 18))
-    message, raws = grpc_split.split_on_loop(tensor.SerializeToString())
+    message, raws = message_split.split_on_loop(tensor.SerializeToString())
     assert message.model_name == "m" and [len(raw) for raw in raws] == [1 << 18]
 
-    many = tensor.SerializeToString() + b"\x32\x00" * grpc_split.MAX_FIELDS_ON_LOOP
-    assert grpc_split.split_on_loop(many) is None
+    many = tensor.SerializeToString() + b"\x32\x00" * message_split.MAX_FIELDS_ON_LOOP
+    assert message_split.split_on_loop(many) is None
     typed = pb.ModelInferRequest(model_name="m")
     typed.inputs.add(name="INPUT0").contents.fp32_contents.extend([1.0] * (1 << 15))
-    assert grpc_split.split_on_loop(typed.SerializeToString()) is None
-    assert grpc_split.split_on_loop(b"\x00" * (1 << 17)) is None  # not well formed
+    assert message_split.split_on_loop(typed.SerializeToString()) is None
+    assert message_split.split_on_loop(b"\x00" * (1 << 17)) is None  # not well formed
 
 
 def test_the_loop_decodes_few_entries():
@@ -112,36 +112,36 @@ def test_the_loop_decodes_few_entries():
     a worker; one of few is read where it arrives."""
     few = pb.ModelInferRequest(model_name="m", id="x" * 4096)
     few.outputs.add(name="OUTPUT0")
-    read = grpc_infer_read.read_on_loop(few.SerializeToString())
+    read = infer_read.read_on_loop(few.SerializeToString())
     assert [output.name for output in read.decoded.outputs] == ["OUTPUT0"]
 
     many = pb.ModelInferRequest(model_name="m")
-    for index in range(grpc_infer_read.MAX_ENTRIES_ON_LOOP + 1):
+    for index in range(infer_read.MAX_ENTRIES_ON_LOOP + 1):
         many.outputs.add(name=f"OUTPUT{index}")
-    assert grpc_infer_read.read_on_loop(many.SerializeToString()) is None
-    read = grpc_infer_read.read_anywhere(many.SerializeToString())
-    assert len(read.decoded.outputs) == grpc_infer_read.MAX_ENTRIES_ON_LOOP + 1
+    assert infer_read.read_on_loop(many.SerializeToString()) is None
+    read = infer_read.read_anywhere(many.SerializeToString())
+    assert len(read.decoded.outputs) == infer_read.MAX_ENTRIES_ON_LOOP + 1
 
 
 def test_long_shapes_and_contents_are_converted_a_slice_at_a_time_as_whole():
-    """What a worker decodes in slices (grpc_codec.CHUNK elements per C call) is what
+    """What a worker decodes in slices (codec.CHUNK elements per C call) is what
     one conversion gives: the shape's dimensions, the typed contents, their types."""
-    from mini_triton.frontends import grpc_codec
+    from mini_triton.frontends.grpc import codec
 
-    count = grpc_codec.CHUNK * 2 + 3
+    count = codec.CHUNK * 2 + 3
     request = pb.ModelInferRequest(model_name="m")
     tensor = request.inputs.add(name="INPUT0", datatype="INT32",
                                 shape=[2**40, *range(count)])
     tensor.contents.int_contents.extend(range(-count // 2, count - count // 2))
     texts = request.inputs.add(name="INPUT1", datatype="BYTES", shape=[count])
     texts.contents.bytes_contents.extend(str(index).encode() for index in range(count))
-    read = grpc_infer_read.read_anywhere(request.SerializeToString())
+    read = infer_read.read_anywhere(request.SerializeToString())
     first, second = read.decoded.inputs
     assert first.shape == (2**40, *range(count))
     assert first.data.dtype.name == "int32"
     assert first.data.tolist() == list(range(-count // 2, count - count // 2))
     assert second.data.tolist() == [str(index).encode() for index in range(count)]
-    assert grpc_codec.chunked_shape([]) == ()
+    assert codec.chunked_shape([]) == ()
 
 
 def test_a_read_waiting_for_a_worker_is_dropped_when_its_stream_is_reset():
@@ -154,7 +154,7 @@ def test_a_read_waiting_for_a_worker_is_dropped_when_its_stream_is_reset():
 
     import hpack
 
-    from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method, \
+    from mini_triton.frontends.grpc.native_transport import GrpcConnection, GrpcServer, Method, \
         RawRequest
     from h2_client import (DATA, END_HEADERS, END_STREAM, HEADERS, INFER, PREFACE,
                            RST_STREAM, SETTINGS, RecordingTransport, frames_in, grpc_message)

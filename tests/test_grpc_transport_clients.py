@@ -32,7 +32,7 @@ from h2_client import (CANCEL, DATA, END_HEADERS, END_STREAM, HEADERS, LIVE, PRE
                        SETTINGS, SLOW, STRANGE, WAIT, RecordingTransport, frames_in, grpc_message,
                        start)
 from h2_client import server  # noqa: F401 (a fixture)
-from mini_triton.frontends.grpc_transport import GrpcServer, methods_of
+from mini_triton.frontends.grpc.native_transport import GrpcServer, methods_of
 
 
 pytestmark = pytest.mark.timeout(60)
@@ -296,7 +296,7 @@ def test_a_unary_call_answered_from_its_begin_is_written_in_that_same_call():
                                                                  stream) + payload
 
     async def scenario() -> bytes:
-        from mini_triton.frontends.grpc_transport import GrpcConnection, Method
+        from mini_triton.frontends.grpc.native_transport import GrpcConnection, Method
 
         server = GrpcServer({LIVE.encode(): Method(pb.ModelReadyRequest, None, False, begin)})
         connection = GrpcConnection(server)

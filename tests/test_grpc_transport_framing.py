@@ -1,4 +1,4 @@
-"""The native gRPC transport (frontends/grpc_transport.py) on the wire: HTTP/2 framing.
+"""The native gRPC transport (frontends/grpc/native_transport.py) on the wire: HTTP/2 framing.
 
 Raw HTTP/2 frames built by hand check the protocol handling a real client relies on:
 the preface and settings exchange, ping, a unary call in every legal framing (padding,

@@ -1,4 +1,4 @@
-"""The native gRPC transport (frontends/grpc_transport.py): what a call's headers and
+"""The native gRPC transport (frontends/grpc/native_transport.py): what a call's headers and
 trailers carry.
 
 grpc-status and grpc-message for unknown methods, compressed and malformed request
@@ -29,9 +29,9 @@ from h2_client import (CONTINUATION, DATA, END_HEADERS, END_STREAM, H2, HEADERS,
                        RST_STREAM, STRANGE, VALUES, WAIT, assert_identity, grpc_message,
                        infer_request)
 from h2_client import server  # noqa: F401 (a fixture)
-from mini_triton.frontends.grpc_hpack import HeaderDecoder
-from mini_triton.frontends.grpc_transport import binary_header_value
-from mini_triton.frontends.grpc_wire import parse_timeout
+from mini_triton.frontends.grpc.request_headers import HeaderDecoder
+from mini_triton.frontends.grpc.native_transport import binary_header_value
+from mini_triton.frontends.grpc.wire import parse_timeout
 
 
 pytestmark = pytest.mark.timeout(60)

@@ -126,7 +126,7 @@ def test_a_streaming_call_holds_back_one_message_at_most():
 
     from tritonclient.grpc import service_pb2 as pb
 
-    from mini_triton.frontends.grpc_transport import GrpcConnection, GrpcServer, Method
+    from mini_triton.frontends.grpc.native_transport import GrpcConnection, GrpcServer, Method
     from h2_client import PREFACE, RecordingTransport
 
     path = "/inference.GRPCInferenceService/ModelStreamInfer"

@@ -258,7 +258,7 @@ def test_grpc_response_serialized_by_hand_is_protobufs_own_bytes():
     contents sent from its own memory); they must be exactly the bytes protobuf makes."""
     from mini_triton.core.request import InferenceResponse
     from mini_triton.core.tensor import Tensor
-    from mini_triton.frontends import grpc_codec
+    from mini_triton.frontends.grpc import codec
 
     outputs = [
         Tensor.from_array("IMAGE", np.random.default_rng(3).random((1, 150_528), np.float32)),
@@ -268,8 +268,8 @@ def test_grpc_response_serialized_by_hand_is_protobufs_own_bytes():
         Tensor("NONE", "FP32", (0,), np.zeros(0, np.float32), parameters={"note": "x"}),
     ]
     response = InferenceResponse("m", "1", "id-1", outputs, {"p": 1, "q": "v"})
-    expected = grpc_codec.encode_infer_response(response).SerializeToString()
-    assert bytes(grpc_codec.serialize_infer_response(response).SerializeToString()) == expected
+    expected = codec.encode_infer_response(response).SerializeToString()
+    assert bytes(codec.serialize_infer_response(response).SerializeToString()) == expected
 
 
 def test_grpc_response_sends_a_large_output_from_its_own_memory():
@@ -278,15 +278,15 @@ def test_grpc_response_sends_a_large_output_from_its_own_memory():
     exactly protobuf's bytes."""
     from mini_triton.core.request import InferenceResponse
     from mini_triton.core.tensor import Tensor
-    from mini_triton.frontends import grpc_codec
+    from mini_triton.frontends.grpc import codec
 
     first = np.full((1, 150_528), 1.0, np.float32)
     second = np.arange(150_528, dtype=np.float32).reshape(1, -1)
     response = InferenceResponse("m", "1", "", [Tensor.from_array("A", first),
                                                 Tensor.from_array("B", second)])
-    message = grpc_codec.serialize_infer_response(response)
+    message = codec.serialize_infer_response(response)
     addresses = [np.frombuffer(piece, np.uint8).ctypes.data for piece in message.pieces
                  if len(piece) == first.nbytes]
     assert addresses == [first.ctypes.data, second.ctypes.data]
-    expected = grpc_codec.encode_infer_response(response).SerializeToString()
+    expected = codec.encode_infer_response(response).SerializeToString()
     assert b"".join(message.pieces) == expected and len(message) == len(expected)

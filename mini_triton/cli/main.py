@@ -13,7 +13,7 @@ from .. import TRITON_VERSION, __version__
 from ..backends.backend_config import backend_setting, by_backend, start_up_notes
 from ..core.names import model_name_problem
 from ..core.response_cache import parse_cache_config
-from ..frontends.grpc_server import MAX_MESSAGE_SIZE
+from ..frontends.grpc.server import MAX_MESSAGE_SIZE
 from ..frontends.http1.protocol import (DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_HEADER_SIZE,
                                         DEFAULT_MAX_URL_SIZE)
 from ..frontends.http1.limits import DEFAULT_STREAM_MAX_QUEUED_BYTES as \

@@ -2,7 +2,7 @@
 buffer, the connection preface, and frames parsed from it and handed on by type. Control
 frames are http2/control.py's, a call's HEADERS and DATA http2/receive.py's, frames out
 http2/output.py's, clocks http2/upkeep.py's; what a stream's headers and body mean is the
-call layer's (grpc_calls.GrpcCalls), reached through `_on_stream_headers`, `_on_body` and
+call layer's (`GrpcCalls`, grpc/calls.py), reached through `_on_stream_headers`, `_on_body` and
 `_cancel_call`.
 
 Every limit here is a few integer comparisons per frame: the fast path of a unary call
@@ -18,10 +18,10 @@ import struct
 import hpack
 from hpack.exceptions import OversizedHeaderListError
 
-from ..grpc_calls import Stream
-from ..grpc_hpack import HeaderDecoder
-from ..grpc_offload import READ_CHECKED_FROM
-from ..grpc_wire import MESSAGE_PREFIX
+from ..grpc.calls import Stream
+from ..grpc.request_headers import HeaderDecoder
+from ..grpc.offload import READ_CHECKED_FROM
+from ..grpc.wire import MESSAGE_PREFIX
 from .bodies import LARGE_BODY, BodyPool
 from .control import Http2Control
 from .frames import (COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_FRAME_SIZE,
@@ -69,7 +69,7 @@ class Http2Connection(Http2Receive, Http2Control, Http2Output, Http2Upkeep,
         self.max_message = server.max_receive_message_size
         # a unary call's body holds one message: its prefix and at most max_message bytes
         self.max_unary_body = self.max_message + MESSAGE_PREFIX.size
-        # a unary message at most this large is read as it comes (grpc_offload)
+        # a unary message at most this large is read as it comes (grpc/offload.py)
         self.max_whole = min(self.max_message, READ_CHECKED_FROM - 1)
         self.max_frame = limits.max_frame_size
         self.max_streams = limits.max_concurrent_streams

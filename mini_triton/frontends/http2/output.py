@@ -23,7 +23,7 @@ import struct
 
 import grpc
 
-from ..grpc_wire import (COMPRESSED_RESPONSE_HEADERS, MESSAGE_PREFIX, OK_TRAILERS,
+from ..grpc.wire import (COMPRESSED_RESPONSE_HEADERS, MESSAGE_PREFIX, OK_TRAILERS,
                         RESPONSE_HEADERS, Compressed, ScatteredMessage, status_block)
 from .frames import (CONTINUATION, DATA, END_HEADERS, END_STREAM, FRAME_HEADER, GOAWAY,
                            HEADERS, NO_ERROR, RST_STREAM, frame)
@@ -137,7 +137,7 @@ class Http2Output:
         if message is not None:
             if stream.compress is None:
                 prefix = MESSAGE_PREFIX.pack(False, len(message))
-            else:  # compressed here, or already (grpc_offload.py)
+            else:  # compressed here, or already (grpc/offload.py)
                 ready = message if type(message) is Compressed \
                     else Compressed(message, stream.compress)
                 message, prefix = ready.payload, ready.prefix

@@ -11,8 +11,8 @@ import struct
 
 import grpc
 
-from ..grpc_calls import Stream
-from ..grpc_wire import MESSAGE_PREFIX, status_block
+from ..grpc.calls import Stream
+from ..grpc.wire import MESSAGE_PREFIX, status_block
 from .bodies import LARGE_BODY, BodyInto
 from .frames import (END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR,
                            FRAME_SIZE_ERROR, MAX_WINDOW, PADDED, PRIORITY_FLAG, PROTOCOL_ERROR,

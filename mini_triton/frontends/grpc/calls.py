@@ -3,7 +3,7 @@ call runs (routing by `:path`, deadlines, request messages, handlers, statuses).
 
 Handlers keep grpc.aio's shape, `async def Method(request, context)` (a streaming one
 takes an async iterator and yields), so the servicer does not know which transport
-runs it. `GrpcCalls` is the call half of the connection class (grpc_transport.py);
+runs it. `GrpcCalls` is the call half of the connection class (native_transport.py);
 the frames and flow control it relies on are http2/connection.py's.
 """
 
@@ -21,14 +21,14 @@ from typing import Any, Callable
 import grpc
 from google.protobuf.message import DecodeError
 
-from .. import trace_front_end as front_end_trace
-from ..trace_front_end import FrontEndStamps
-from .grpc_hpack import MALFORMED, RequestHead, trailers_problem
-from .grpc_wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, UNPARSEABLE_CODE,
+from ... import trace_front_end as front_end_trace
+from ...trace_front_end import FrontEndStamps
+from .request_headers import MALFORMED, RequestHead, trailers_problem
+from .wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, UNPARSEABLE_CODE,
                         UNPARSEABLE_MESSAGE, WINDOW_BITS, Deflated, ScatteredMessage,
                         parse_timeout, refusal_block, response_encoding, status_block,
                         too_large)
-from .http2.frames import INTERNAL_ERROR, PROTOCOL_ERROR
+from ..http2.frames import INTERNAL_ERROR, PROTOCOL_ERROR
 
 log = logging.getLogger("mini_triton.grpc")
 
@@ -54,7 +54,7 @@ class Method:
     reads them itself (its request_type is RawRequest): `read_on_loop(message)` returns
     what begin (or a streaming handler) takes, or None when that costs the event loop
     too much, and then `read_anywhere(message)` reads it on a worker thread
-    (grpc_offload.py). Messages under grpc_offload.READ_CHECKED_FROM reach the handler
+    (offload.py). Messages under offload.READ_CHECKED_FROM reach the handler
     as bytes."""
     request_type: Any
     handler: Callable
@@ -130,7 +130,7 @@ class GrpcCalls:
     `max_message`, `max_unary_body`, `max_whole`, `streams`, `ready`, and its `_send`,
     `_reset`, `_drop_held_back`, `_give_back_stream` (http2.connection.Http2Connection),
     `_decompress`, `_read_checked`, `_compressed`, `_inflate_streamed`, `_read_streamed`
-    (grpc_offload)."""
+    (offload)."""
 
     # --- from the connection: a stream's headers and body ---
 
@@ -184,7 +184,7 @@ class GrpcCalls:
         """`buffer[start:end]`, a whole DATA frame ending the stream, taken as a started
         unary call's request when it is exactly one uncompressed message of at most
         `max_whole` bytes (within the limit, and small enough to read as it comes: see
-        grpc_offload; a copy, as the buffer is read into again); False, taking nothing,
+        offload; a copy, as the buffer is read into again); False, taking nothing,
         for anything else (_on_body and _on_end_of_input judge it then)."""
         if stream.method is None or stream.started or stream.closed \
                 or stream.inbox is not None:
@@ -260,7 +260,7 @@ class GrpcCalls:
                 return
             message = messages[0]
         if type(message) is Deflated or len(message) > self.max_whole:
-            self._read_checked(stream, message)  # maybe on a worker: grpc_offload
+            self._read_checked(stream, message)  # maybe on a worker: offload
             return
         stream.started = True
         self.ready.append((stream, message))  # started once the read is parsed
@@ -286,7 +286,7 @@ class GrpcCalls:
     def _take_messages(self, stream: Stream, sizes: list | None = None) -> list[bytes]:
         """The complete length-prefixed messages in the stream's body, removed from it
         (and their sizes on the wire, prefix included, in `sizes`); a compressed one
-        that inflates to much is left compressed, for a worker (grpc_wire.Deflated)."""
+        that inflates to much is left compressed, for a worker (wire.Deflated)."""
         body, messages, offset = stream.body, [], 0
         while len(body) - offset >= 5:
             compressed, length = MESSAGE_PREFIX.unpack_from(body, offset)
@@ -348,7 +348,7 @@ class GrpcCalls:
     # --- handlers ---
 
     async def _run_unary(self, stream: Stream, message: bytes, read: bool = False) -> None:
-        # read: the message is parsed already (on a worker, grpc_offload)
+        # read: the message is parsed already (on a worker, offload)
         request = message if read else self._parse_request(stream, message)
         if request is None:
             return
@@ -437,7 +437,7 @@ class GrpcCalls:
                 if message is None:  # the call is ended
                     return
             if len(message) > self.max_whole and stream.method.read_anywhere is not None:
-                message = await self._read_streamed(stream, message)  # grpc_offload
+                message = await self._read_streamed(stream, message)  # offload
             yield stream.method.request_type.FromString(message)
 
     # --- ending a call ---

@@ -1,5 +1,5 @@
 """The KServe v2 gRPC front end: the servicer (routing and status mapping only) and its
-server, on our own HTTP/2 transport (grpc_transport.py) or on grpc.aio (grpc_aio.py)."""
+server, on our own HTTP/2 transport (native_transport.py) or on grpc.aio (grpcio_transport.py)."""
 
 from __future__ import annotations
 
@@ -13,21 +13,21 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from ..core.errors import TritonError
-from ..service import InferenceService
-from . import (grpc_codec, grpc_infer_read, grpc_parameters, grpc_split, grpc_stream,
-               grpc_transport, grpc_wire)
-from .accept_gate import AcceptLimits
-from .errors import grpc_status
-from .grpc_aio import (MAX_MESSAGE_SIZE, RAW_REQUESTS, SERVICE,  # noqa: F401 (theirs)
+from ...core.errors import TritonError
+from ...service import InferenceService
+from . import (codec, infer_read, parameter_kinds, message_split, stream_infer,
+               native_transport, wire)
+from ..accept_gate import AcceptLimits
+from ..errors import grpc_status
+from .grpcio_transport import (MAX_MESSAGE_SIZE, RAW_REQUESTS, SERVICE,  # noqa: F401 (theirs)
                        create_grpcio_server, server_options)
-from .header_forward import forward_headers
-from .http2.limits import Http2Limits
-from .restrictions import GRPC_PREFIX, Restriction, grpc_refusal
-from .tls import TlsFiles, server_context
+from ..header_forward import forward_headers
+from ..http2.limits import Http2Limits
+from ..restrictions import GRPC_PREFIX, Restriction, grpc_refusal
+from ..tls import TlsFiles, server_context
 
 # On our transport ModelInfer reads its message itself too: its tensors as views of
-# the received bytes (grpc_split.py), not copied twice by protobuf.
+# the received bytes (message_split.py), not copied twice by protobuf.
 NATIVE_RAW_REQUESTS = RAW_REQUESTS | {"ModelInfer"}
 
 
@@ -60,7 +60,7 @@ RPC_GROUPS = {
 
 
 def _has_header(context, restriction: Restriction) -> bool:
-    return grpc_stream.has_metadata(context, GRPC_PREFIX + restriction.header,
+    return stream_infer.has_metadata(context, GRPC_PREFIX + restriction.header,
                                     restriction.value)
 
 
@@ -76,7 +76,7 @@ def _guarded_unary(method, restriction: Restriction):
 def _guarded_begin(begin, restriction: Restriction):
     def guarded(request, context, reply):
         if not _has_header(context, restriction):
-            raise grpc_transport.AbortError(grpc.StatusCode.UNAVAILABLE,
+            raise native_transport.AbortError(grpc.StatusCode.UNAVAILABLE,
                                             grpc_refusal(restriction))
         return begin(request, context, reply)
 
@@ -97,16 +97,16 @@ def _guarded_stream(method, restriction: Restriction):
 class GrpcOptions:
     """What the gRPC front end does on either transport, beyond HTTP/2's limits."""
     # --grpc-stream-max-queued-bytes: one ModelStreamInfer call's responses waiting for
-    # its client (grpc_stream.StreamOutbox); 0: no limit
-    stream_max_queued_bytes: int = grpc_stream.DEFAULT_STREAM_MAX_QUEUED_BYTES
+    # its client (stream_infer.StreamOutbox); 0: no limit
+    stream_max_queued_bytes: int = stream_infer.DEFAULT_STREAM_MAX_QUEUED_BYTES
     # --grpc-stream-max-requests-in-flight: one ModelStreamInfer call's requests under
     # way; past it the next is not read (0: no limit)
-    stream_max_in_flight: int = grpc_stream.DEFAULT_STREAM_MAX_IN_FLIGHT
+    stream_max_in_flight: int = stream_infer.DEFAULT_STREAM_MAX_IN_FLIGHT
     # --grpc-infer-response-compression-level: none, low, medium or high (COMPRESSION_LEVELS)
     response_compression: str = "none"
     # --grpc-message-thread-count: our transport's threads for large messages' work
-    # (inflating, reading, compressing: grpc_offload.py)
-    message_threads: int = grpc_transport.DEFAULT_MESSAGE_THREADS
+    # (inflating, reading, compressing: offload.py)
+    message_threads: int = native_transport.DEFAULT_MESSAGE_THREADS
 
 
 # The RPCs whose responses --grpc-infer-response-compression-level compresses (Triton's
@@ -143,7 +143,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @aborts_on_error
     async def ModelReady(self, request, context):
-        version = grpc_parameters.model_version(request.version)
+        version = parameter_kinds.model_version(request.version)
         return pb.ModelReadyResponse(
             ready=await self.service.check_model_ready(request.name, version))
 
@@ -152,18 +152,18 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @aborts_on_error
     async def ModelMetadata(self, request, context):
-        return grpc_codec.metadata_message(self.service.model_metadata(
-            request.name, grpc_parameters.model_version(request.version)))
+        return codec.metadata_message(self.service.model_metadata(
+            request.name, parameter_kinds.model_version(request.version)))
 
     @aborts_on_error
     async def ModelConfig(self, request, context):
         return pb.ModelConfigResponse(config=self.service.model_config(
-            request.name, grpc_parameters.model_version(request.version)))
+            request.name, parameter_kinds.model_version(request.version)))
 
     @aborts_on_error
     async def ModelStatistics(self, request, context):
-        return grpc_codec.statistics_message(self.service.model_statistics(
-            request.name, grpc_parameters.model_version(request.version)))
+        return codec.statistics_message(self.service.model_statistics(
+            request.name, parameter_kinds.model_version(request.version)))
 
     # --- model repository extension ---
 
@@ -178,8 +178,8 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     @aborts_on_error
     async def RepositoryModelLoad(self, request, context):
         self.service.check_repository_name(request.repository_name)
-        grpc_parameters.check_load_parameters(request.parameters)
-        parameters = grpc_codec.read_parameters(request.parameters)
+        parameter_kinds.check_load_parameters(request.parameters)
+        parameters = codec.read_parameters(request.parameters)
         config = parameters.get("config")
         files = {key: value for key, value in parameters.items() if key.startswith("file:")}
         await self.service.load_model(request.model_name, config, files or None)
@@ -188,8 +188,8 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     @aborts_on_error
     async def RepositoryModelUnload(self, request, context):
         self.service.check_repository_name(request.repository_name)
-        grpc_parameters.check_unload_parameters(request.parameters)
-        parameters = grpc_codec.read_parameters(request.parameters)
+        parameter_kinds.check_unload_parameters(request.parameters)
+        parameters = codec.read_parameters(request.parameters)
         await self.service.unload_model(request.model_name,
                                         parameters.get("unload_dependents", False))
         return pb.RepositoryModelUnloadResponse()
@@ -247,7 +247,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @aborts_on_error
     async def LogSettings(self, request, context):
-        changes = grpc_parameters.log_setting_changes(request.settings)
+        changes = parameter_kinds.log_setting_changes(request.settings)
         settings = self.service.logging_settings(changes or None)
         response = pb.LogSettingsResponse()
         for key, value in settings.items():
@@ -269,20 +269,20 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         raw_contents = read = None
         if type(request) is bytes:  # a small message, on our transport: read here
             try:
-                request, raw_contents = grpc_split.split_infer_request(request)
+                request, raw_contents = message_split.split_infer_request(request)
             except DecodeError:  # as our transport answers any that does not parse
-                raise grpc_transport.AbortError(grpc_wire.UNPARSEABLE_CODE,
-                                                grpc_wire.UNPARSEABLE_MESSAGE) from None
-        elif type(request) is grpc_infer_read.ReadInfer:  # read by our transport already
+                raise native_transport.AbortError(wire.UNPARSEABLE_CODE,
+                                                wire.UNPARSEABLE_MESSAGE) from None
+        elif type(request) is infer_read.ReadInfer:  # read by our transport already
             read, request = request, request.message
         try:
             infer_request = self._decode(request, context, raw_contents) if read is None \
                 else self._decoded(read, context)
 
             # Our transport sends what it is given as it is; grpc.aio wants the message.
-            encode = grpc_codec.serialize_infer_response \
-                if isinstance(context, grpc_transport.CallContext) \
-                else grpc_codec.encode_infer_response
+            encode = codec.serialize_infer_response \
+                if isinstance(context, native_transport.CallContext) \
+                else codec.encode_infer_response
 
             def on_final(response) -> None:
                 try:
@@ -293,7 +293,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
 
             self.service.start_unary(infer_request, "ModelInfer RPC", on_final)
         except TritonError as error:
-            raise grpc_transport.AbortError(grpc_status(error.code), error.message) from None
+            raise native_transport.AbortError(grpc_status(error.code), error.message) from None
         return lambda: self.service.cancel(infer_request)
 
     async def ModelInfer(self, request, context):
@@ -302,23 +302,23 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             cancel = self.begin_ModelInfer(request, context, functools.partial(_settle, answer))
             result = await answer
-        except grpc_transport.AbortError as error:
+        except native_transport.AbortError as error:
             await context.abort(error.code, error.details)
         except asyncio.CancelledError:
             cancel()
             raise
-        if isinstance(result, grpc_transport.AbortError):
+        if isinstance(result, native_transport.AbortError):
             await context.abort(result.code, result.details)
         if isinstance(result, Exception):
             raise result
         return result
 
     async def ModelStreamInfer(self, request_messages, context):
-        """Requests and responses interleave (grpc_stream.stream_responses; an async
+        """Requests and responses interleave (stream_infer.stream_responses; an async
         generator function itself, as grpc.aio wants one). The request messages come
         as bytes (RAW_REQUESTS), so that one that does not parse can be answered."""
         decode = functools.partial(self._decode_streamed, context=context)
-        async for message in grpc_stream.stream_responses(
+        async for message in stream_infer.stream_responses(
                 self.service, request_messages, context, decode,
                 self.options.stream_max_queued_bytes, self.options.stream_max_in_flight):
             yield message
@@ -328,7 +328,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         Triton, the model is looked up before the message is read: an unknown or failed
         model is NOT_FOUND whatever the message holds (only a failing message pays)."""
         try:
-            infer_request = grpc_codec.decode_infer_request(message, raw_contents)
+            infer_request = codec.decode_infer_request(message, raw_contents)
         except TritonError:
             self._refuse(message)
             raise
@@ -337,12 +337,12 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
                             infer_request.parameters)
         return infer_request
 
-    def _decode_streamed(self, message, read: grpc_infer_read.ReadInfer | None, context):
+    def _decode_streamed(self, message, read: infer_read.ReadInfer | None, context):
         """`_decode` for a stream's message, which our transport may have read (and
         decoded) already: `read`."""
         return self._decode(message, context) if read is None else self._decoded(read, context)
 
-    def _decoded(self, read: grpc_infer_read.ReadInfer, context):
+    def _decoded(self, read: infer_read.ReadInfer, context):
         """`_decode`'s answer for a message our transport has decoded already."""
         if isinstance(read.decoded, TritonError):
             self._refuse(read.message)
@@ -352,7 +352,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     def _refuse(self, message) -> None:
         """Before a message's own error: a bad version string is refused first, then an
         unknown model, as in Triton (each raises its TritonError)."""
-        version = grpc_parameters.model_version(message.model_version)
+        version = parameter_kinds.model_version(message.model_version)
         self.service.model_config(message.model_name, version)
 
     def _forwarded(self, infer_request, context):
@@ -370,15 +370,15 @@ def _settle(future: asyncio.Future, result) -> None:
         future.set_result(result)
 
 
-def _infer_result(response, encode=grpc_codec.encode_infer_response):
+def _infer_result(response, encode=codec.encode_infer_response):
     """A final response as ModelInfer's message, or the AbortError it ends with."""
     if response.error is not None:
-        return grpc_transport.AbortError(grpc_status(response.error.code),
+        return native_transport.AbortError(grpc_status(response.error.code),
                                          response.error.message)
     try:
         return encode(response)
     except TritonError as error:
-        return grpc_transport.AbortError(grpc_status(error.code), error.message)
+        return native_transport.AbortError(grpc_status(error.code), error.message)
 
 
 async def start_server(service: InferenceService, address: str, port: int,
@@ -403,18 +403,18 @@ async def start_server(service: InferenceService, address: str, port: int,
                                              max_receive_message_size, limits, reuse_port)
         await server.start()
         return server, bound
-    methods = grpc_transport.methods_of(frontend, SERVICE, pb, NATIVE_RAW_REQUESTS)
+    methods = native_transport.methods_of(frontend, SERVICE, pb, NATIVE_RAW_REQUESTS)
     # a ModelInfer or ModelStreamInfer message of many fields is read off the loop
     methods[MODEL_INFER] = dataclasses.replace(
-        methods[MODEL_INFER], read_on_loop=grpc_infer_read.read_on_loop,
-        read_anywhere=grpc_infer_read.read_anywhere)
+        methods[MODEL_INFER], read_on_loop=infer_read.read_on_loop,
+        read_anywhere=infer_read.read_anywhere)
     methods[MODEL_STREAM_INFER] = dataclasses.replace(
-        methods[MODEL_STREAM_INFER], read_on_loop=grpc_infer_read.read_on_loop,
-        read_anywhere=grpc_infer_read.read_stream_anywhere)
+        methods[MODEL_STREAM_INFER], read_on_loop=infer_read.read_on_loop,
+        read_anywhere=infer_read.read_stream_anywhere)
     if frontend.options.response_compression != "none":
         for path in COMPRESSED_RPCS:  # as Triton: only inference responses are compressed
             methods[path] = dataclasses.replace(methods[path], compress_responses=True)
-    server = grpc_transport.GrpcServer(methods, max_receive_message_size, limits,
+    server = native_transport.GrpcServer(methods, max_receive_message_size, limits,
                                        frontend.options.response_compression,
                                        service.tracer, frontend.options.message_threads)
     context = server_context(tls, ["h2"]) if tls is not None else None
@@ -428,5 +428,5 @@ async def start_server(service: InferenceService, address: str, port: int,
 def begin_shutdown(server) -> None:
     """Shutdown has begun: our transport tells its clients now (a graceful GOAWAY:
     their next calls go elsewhere); grpc.aio does it in `stop`."""
-    if isinstance(server, grpc_transport.GrpcServer):
+    if isinstance(server, native_transport.GrpcServer):
         server.begin_shutdown()

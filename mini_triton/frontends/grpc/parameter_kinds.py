@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from ..core.errors import invalid_arg
-from ..logsettings import FORMATS
+from ...core.errors import invalid_arg
+from ...logsettings import FORMATS
 
 # The request parameters Triton interprets: key → the kinds it accepts.
 _REQUEST_KINDS = {
@@ -39,7 +39,7 @@ def _kind(parameter) -> str | None:
 
 def read_request_parameters(parameters) -> dict:
     """The request's `parameters` map, checked, as plain Python values (as
-    grpc_codec.read_parameters reads them: checked and read in one pass)."""
+    codec.read_parameters reads them: checked and read in one pass)."""
     values = {}
     for key in parameters:  # not .items(): the map's is the Mapping ABC's, in Python
         parameter = parameters[key]

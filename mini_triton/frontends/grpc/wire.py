@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import grpc
 
-from .http2.frames import literal
+from ..http2.frames import literal
 
 # `grpc-timeout: <at most 8 digits><unit>` (the gRPC HTTP/2 spec), seconds per unit.
 TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
@@ -63,7 +63,7 @@ def inflate(message, encoding: bytes, limit: int) -> bytearray:
 
 class Deflated:
     """A request message still compressed, too large to inflate on the event loop: it
-    is inflated on a worker thread (grpc_offload.py)."""
+    is inflated on a worker thread (offload.py)."""
 
     __slots__ = ("data", "encoding")
 
@@ -142,7 +142,7 @@ def compress(message: bytes, encoding: bytes) -> bytes | None:
 class Compressed:
     """A response message ready to send: its payload and message prefix, compressed or
     (when that did not make it smaller) as it was. What a worker thread hands back for
-    a large response (grpc_offload.py); `len()` is the payload's."""
+    a large response (offload.py); `len()` is the payload's."""
 
     __slots__ = ("payload", "prefix")
 

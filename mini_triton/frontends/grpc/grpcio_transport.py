@@ -1,7 +1,7 @@
 """The gRPC front end on grpc.aio (--grpc-transport grpcio): grpc core's options as
 tritonserver sets them, and the servicer's handlers added so that each reads its own
 request messages, off the event loop when that costs much (as our transport does:
-grpc_offload.py; grpc core itself inflates and compresses off the loop)."""
+offload.py; grpc core itself inflates and compresses off the loop)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from . import grpc_infer_read, grpc_split, grpc_transport, grpc_wire
-from .grpc_offload import PARSE_OFF_LOOP_FROM, READ_CHECKED_FROM, collector_paused
-from .grpc_wire import COMPRESSION_LEVELS
-from .http2.limits import Http2Limits
-from .tls import TlsFiles
+from . import infer_read, message_split, native_transport, wire
+from .offload import PARSE_OFF_LOOP_FROM, READ_CHECKED_FROM, collector_paused
+from .wire import COMPRESSION_LEVELS
+from ..http2.limits import Http2Limits
+from ..tls import TlsFiles
 
-MAX_MESSAGE_SIZE = grpc_transport.MAX_MESSAGE_SIZE  # INT32_MAX, as tritonserver sets it
+MAX_MESSAGE_SIZE = native_transport.MAX_MESSAGE_SIZE  # INT32_MAX, as tritonserver sets it
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 # The RPCs whose handlers parse their request messages themselves (they get bytes).
 RAW_REQUESTS = frozenset({"ModelStreamInfer"})
@@ -95,19 +95,19 @@ def _parsing(handler, request_type, read, workers: ThreadPoolExecutor):
             request = request_type.FromString(raw) if len(raw) < READ_CHECKED_FROM \
                 else await read(request_type, raw, workers)
         except DecodeError:
-            await context.abort(grpc_wire.UNPARSEABLE_CODE, grpc_wire.UNPARSEABLE_MESSAGE)
+            await context.abort(wire.UNPARSEABLE_CODE, wire.UNPARSEABLE_MESSAGE)
         return await handler(request, context)
 
     return parse_then_handle
 
 
 async def _read_infer(request_type, raw: bytes, workers: ThreadPoolExecutor):
-    """A ModelInfer message as our transport reads it (grpc_infer_read): here when that
+    """A ModelInfer message as our transport reads it (infer_read): here when that
     is cheap, else on a worker; DecodeError when it does not parse."""
-    read = grpc_infer_read.read_on_loop(raw)
+    read = infer_read.read_on_loop(raw)
     if read is None:
         read = await asyncio.get_running_loop().run_in_executor(
-            workers, collector_paused, grpc_infer_read.read_anywhere, raw)
+            workers, collector_paused, infer_read.read_anywhere, raw)
     return read
 
 
@@ -116,12 +116,12 @@ async def _read_message(request_type, raw: bytes, workers: ThreadPoolExecutor):
     if len(raw) < PARSE_OFF_LOOP_FROM:
         return request_type.FromString(raw)
     return await asyncio.get_running_loop().run_in_executor(
-        workers, collector_paused, grpc_split.parse_in_pieces, request_type, raw)
+        workers, collector_paused, message_split.parse_in_pieces, request_type, raw)
 
 
 def _reading_stream(handler, workers: ThreadPoolExecutor):
     """A streaming handler of RAW_REQUESTS whose large request messages reach it read
-    (grpc_infer_read.ReadInfer, read on a worker when costly) and the rest as bytes."""
+    (infer_read.ReadInfer, read on a worker when costly) and the rest as bytes."""
 
     async def read_then_handle(request_iterator, context):
         async for response in handler(_read_stream_messages(request_iterator, workers),
@@ -135,9 +135,9 @@ async def _read_stream_messages(request_iterator, workers: ThreadPoolExecutor):
     loop = asyncio.get_running_loop()
     async for raw in request_iterator:
         if len(raw) >= READ_CHECKED_FROM:
-            read = grpc_infer_read.read_on_loop(raw)
+            read = infer_read.read_on_loop(raw)
             raw = read if read is not None else await loop.run_in_executor(
-                workers, collector_paused, grpc_infer_read.read_stream_anywhere, raw)
+                workers, collector_paused, infer_read.read_stream_anywhere, raw)
         yield raw
 
 
@@ -154,7 +154,7 @@ def create_grpcio_server(frontend, address: str, port: int,
         # as Triton's set_compression_level does, but for every RPC, not only inference
         options.append(("grpc.default_compression_level", COMPRESSION_LEVELS.index(level)))
     server = grpc.aio.server(options=options, compression=grpc.Compression.NoCompression)
-    # grpc_offload's work on this transport: reading large or many-field messages
+    # offload's work on this transport: reading large or many-field messages
     _add_handlers(frontend, server, ThreadPoolExecutor(frontend.options.message_threads,
                                                        "grpc-messages"))
     if tls is None:

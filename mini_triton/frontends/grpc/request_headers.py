@@ -9,7 +9,7 @@ from __future__ import annotations
 import hpack
 from hpack.table import HeaderTable
 
-from .grpc_wire import RESERVED_HEADERS, binary_header_value
+from .wire import RESERVED_HEADERS, binary_header_value
 
 # Why a request's headers are refused: MALFORMED is a stream error (RST_STREAM
 # PROTOCOL_ERROR, RFC 9113 §8.1.1); a number is the HTTP status of a gRPC refusal

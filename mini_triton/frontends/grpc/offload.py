@@ -8,7 +8,7 @@ bounded per message: it inflates at most INFLATE_ON_LOOP bytes, a method's
 `read_on_loop` reads only what is cheap, and responses under COMPRESS_OFF_LOOP_FROM
 are compressed where they are. Everything else goes to a worker, whose Python gives the
 GIL back every few milliseconds, whose zlib calls let it go, and whose protobuf parses
-are cut into short calls (grpc_split.py). A call whose work is under way on a worker is
+are cut into short calls (message_split.py). A call whose work is under way on a worker is
 answered from the loop when it is done, unless the client has gone.
 """
 
@@ -23,9 +23,9 @@ from functools import partial
 import grpc
 from google.protobuf.message import DecodeError
 
-from .grpc_calls import AbortError, Method, RawRequest, Stream
-from .grpc_split import parse_in_pieces
-from .grpc_wire import (UNPARSEABLE_CODE, UNPARSEABLE_MESSAGE, WINDOW_BITS, Compressed,
+from .calls import AbortError, Method, RawRequest, Stream
+from .message_split import parse_in_pieces
+from .wire import (UNPARSEABLE_CODE, UNPARSEABLE_MESSAGE, WINDOW_BITS, Compressed,
                         Deflated, MessageTooLarge, inflate, status_block)
 
 # A unary request message this large or more is read by its method's `read_on_loop`
@@ -46,7 +46,7 @@ COMPRESS_OFF_LOOP_FROM = 64 * 1024
 
 class OffLoop:
     """The calls' work on the server's worker threads. Part of the connection class
-    (grpc_transport.GrpcConnection); expects its `server.workers`, `loop`,
+    (native_transport.GrpcConnection); expects its `server.workers`, `loop`,
     `max_message`, `ready` and the calls' `_begin_unary`, `_run_unary`, `_finish`,
     `_stop_call`, `_fail_stream`, `_send`."""
 
@@ -207,7 +207,7 @@ def collector_paused(read, *args):
 
 
 def inflated(message: Deflated, limit: int) -> bytearray:
-    """`message` inflated (grpc_wire.inflate), its failures as the call's status:
+    """`message` inflated (wire.inflate), its failures as the call's status:
     RESOURCE_EXHAUSTED past `limit`, INTERNAL for data that does not inflate."""
     try:
         return inflate(message.data, message.encoding, limit)

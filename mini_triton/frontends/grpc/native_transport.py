@@ -11,7 +11,7 @@ Cut by concern, as HTTP/2 libraries are:
 
 - http2/frames.py: frame and setting numbers, error codes, building frames (pure);
 - http2/limits.py: every limit, its default, and the reset and ping policies (pure);
-- grpc_hpack.py, grpc_wire.py: header blocks in and their checks; gRPC's prefix,
+- request_headers.py, wire.py: header blocks in and their checks; gRPC's prefix,
   timeout, statuses;
 - http2/connection.py: one connection's reads, its frames parsed and handed on;
 - http2/control.py: control frames in (settings, pings, window updates, resets) and
@@ -19,8 +19,8 @@ Cut by concern, as HTTP/2 libraries are:
 - http2/receive.py: a call's HEADERS and DATA in, receive windows given back;
 - http2/output.py: frames out, flow control, backpressure;
 - http2/upkeep.py: the clocks: timeouts, keepalive, connection age, graceful GOAWAY;
-- grpc_calls.py: a stream's call: routing, messages, handlers, deadlines, statuses;
-- grpc_offload.py: what grows with a client's message, on worker threads: inflating,
+- calls.py: a stream's call: routing, messages, handlers, deadlines, statuses;
+- offload.py: what grows with a client's message, on worker threads: inflating,
   reading many-field messages, compressing large responses;
 - this module: the connection class made of those parts, and the server that listens,
   owns the connections, looks at their clocks and stops gracefully.
@@ -32,14 +32,14 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from .accept_gate import AcceptGate, AcceptLimits, listen
-from .grpc_calls import (AbortError, CallContext, GrpcCalls, Method, RawRequest,  # noqa: F401
+from ..accept_gate import AcceptGate, AcceptLimits, listen
+from .calls import (AbortError, CallContext, GrpcCalls, Method, RawRequest,  # noqa: F401
                          Stream)
-from .grpc_hpack import HeaderDecoder  # noqa: F401
-from .grpc_offload import OffLoop
-from .grpc_wire import binary_header_value  # noqa: F401
-from .http2.connection import Http2Connection
-from .http2.limits import Http2Limits
+from .request_headers import HeaderDecoder  # noqa: F401
+from .offload import OffLoop
+from .wire import binary_header_value  # noqa: F401
+from ..http2.connection import Http2Connection
+from ..http2.limits import Http2Limits
 
 log = logging.getLogger("mini_triton.grpc")
 
@@ -79,7 +79,7 @@ class GrpcServer:
         # marked when it is "none") do at it
         self.response_compression = response_compression
         self.limits = limits or Http2Limits()
-        # what grpc_offload keeps off the loop runs here
+        # what offload keeps off the loop runs here
         self.workers = ThreadPoolExecutor(message_threads, "grpc-messages")
         self.loop = asyncio.get_running_loop()
         self.connections: set[GrpcConnection] = set()

@@ -6,13 +6,13 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
-from ..core import datatypes
-from ..core.errors import invalid_arg
-from ..core.request import InferenceRequest, InferenceResponse
-from ..core.tensor import RequestedOutput, Tensor
-from .grpc_parameters import (check_output_parameters, check_shared_memory_parameters,
+from ...core import datatypes
+from ...core.errors import invalid_arg
+from ...core.request import InferenceRequest, InferenceResponse
+from ...core.tensor import RequestedOutput, Tensor
+from .parameter_kinds import (check_output_parameters, check_shared_memory_parameters,
                               model_version, read_request_parameters)
-from .grpc_wire import ScatteredMessage
+from .wire import ScatteredMessage
 
 FINAL_RESPONSE = "triton_final_response"
 
@@ -47,7 +47,7 @@ def write_parameters(target, values: dict) -> None:
 
 def decode_infer_request(message: pb.ModelInferRequest, raw_contents: list | None = None,
                          shape_of=tuple) -> InferenceRequest:
-    """`raw_contents`: the message's raw_input_contents read apart (grpc_split.py).
+    """`raw_contents`: the message's raw_input_contents read apart (message_split.py).
     `shape_of` makes an input's shape a tuple: chunked_shape for a message that may
     hold millions of elements (read on a worker thread), so that no one C call holds
     the GIL long, as typed contents are always converted."""

@@ -1,8 +1,8 @@
 """Reading a ModelInfer request message on our transport: on the event loop when that
-is cheap, else whole on a worker thread (grpc_offload.py).
+is cheap, else whole on a worker thread (offload.py).
 
 Reading is two steps whose cost grows with what the client sent: protobuf's parse
-with the raw tensors split off (grpc_split.py), then the codec's decoding, which does
+with the raw tensors split off (message_split.py), then the codec's decoding, which does
 Python work for every input, output and parameter (about 1.7 µs an output: a 64 KiB
 message of empty outputs would hold the loop 75 ms). A message of few entries and a
 small protobuf part is read where it arrives; any other goes to a worker.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from ..core.errors import TritonError
-from . import grpc_codec, grpc_split
+from ...core.errors import TritonError
+from . import codec, message_split
 
 # Inputs, outputs and parameters (of the request and of each of those) decoded on the
 # loop at most.
@@ -34,9 +34,9 @@ class ReadInfer:
 
 
 def read_on_loop(data) -> ReadInfer | None:
-    """The message read when that is cheap (grpc_split.split_on_loop, then at most
+    """The message read when that is cheap (message_split.split_on_loop, then at most
     MAX_ENTRIES_ON_LOOP entries to decode); None: read it with read_anywhere."""
-    split = grpc_split.split_on_loop(data)
+    split = message_split.split_on_loop(data)
     if split is None or _entries(split[0]) > MAX_ENTRIES_ON_LOOP:
         return None
     return _decoded(*split)
@@ -44,7 +44,7 @@ def read_on_loop(data) -> ReadInfer | None:
 
 def read_anywhere(data) -> ReadInfer:
     """The message read on a worker thread; DecodeError when it does not parse."""
-    return _decoded(*grpc_split.split_anywhere(data), grpc_codec.chunked_shape)
+    return _decoded(*message_split.split_anywhere(data), codec.chunked_shape)
 
 
 def read_stream_anywhere(data) -> ReadInfer:
@@ -59,7 +59,7 @@ def read_stream_anywhere(data) -> ReadInfer:
 
 def _decoded(message: pb.ModelInferRequest, raws: list | None, shape_of=tuple) -> ReadInfer:
     try:
-        return ReadInfer(message, grpc_codec.decode_infer_request(message, raws, shape_of))
+        return ReadInfer(message, codec.decode_infer_request(message, raws, shape_of))
     except TritonError as error:
         return ReadInfer(message, error)
 

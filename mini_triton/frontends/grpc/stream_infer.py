@@ -38,12 +38,12 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from .. import trace_front_end as front_end_trace
-from ..core.errors import Code, TritonError
-from . import grpc_codec
-from .errors import grpc_status
-from .grpc_calls import AbortError
-from .grpc_infer_read import ReadInfer
+from ... import trace_front_end as front_end_trace
+from ...core.errors import Code, TritonError
+from . import codec
+from ..errors import grpc_status
+from .calls import AbortError
+from .infer_read import ReadInfer
 
 # Default bound on one stream's requests under way (as SETTINGS_MAX_CONCURRENT_STREAMS
 # bounds a connection's unary calls).
@@ -282,7 +282,7 @@ async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
 
 def _parse(raw) -> tuple[pb.ModelInferRequest | TritonError, ReadInfer | None]:
     """The request message, or the error that answers it when it does not parse; and
-    when our transport has read it already (a large one: grpc_infer_read), that read."""
+    when our transport has read it already (a large one: infer_read), that read."""
     if type(raw) is ReadInfer:
         if isinstance(raw.decoded, DecodeError):
             return _unparseable(raw.decoded), None
@@ -331,7 +331,7 @@ async def forward(service, message, request, stream, outbox: StreamOutbox,
                 continue
             if response.empty and not empty_final_wanted:
                 continue
-            send(grpc_codec.encode_stream_response(response))
+            send(codec.encode_stream_response(response))
     except asyncio.CancelledError:
         service.cancel(request)
         raise
@@ -418,5 +418,5 @@ def model_error(message, response) -> pb.ModelStreamInferResponse:
     infer_response.id = message.id
     infer_response.model_name = message.model_name
     infer_response.model_version = message.model_version
-    infer_response.parameters[grpc_codec.FINAL_RESPONSE].bool_param = response.final
+    infer_response.parameters[codec.FINAL_RESPONSE].bool_param = response.final
     return answer
