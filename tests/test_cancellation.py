@@ -15,15 +15,9 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import server_settings, wait_for
 from mini_triton.server import ServerThread
+from model_configs import slow_identity
 
-SLOW = """
-name: "slow"
-backend: "identity"
-max_batch_size: 0
-input [ { name: "INPUT0", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ 1 ] } ]
-parameters { key: "execute_delay_ms" value: { string_value: "1200" } }
-"""
+SLOW = slow_identity(1200)
 BODY = b'{"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT32","data":[7]}]}'
 
 

@@ -13,17 +13,10 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from model_configs import INPUT0_OUTPUT0_INT32, slow_identity
 from serverproc import ServerProcess
 
-SLOW = """
-name: "slow"
-backend: "identity"
-max_batch_size: 0
-input [ { name: "INPUT0", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ 1 ] } ]
-instance_group [ { count: 4 } ]
-parameters { key: "execute_delay_ms" value: { string_value: "3000" } }
-"""
+SLOW = slow_identity(3000, instances=4)
 
 
 def send(module, url, value, results, model="slow"):
@@ -113,13 +106,7 @@ class TritonPythonModel:
                 for _ in requests]
 '''
 
-STUCK_CONFIG = """
-name: "stuck"
-backend: "python"
-max_batch_size: 0
-input [ { name: "INPUT0", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ 1 ] } ]
-"""
+STUCK_CONFIG = 'name: "stuck"\nbackend: "python"\n' + INPUT0_OUTPUT0_INT32
 
 
 def test_sigterm_stops_a_model_still_executing_after_the_exit_timeout(tmp_path):
