@@ -1,4 +1,4 @@
-"""frontends/http_body.py: a large body is received into the connection's buffer once
+"""frontends/http1/body.py: a large body is received into the connection's buffer once
 nothing refers to it, and never while something does."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Request heads decoded once and remembered by their raw bytes, and reply heads made
-once less their length (http_head.py): every request still gets exactly what its own
+once less their length (http1/head.py): every request still gets exactly what its own
 head (and trailers) said, and the memos stay bounded. The real HttpProtocol and parser,
 fed raw bytes, writing into a recording transport."""
 

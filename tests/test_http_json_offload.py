@@ -1,5 +1,5 @@
 """Large JSON bodies are decoded, and long JSON replies written, off the event loop
-(frontends/http_offload.py): while an attacker posts tens of MiB of JSON or asks for
+(frontends/http1/offload.py): while an attacker posts tens of MiB of JSON or asks for
 them back, another client's small requests are answered within a bound, and the
 attacker gets its answer. Config overrides nested 100,000
 deep are INVALID_ARG on both protocols; numbers in headers are ASCII digits only.

@@ -44,7 +44,7 @@ class RequestHead:
         # its Content-Length read (when it has one).
         self.plain = "transfer-encoding" not in headers and "expect" not in headers
         self.declared_length = declared_length(headers)
-        # A body the connection's buffer for large bodies may receive (http_body.py).
+        # A body the connection's buffer for large bodies may receive (body.py).
         self.large_body = "transfer-encoding" not in headers and "content-length" in headers \
             and self.declared_length >= LARGE_BODY
 

@@ -1,6 +1,6 @@
 """One HTTP/1.1 connection's replies out: in the order their requests arrived, each
 written with one `writelines` as soon as it and those before it are ready (a streamed
-one as its body is produced, at the pace the client reads: http_exchange.BodyStream);
+one as its body is produced, at the pace the client reads: exchange.BodyStream);
 the transport's backpressure; and the connection's end once its last reply is out.
 """
 

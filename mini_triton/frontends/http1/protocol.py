@@ -7,11 +7,11 @@ patterns second, and writes each reply with one `writelines`. It keeps
 connections alive, answers pipelined requests in order, handles
 `Expect: 100-continue`, chunked bodies, gzip/deflate request bodies and
 response compression when the client accepts it. A reply may also be streamed
-(chunked, written as it is produced, at the pace the client reads: http_exchange.py).
-This module reads requests and starts them; replies go out through http_output.py, and
-the connection's clocks are http_timers.py's.
+(chunked, written as it is produced, at the pace the client reads: exchange.py).
+This module reads requests and starts them; replies go out through output.py, and
+the connection's clocks are timers.py's.
 
-Every buffer a client fills is bounded (see http_limits.py and `max_body`): a head must
+Every buffer a client fills is bounded (see limits.py and `max_body`): a head must
 arrive within the header timeout; a connection's requests under way are capped, and
 past the cap (or while its replies wait unsent) it is not read, so a client that does
 not read its replies fills its own socket buffers, not the server's memory; a
@@ -132,7 +132,7 @@ class HttpProtocol(HttpOutput, HttpTimers, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
-            return  # read and dropped while the refusal goes out (http_output.LINGER_SECS)
+            return  # read and dropped while the refusal goes out (output.LINGER_SECS)
         self._moved = time.monotonic()
         try:
             self.parser.feed_data(data)
@@ -263,7 +263,7 @@ class HttpProtocol(HttpOutput, HttpTimers, asyncio.Protocol):
         exchanges = self._exchanges
         exchanges.append(exchange)
         if self._last_request:
-            # what follows is read and dropped (see http_output.LINGER_SECS)
+            # what follows is read and dropped (see output.LINGER_SECS)
             self._refused = True
         if self._body.too_large:
             exchange.answer(self.router_error(413, self._body_too_large()))

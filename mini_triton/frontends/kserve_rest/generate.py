@@ -254,7 +254,7 @@ def encode_response(response: InferenceResponse) -> bytes:
 
 def encode_response_in_steps(response: InferenceResponse) -> list[bytes]:
     """encode_response's bytes in pieces, long outputs written a slice per call (for
-    http_offload's thread)."""
+    http1/offload.py's thread)."""
     long_data: list = []
     document = http_codec.dumps_sorted(response_document(response, long_data))
     long_data.sort(key=lambda tensor: tensor.name)  # where sorted keys put their markers

@@ -228,7 +228,7 @@ def _encoded(response) -> bytes | None:
 
 
 def _encoded_in_steps(response) -> list[bytes]:
-    """_encoded for a response with long outputs, in pieces (on http_offload's thread)."""
+    """_encoded for a response with long outputs, in pieces (on http1/offload.py's thread)."""
     try:
         return generate.encode_response_in_steps(response)
     except TritonError as error:
@@ -240,5 +240,5 @@ def _encoded_in_steps(response) -> list[bytes]:
 
 def _event_in_steps(response) -> bytes:
     """One event of generate_stream for a response with long outputs: its pieces are
-    joined here, on http_offload's thread (an event is written as one chunk)."""
+    joined here, on http1/offload.py's thread (an event is written as one chunk)."""
     return generate.event(b"".join(_encoded_in_steps(response)))

@@ -49,7 +49,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 def loads_body(data):
     """A request body's JSON value, as `loads` gives it; a document longer than one step
     of core.json_steps is parsed in steps (so that a worker thread decoding it lets
-    the event loop run between them: see http_offload)."""
+    the event loop run between them: see http1/offload.py)."""
     if len(data) > json_steps.STEP:
         return json_steps.loads(data)
     try:
@@ -359,7 +359,7 @@ def _flat_to_array(flat: list, datatype: str, name: str) -> np.ndarray:
 
 
 # Elements numpy converts in one call: converting a list holds the GIL throughout, and a
-# long one is converted on http_offload's worker thread, which must let the loop run.
+# long one is converted on http1/offload.py's worker thread, which must let the loop run.
 CONVERT_SLICE = 1 << 16
 
 
@@ -411,7 +411,7 @@ def _decode_output(item) -> RequestedOutput:
 class LongOutputs(Exception):
     """The response has an output of more than CONVERT_SLICE elements to write as JSON,
     or BYTES ones to serialize (a Python loop over its elements): too long for the
-    event loop. The caller encodes it with `stepped=True` on http_offload's thread."""
+    event loop. The caller encodes it with `stepped=True` on http1/offload.py's thread."""
 
 
 def encode_infer_response(response: InferenceResponse, request: InferenceRequest,
@@ -476,7 +476,7 @@ _HEADERS = ResponseHeaders()
 def _encode_document(response: InferenceResponse, request: InferenceRequest,
                      binary_default: bool, stepped: bool = False) -> list:
     """The JSON header, then each binary output's bytes (a reply with no output to
-    write as JSON; `stepped`: on http_offload's thread, where long ones may be)."""
+    write as JSON; `stepped`: on http1/offload.py's thread, where long ones may be)."""
     document, chunks = _document(response, request, binary_default, [] if stepped else None)
     return [dumps(document), *chunks]
 

@@ -1,7 +1,7 @@
 """The KServe v2 HTTP/REST front end: routing and status mapping only.
 
-It runs on the lean HTTP/1.1 server in `http_protocol.py`; the generate extension
-(`http_generate.py`) and the OpenAI-compatible routes (`openai_routes.py`) share its
+It runs on the lean HTTP/1.1 server in `../http1/`; the generate extension
+(`generate_routes.py`) and the OpenAI-compatible routes (`../openai/routes.py`) share its
 router, limits and restrictions.
 """
 
@@ -451,7 +451,7 @@ V2_REPLIES = InferReplies(lambda error: error_reply(http_status(error.code), err
 def _answer_infer(exchange: Exchange, send: Callable[[HttpReply], None], request,
                   binary_output: bool, replies: InferReplies, response) -> None:
     """Answer (through `send`) with the HTTP reply of an inference's final response; one
-    with long outputs to write as JSON is written on http_offload's thread."""
+    with long outputs to write as JSON is written on http1/offload.py's thread."""
     reply = _infer_reply(response, request, binary_output, replies)
     if reply is None:
         exchange.spawn(_send_written_off_loop(send, response, request, binary_output,
@@ -519,7 +519,7 @@ def _load_parameters(request: HttpRequest) -> tuple[str | None, dict[str, bytes]
 
 
 # Characters decoded per b64decode call (a multiple of 4): one call holds the GIL, and
-# a load's files (tens of MiB) are decoded on http_offload's thread.
+# a load's files (tens of MiB) are decoded on http1/offload.py's thread.
 BASE64_SLICE = 1 << 20
 
 
