@@ -28,8 +28,9 @@ import uvloop
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from mini_triton.frontends.grpc.native_transport import (GrpcConnection, GrpcServer, Method,
+                                                         methods_of)
 from mini_triton.frontends.grpc.request_headers import HeaderDecoder
-from mini_triton.frontends.grpc.native_transport import GrpcConnection, GrpcServer, Method, methods_of
 from mini_triton.frontends.grpc.wire import MessageTooLarge, inflate
 from mini_triton.frontends.http2.limits import Http2Limits
 from h2_client import (CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY,

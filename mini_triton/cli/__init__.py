@@ -5,8 +5,9 @@
   own code (repository/, backends/);
 - triton_flags.py: every tritonserver 2.51 flag and what it does here;
 - flag_types.py: argparse types shared by every flag module;
-- endpoint_flags.py, bound_flags.py: the SageMaker/Vertex AI endpoints' flags, and the
-  bounds on connections and queued bytes (the gRPC flags sit in ../grpc_flags.py for now).
+- endpoint_flags.py, bound_flags.py, grpc_flags.py: the SageMaker/Vertex AI endpoints'
+  flags, the bounds on connections and queued bytes, and the gRPC front end's own flags
+  (HTTP/2 limits, keepalive, stream queues, compression).
 """
 
 from .main import build_parser, configure_logging, main, settings_from

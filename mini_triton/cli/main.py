@@ -39,7 +39,7 @@ from ..server import Settings, run
 from .check_config import main as check_config
 from .flag_types import (boolean, integer, non_negative, non_negative_float,  # noqa: F401
                          non_negative_seconds, port, positive)
-from ..grpc_flags import add_grpc_flags, grpc_http2_limits, grpc_options
+from .grpc_flags import add_grpc_flags, grpc_http2_limits, grpc_options
 from .bound_flags import add_bound_flags, bound_settings
 from .endpoint_flags import (add_endpoint_flags, check_port_collisions, sagemaker_settings,
                              vertex_mode, vertex_settings)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 
-from .cli.flag_types import boolean, in_range, non_negative, non_negative_float, \
+from ..frontends.grpc.native_transport import DEFAULT_MESSAGE_THREADS
+from ..frontends.grpc.server import GrpcOptions
+from ..frontends.grpc.stream_infer import (DEFAULT_STREAM_MAX_IN_FLIGHT,
+                                           DEFAULT_STREAM_MAX_QUEUED_BYTES)
+from ..frontends.grpc.wire import COMPRESSION_LEVELS
+from ..frontends.http2.limits import Http2Limits
+from .flag_types import boolean, in_range, non_negative, non_negative_float, \
     non_negative_seconds, positive
-from .frontends.grpc.server import GrpcOptions
-from .frontends.grpc.stream_infer import DEFAULT_STREAM_MAX_IN_FLIGHT, DEFAULT_STREAM_MAX_QUEUED_BYTES
-from .frontends.grpc.native_transport import DEFAULT_MESSAGE_THREADS
-from .frontends.grpc.wire import COMPRESSION_LEVELS
-from .frontends.http2.limits import Http2Limits
 
 
 def add_grpc_flags(add) -> None:
