@@ -110,20 +110,13 @@ def test_without_preserve_ordering_a_fast_batch_answers_first(recorder, start):
     assert delivered == ["b", "a"]
 
 
-def queued_behind_a_held_request(recorder, start):
-    """A scheduler whose one instance holds request "a" (its gate stays shut), and
-    request "b" queued behind it."""
-    scheduler, _ = start("dynamic_batching { }")
-    recorder.gate("a")
+def test_cancelled_request_leaves_the_queue_with_cancelled(recorder, start):
+    scheduler, stats = start("dynamic_batching { }")
+    gate = recorder.gate("a")
     scheduler.submit(make_request("a"))
     recorder.wait_for(lambda: recorder.executing == 1)
     queued = make_request("b")
     scheduler.submit(queued)
-    return scheduler, queued
-
-
-def test_cancelled_request_leaves_the_queue_with_cancelled(recorder, start):
-    scheduler, queued = queued_behind_a_held_request(recorder, start)
     scheduler.cancel(queued)
     error = error_of(queued)
     assert error is not None and error.code is Code.CANCELLED
@@ -225,7 +218,12 @@ def test_decoupled_responses_are_counted_per_response_index(recorder, start):
 
 
 def test_stop_fails_requests_still_queued_when_its_time_is_up(recorder, start):
-    scheduler, queued = queued_behind_a_held_request(recorder, start)
+    scheduler, stats = start("dynamic_batching { }")
+    gate = recorder.gate("a")
+    scheduler.submit(make_request("a"))
+    recorder.wait_for(lambda: recorder.executing == 1)
+    queued = make_request("b")
+    scheduler.submit(queued)
     scheduler.stop(0.1)  # "a" is still held: "b" cannot run in time
     error = error_of(queued)
     assert error.code is Code.UNAVAILABLE and "stopped accepting" in error.message
