@@ -15,6 +15,7 @@ from typing import Callable, ClassVar
 
 from .errors import Code, TritonError
 from .loop_thread import on_loop_thread
+from .stream_budget import past_stream_bound
 from .tensor import RequestedOutput, Tensor
 
 
@@ -35,10 +36,10 @@ class ResponseStream:
     """Responses of one request, pushed from any thread, read on the event loop.
 
     With a `limit` (bytes), what waits for the reader is bounded: each response counts
-    its tensors' bytes and RESPONSE_OVERHEAD; one that would take the waiting ones past
-    the limit drops them all, ends the stream with an UNAVAILABLE error response
-    saying why (`limit_name` names the setting) and calls `on_overflow` (which cancels
-    the request); what the model still sends is dropped. A model is not made to wait
+    its tensors' bytes and RESPONSE_OVERHEAD; one that would take those waiting behind
+    the reader's next one past the limit (core.stream_budget.past_stream_bound) drops
+    them all, ends the stream with an UNAVAILABLE error response saying why
+    (`limit_name` names the setting) and calls `on_overflow` (which cancels the request); what the model still sends is dropped. A model is not made to wait
     instead: an instance serves other requests too. With a `budget` (the server-wide
     core.stream_budget.StreamBudget) the bytes count there too, and the budget may end
     the stream the same way; `drop` empties the queue once the reader is gone."""
@@ -81,7 +82,8 @@ class ResponseStream:
             if self._overflowed:
                 return
             size = response_size(response)
-            if self.limit and self._items and self._queued + size > self.limit:
+            if self.limit and self._items and self._queued + size > self.limit \
+                    and self._past_bound(size):
                 self._overflow(size)
                 return
             if self.budget is not None and not self.budget.charge(self, size):
@@ -89,6 +91,12 @@ class ResponseStream:
             self._queued += size
         self._items.append(response)
         self._wake()
+
+    def _past_bound(self, size: int) -> bool:
+        """Whether `size` bytes more take the responses waiting behind the one the
+        reader takes next past the limit (core.stream_budget.past_stream_bound)."""
+        behind = self._queued - response_size(self._items[0])
+        return past_stream_bound(self.limit, behind, size)
 
     def _wake(self) -> None:
         """Let the reader waiting in `next` see what was appended."""

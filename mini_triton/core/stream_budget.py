@@ -33,6 +33,17 @@ TOTAL_LIMIT_FLAG = "--stream-max-total-queued-bytes"
 LOG_INTERVAL_SECS = 1.0
 
 
+def past_stream_bound(limit: int, behind: int, size: int) -> bool:
+    """Whether a response of `size` bytes takes one stream's queue past its bound `limit`
+    (0: none); `behind`: the bytes already waiting behind the response its reader takes
+    next. That next one is not counted: its reader may be busy with it already, and a
+    response larger than the bound with a small one queued in the same loop turn ended
+    the stream of a client that reads (a 33 MiB answer, then a small one). With nothing
+    waiting behind the next one, a response is admitted whatever its size. So a stream
+    holds at most its next response and the bound (or one response past it)."""
+    return bool(limit) and bool(behind) and behind + size > limit
+
+
 class StreamBudget:
     """Bytes of responses queued for stream readers, server-wide (0: no limit), on the
     event loop's thread only. A holder (a stream's queue) charges what it queues and
