@@ -23,12 +23,11 @@ from google.protobuf.message import DecodeError
 
 from ... import trace_front_end as front_end_trace
 from ...trace_front_end import FrontEndStamps
+from ..http2.frames import INTERNAL_ERROR, PROTOCOL_ERROR
 from .request_headers import MALFORMED, RequestHead, trailers_problem
 from .wire import (BAD_TIMEOUT_STATUS, MESSAGE_PREFIX, OK_TRAILERS, UNPARSEABLE_CODE,
-                        UNPARSEABLE_MESSAGE, WINDOW_BITS, Deflated, ScatteredMessage,
-                        parse_timeout, refusal_block, response_encoding, status_block,
-                        too_large)
-from ..http2.frames import INTERNAL_ERROR, PROTOCOL_ERROR
+                   UNPARSEABLE_MESSAGE, WINDOW_BITS, Deflated, ScatteredMessage, parse_timeout,
+                   refusal_block, response_encoding, status_block, too_large)
 
 log = logging.getLogger("mini_triton.grpc")
 

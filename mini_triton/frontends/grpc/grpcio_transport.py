@@ -12,11 +12,11 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
+from ..http2.limits import Http2Limits
+from ..tls import TlsFiles
 from . import infer_read, message_split, native_transport, wire
 from .offload import PARSE_OFF_LOOP_FROM, READ_CHECKED_FROM, collector_paused
 from .wire import COMPRESSION_LEVELS
-from ..http2.limits import Http2Limits
-from ..tls import TlsFiles
 
 MAX_MESSAGE_SIZE = native_transport.MAX_MESSAGE_SIZE  # INT32_MAX, as tritonserver sets it
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]

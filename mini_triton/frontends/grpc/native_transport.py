@@ -33,13 +33,12 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from ..accept_gate import AcceptGate, AcceptLimits, listen
-from .calls import (AbortError, CallContext, GrpcCalls, Method, RawRequest,  # noqa: F401
-                         Stream)
-from .request_headers import HeaderDecoder  # noqa: F401
-from .offload import OffLoop
-from .wire import binary_header_value  # noqa: F401
 from ..http2.connection import Http2Connection
 from ..http2.limits import Http2Limits
+from .calls import AbortError, CallContext, GrpcCalls, Method, RawRequest, Stream  # noqa: F401
+from .offload import OffLoop
+from .request_headers import HeaderDecoder  # noqa: F401
+from .wire import binary_header_value  # noqa: F401
 
 log = logging.getLogger("mini_triton.grpc")
 

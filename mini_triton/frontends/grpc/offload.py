@@ -25,8 +25,8 @@ from google.protobuf.message import DecodeError
 
 from .calls import AbortError, Method, RawRequest, Stream
 from .message_split import parse_in_pieces
-from .wire import (UNPARSEABLE_CODE, UNPARSEABLE_MESSAGE, WINDOW_BITS, Compressed,
-                        Deflated, MessageTooLarge, inflate, status_block)
+from .wire import (UNPARSEABLE_CODE, UNPARSEABLE_MESSAGE, WINDOW_BITS, Compressed, Deflated,
+                   MessageTooLarge, inflate, status_block)
 
 # A unary request message this large or more is read by its method's `read_on_loop`
 # (which may send it to a worker); smaller ones as they come (decoding 2 KiB of the

@@ -15,16 +15,16 @@ from tritonclient.grpc import service_pb2_grpc
 
 from ...core.errors import TritonError
 from ...service import InferenceService
-from . import (codec, infer_read, parameter_kinds, message_split, stream_infer,
-               native_transport, wire)
 from ..accept_gate import AcceptLimits
 from ..errors import grpc_status
-from .grpcio_transport import (MAX_MESSAGE_SIZE, RAW_REQUESTS, SERVICE,  # noqa: F401 (theirs)
-                       create_grpcio_server, server_options)
 from ..header_forward import forward_headers
 from ..http2.limits import Http2Limits
 from ..restrictions import GRPC_PREFIX, Restriction, grpc_refusal
 from ..tls import TlsFiles, server_context
+from . import (codec, infer_read, message_split, native_transport, parameter_kinds, stream_infer,
+               wire)
+from .grpcio_transport import (MAX_MESSAGE_SIZE, RAW_REQUESTS, SERVICE,  # noqa: F401 (theirs)
+                               create_grpcio_server, server_options)
 
 # On our transport ModelInfer reads its message itself too: its tensors as views of
 # the received bytes (message_split.py), not copied twice by protobuf.

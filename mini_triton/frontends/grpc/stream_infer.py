@@ -40,8 +40,9 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ... import trace_front_end as front_end_trace
 from ...core.errors import Code, TritonError
-from . import codec
+from ...core.stream_budget import past_stream_bound
 from ..errors import grpc_status
+from . import codec
 from .calls import AbortError
 from .infer_read import ReadInfer
 
@@ -69,10 +70,12 @@ def wants_grpc_errors(context) -> bool:
 
 class StreamOutbox:
     """The responses of one stream waiting for the transport, at most `limit` bytes
-    (0: no limit), counted against the server-wide `budget` too (a
-    core.stream_budget.StreamBudget, which may end the stream: `evict`). `get` returns
-    the next, or None when the stream has ended; after an overflow `overflow` says
-    why, and `on_overflow` was called to stop the requests."""
+    (0: no limit) behind the one it takes next (core.stream_budget.past_stream_bound:
+    a response past the bound, then a small one before the transport took the first,
+    ended the stream of a client that reads), counted against the server-wide `budget`
+    too (a core.stream_budget.StreamBudget, which may end the stream: `evict`). `get`
+    returns the next, or None when the stream has ended; after an overflow `overflow`
+    says why, and `on_overflow` was called to stop the requests."""
 
     __slots__ = ("limit", "size", "items", "waiter", "overflow", "on_overflow", "budget")
 
@@ -92,7 +95,7 @@ class StreamOutbox:
             return
         size = 0 if message is None or isinstance(message, AbortError) \
             else message.ByteSize() + RESPONSE_OVERHEAD
-        if self._admit(size):
+        if self._admit(size, goes_next=not self.items):
             self.items.append((message, size))
             self._wake()
 
@@ -103,12 +106,14 @@ class StreamOutbox:
         if self.overflow is not None:
             return 0
         size = message.ByteSize() + RESPONSE_OVERHEAD
-        return size if self._admit(size) else 0
+        return size if self._admit(size, goes_next=False) else 0
 
-    def _admit(self, size: int) -> bool:
-        """Count `size` more bytes as queued, or overflow when they would pass the limit
-        (a first response is always admitted, whatever its size)."""
-        if self.limit and self.size and self.size + size > self.limit:
+    def _admit(self, size: int, goes_next: bool) -> bool:
+        """Count `size` more bytes as queued, or overflow when they would take what waits
+        behind the next response past the limit (`goes_next`: this one is the next; one
+        with nothing behind the next is admitted whatever its size)."""
+        behind = 0 if goes_next else self.size - (self.items[0][1] if self.items else 0)
+        if past_stream_bound(self.limit, behind, size):
             self._overflowed(size)
             return False
         if size and self.budget is not None and not self.budget.charge(self, size):

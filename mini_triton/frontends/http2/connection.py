@@ -19,19 +19,18 @@ import hpack
 from hpack.exceptions import OversizedHeaderListError
 
 from ..grpc.calls import Stream
-from ..grpc.request_headers import HeaderDecoder
 from ..grpc.offload import READ_CHECKED_FROM
+from ..grpc.request_headers import HeaderDecoder
 from ..grpc.wire import MESSAGE_PREFIX
 from .bodies import LARGE_BODY, BodyPool
 from .control import Http2Control
-from .frames import (COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_FRAME_SIZE,
-                           DEFAULT_WINDOW, END_STREAM, ENHANCE_YOUR_CALM, FIXED_SIZES,
-                           FRAME_HEADER, FRAME_SIZE_ERROR, GOAWAY, HEADERS, INTERNAL_ERROR,
-                           MAX_WINDOW, PADDED, PING, PREFACE, PRIORITY, PROTOCOL_ERROR,
-                           PUSH_PROMISE, RST_STREAM, SETTINGS, SETTINGS_HEADER_TABLE_SIZE,
-                           SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS,
-                           SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE,
-                           WINDOW_UPDATE, ProtocolError, frame)
+from .frames import (COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_FRAME_SIZE, DEFAULT_WINDOW,
+                     END_STREAM, ENHANCE_YOUR_CALM, FIXED_SIZES, FRAME_HEADER, FRAME_SIZE_ERROR,
+                     GOAWAY, HEADERS, INTERNAL_ERROR, MAX_WINDOW, PADDED, PING, PREFACE, PRIORITY,
+                     PROTOCOL_ERROR, PUSH_PROMISE, RST_STREAM, SETTINGS,
+                     SETTINGS_HEADER_TABLE_SIZE, SETTINGS_INITIAL_WINDOW_SIZE,
+                     SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_MAX_FRAME_SIZE,
+                     SETTINGS_MAX_HEADER_LIST_SIZE, WINDOW_UPDATE, ProtocolError, frame)
 from .limits import PingPolicy, ResetBudget
 from .output import Http2Output
 from .receive import Http2Receive

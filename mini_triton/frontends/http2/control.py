@@ -9,10 +9,9 @@ from __future__ import annotations
 import struct
 
 from .frames import (ACK, DEFAULT_FRAME_SIZE, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR,
-                           FRAME_SIZE_ERROR, MAX_FRAME_SIZE, MAX_WINDOW, PING, PROTOCOL_ERROR,
-                           SETTINGS, SETTINGS_ENABLE_PUSH, SETTINGS_HEADER_TABLE_SIZE,
-                           SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, ProtocolError,
-                           frame)
+                     FRAME_SIZE_ERROR, MAX_FRAME_SIZE, MAX_WINDOW, PING, PROTOCOL_ERROR, SETTINGS,
+                     SETTINGS_ENABLE_PUSH, SETTINGS_HEADER_TABLE_SIZE,
+                     SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, ProtocolError, frame)
 
 
 class Http2Control:

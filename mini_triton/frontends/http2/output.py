@@ -24,9 +24,9 @@ import struct
 import grpc
 
 from ..grpc.wire import (COMPRESSED_RESPONSE_HEADERS, MESSAGE_PREFIX, OK_TRAILERS,
-                        RESPONSE_HEADERS, Compressed, ScatteredMessage, status_block)
-from .frames import (CONTINUATION, DATA, END_HEADERS, END_STREAM, FRAME_HEADER, GOAWAY,
-                           HEADERS, NO_ERROR, RST_STREAM, frame)
+                         RESPONSE_HEADERS, Compressed, ScatteredMessage, status_block)
+from .frames import (CONTINUATION, DATA, END_HEADERS, END_STREAM, FRAME_HEADER, GOAWAY, HEADERS,
+                     NO_ERROR, RST_STREAM, frame)
 
 log = logging.getLogger("mini_triton.grpc")
 

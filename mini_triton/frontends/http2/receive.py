@@ -15,9 +15,9 @@ from ..grpc.calls import Stream
 from ..grpc.wire import MESSAGE_PREFIX, status_block
 from .bodies import LARGE_BODY, BodyInto
 from .frames import (END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR,
-                           FRAME_SIZE_ERROR, MAX_WINDOW, PADDED, PRIORITY_FLAG, PROTOCOL_ERROR,
-                           REFUSED_STREAM, STREAM_CLOSED, WINDOW_UPDATE, ProtocolError, frame,
-                           padded_bounds, strip_padding)
+                     FRAME_SIZE_ERROR, MAX_WINDOW, PADDED, PRIORITY_FLAG, PROTOCOL_ERROR,
+                     REFUSED_STREAM, STREAM_CLOSED, WINDOW_UPDATE, ProtocolError, frame,
+                     padded_bounds, strip_padding)
 
 # Received bytes are given back to the connection's window in steps this large.
 WINDOW_REFILL = 2**24

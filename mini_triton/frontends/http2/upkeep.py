@@ -31,8 +31,7 @@ from __future__ import annotations
 import random
 import struct
 
-from .frames import (ENHANCE_YOUR_CALM, GOAWAY, MAX_WINDOW, NO_ERROR, PING,
-                           SETTINGS_TIMEOUT, frame)
+from .frames import ENHANCE_YOUR_CALM, GOAWAY, MAX_WINDOW, NO_ERROR, PING, SETTINGS_TIMEOUT, frame
 
 KEEPALIVE_PING = b"keepaliv"
 SHUTDOWN_PING = b"shutdown"
