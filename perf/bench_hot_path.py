@@ -25,7 +25,7 @@ from mini_triton.config import parse_config_file  # noqa: E402
 from mini_triton.core.request import InferenceResponse  # noqa: E402
 from mini_triton.core.tensor import Tensor  # noqa: E402
 from mini_triton.core.validate import normalize  # noqa: E402
-from mini_triton.frontends import http_codec  # noqa: E402
+from mini_triton.frontends.kserve_rest import http_codec  # noqa: E402
 from mini_triton.frontends.grpc import codec as grpc_codec  # noqa: E402
 from mini_triton.core import batch  # noqa: E402
 
