@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 
 import grpc
@@ -93,6 +94,49 @@ def _guarded_stream(method, restriction: Restriction):
     return guarded
 
 
+def _delayed_unary(method, seconds: float):
+    """TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC, a test hook of Triton's: a call
+    other than inference answers `seconds` late (its client-timeout tests use it)."""
+    async def delayed(request, context):
+        await asyncio.sleep(seconds)
+        return await method(request, context)
+
+    return delayed
+
+
+def _delayed_begin(begin, seconds: float):
+    """TRITONSERVER_DELAY_GRPC_PROCESS (milliseconds), Triton's test hook for inference:
+    a ModelInfer starts `seconds` late, without holding the loop meanwhile."""
+    def delayed(request, context, reply):
+        cancels = []
+
+        def start() -> None:
+            try:
+                cancels.append(begin(request, context, reply))
+            except Exception as error:  # an AbortError included: the call ends with it
+                reply(error)
+
+        handle = asyncio.get_running_loop().call_later(seconds, start)
+
+        def cancel() -> None:
+            handle.cancel()
+            for cancel_started in cancels:
+                cancel_started()
+
+        return cancel
+
+    return delayed
+
+
+def _debug_delay(name: str, unit: float) -> float:
+    """A delay from Triton's debug variable `name` (a whole number of `unit` seconds;
+    0 when unset or not a number, as atoi reads it)."""
+    try:
+        return max(0, int(os.environ.get(name, "0"))) * unit
+    except ValueError:
+        return 0.0
+
+
 @dataclass(frozen=True)
 class GrpcOptions:
     """What the gRPC front end does on either transport, beyond HTTP/2's limits."""
@@ -132,6 +176,17 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
             else:
                 guard = _guarded_stream if name == "ModelStreamInfer" else _guarded_unary
             setattr(self, name, guard(getattr(self, name), restriction))
+        self._add_debug_delays()
+
+    def _add_debug_delays(self) -> None:
+        """Triton's test hooks, read as its gRPC server reads them (never set in use)."""
+        response = _debug_delay("TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC", 1.0)
+        process = _debug_delay("TRITONSERVER_DELAY_GRPC_PROCESS", 0.001)
+        for name in RPC_GROUPS if response else ():
+            if name not in ("ModelInfer", "ModelStreamInfer") and hasattr(self, name):
+                setattr(self, name, _delayed_unary(getattr(self, name), response))
+        if process:
+            self.begin_ModelInfer = _delayed_begin(self.begin_ModelInfer, process)
 
     # --- health and metadata ---
 
