@@ -14,7 +14,8 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import connect, server_settings
 from mini_triton.server import ServerThread
-from test_python_fidelity import IO, write_model
+from model_configs import IN_OUT_FP32
+from test_python_fidelity import write_model
 
 _HEAD = '''
 import triton_python_backend_utils as pb_utils
@@ -55,7 +56,7 @@ MODELS = {
 def served(request, tmp_path_factory):
     repository = tmp_path_factory.mktemp(f"senders_{request.param}")
     for name, source in MODELS.items():
-        write_model(repository, name, IO, source, request.param)
+        write_model(repository, name, IN_OUT_FP32, source, request.param)
     with ServerThread(server_settings(repository)) as server:
         yield server
 
