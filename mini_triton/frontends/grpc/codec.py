@@ -12,7 +12,7 @@ from ...core.request import InferenceRequest, InferenceResponse
 from ...core.tensor import RequestedOutput, Tensor
 from .parameter_kinds import (check_output_parameters, check_shared_memory_parameters,
                               model_version, read_request_parameters)
-from .wire import ScatteredMessage
+from .wire import ScatteredMessage, encoded_varint
 
 FINAL_RESPONSE = "triton_final_response"
 
@@ -219,17 +219,10 @@ def serialize_infer_response(response: InferenceResponse):
         return encode_infer_response(response, contents)
     pieces = [_response_without_contents(response).SerializeToString()]
     for raw in contents:
-        pieces += (_RAW_OUTPUT_TAG + _varint(len(raw)), raw)
+        pieces += (_RAW_OUTPUT_TAG + encoded_varint(len(raw)), raw)
     return ScatteredMessage(pieces)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def encode_stream_response(response: InferenceResponse) -> pb.ModelStreamInferResponse:

@@ -26,6 +26,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
+from .wire import encoded_varint
+
 _RAW_INPUT_CONTENTS = 7  # the field number in ModelInferRequest
 # The fields ModelInferRequest has: any other is unknown, which nothing here reads.
 _KNOWN_FIELDS = frozenset(range(1, 8))
@@ -161,9 +163,9 @@ class _Pieces:
         if not repeated or field.type in _NOT_PACKED:
             return False
         self.flush()
-        tag = _encoded_varint(field.number << 3 | _LENGTH_DELIMITED)
+        tag = encoded_varint(field.number << 3 | _LENGTH_DELIMITED)
         for part in _packed_parts(value, _FIXED_WIDTH.get(field.type)):
-            self.message.MergeFromString(tag + _encoded_varint(len(part)) + part)
+            self.message.MergeFromString(tag + encoded_varint(len(part)) + part)
         return True
 
 
@@ -180,15 +182,6 @@ def _packed_parts(value: memoryview, width: int | None) -> list[memoryview]:
     cuts = ends[np.searchsorted(ends, np.arange(PARSE_PIECE, len(value), PARSE_PIECE))]
     bounds = [0, *sorted(set(cuts.tolist())), len(value)]
     return [value[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
-
-
-def _encoded_varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _fields(view: memoryview):

@@ -193,3 +193,13 @@ def binary_header_value(value: bytes) -> bytes:
         return base64.b64decode(value + b"=" * (-len(value) % 4))
     except binascii.Error:
         return value  # not base64: passed on as it came rather than failing the call
+
+
+def encoded_varint(value: int) -> bytes:
+    """A protobuf varint of a non-negative `value` (a length or a tag)."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
