@@ -113,28 +113,38 @@ class StreamBudget:
 
 
 # After this many bytes of queued responses are dropped, freed pages go back to the
-# system, at most once per TRIM_INTERVAL_SECS.
+# system, at most once per TRIM_INTERVAL_SECS, and again over the next seconds
+# (SETTLING_TRIMS in all): what was under way for the streams' clients (a response on
+# its way from the model, a reply being written) is freed after their queues are.
 TRIM_AFTER_BYTES = 8 << 20
 TRIM_INTERVAL_SECS = 1.0
+SETTLING_TRIMS = 5
 
 
 class MemoryReturn:
     """Gives freed heap memory back to the system after large drops (glibc's
     malloc_trim: it returns every free page of every arena, not only the heap's top).
-    The trim runs in a thread, off the event loop, a short while after the drop (the
-    dropped responses are freed once their last reference goes)."""
+    The trims run in a thread, off the event loop, a short while after the drop and
+    then once a second a few times."""
 
-    __slots__ = ("dropped", "pending", "last")
+    __slots__ = ("dropped", "owed", "pending", "last")
 
     def __init__(self):
         self.dropped = 0
-        self.pending = False
+        self.owed = 0  # trims still to run, one a TRIM_INTERVAL_SECS at most
+        self.pending = False  # a trim is scheduled or running
         self.last = 0.0
 
     def freed(self, size: int) -> None:
         self.dropped += size
-        if self.dropped < TRIM_AFTER_BYTES or self.pending or _TRIM is None:
+        if self.dropped < TRIM_AFTER_BYTES or _TRIM is None:
             return
+        self.dropped = 0
+        self.owed = SETTLING_TRIMS
+        if not self.pending:
+            self._schedule()
+
+    def _schedule(self) -> None:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (the server is gone): nothing to schedule on
@@ -144,13 +154,15 @@ class MemoryReturn:
         loop.call_later(delay, self._trim)
 
     def _trim(self) -> None:
-        self.dropped = 0
+        self.owed -= 1
         self.last = time.monotonic()
         future = asyncio.get_running_loop().run_in_executor(None, _TRIM, 0)
         future.add_done_callback(self._trimmed)
 
     def _trimmed(self, _future) -> None:
         self.pending = False
+        if self.owed > 0:
+            self._schedule()
 
 
 def _malloc_trim():
