@@ -18,7 +18,7 @@ import struct
 
 import numpy as np
 
-from .errors import invalid_arg
+from .datatypes import walk_bytes
 
 CHUNK = 65536  # elements one C call makes or compares at most
 _LENGTH = struct.Struct("<I")
@@ -30,7 +30,7 @@ def split(buffer) -> np.ndarray:
     count, length = _uniform_framing(view)
     if count is not None:
         return _uniform_elements(view, count, length)
-    return _filled(_walked(view))
+    return _filled(walk_bytes(view))
 
 
 def _uniform_framing(view: memoryview) -> tuple[int | None, int]:
@@ -60,26 +60,6 @@ def _uniform_elements(view: memoryview, count: int, length: int) -> np.ndarray:
     for start in range(0, count, CHUNK):
         result[start:start + CHUNK] = rows[start:start + CHUNK].tolist()
     return result
-
-
-def _walked(view: memoryview) -> list[bytes]:
-    """The elements one prefix after another, with deserialize_bytes's errors."""
-    items = []
-    offset, end = 0, len(view)
-    unpack = _LENGTH.unpack_from
-    while offset < end:
-        if offset + 4 > end:
-            raise invalid_arg("unexpected end of BYTES tensor: truncated element length")
-        (length,) = unpack(view, offset)
-        offset += 4
-        if offset + length > end:
-            raise invalid_arg(
-                f"unexpected end of BYTES tensor: element {len(items)} claims {length} bytes, "
-                f"{end - offset} remain"
-            )
-        items.append(bytes(view[offset:offset + length]))
-        offset += length
-    return items
 
 
 def _filled(items: list[bytes]) -> np.ndarray:

@@ -109,13 +109,24 @@ def deserialize_bytes(buffer, count: int | None = None) -> np.ndarray:
     Raises INVALID_ARG when the framing is broken or, given `count`, when the
     number of elements differs from it.
     """
-    view = memoryview(buffer).cast("B")
+    items = walk_bytes(memoryview(buffer).cast("B"))
+    if count is not None and len(items) != count:
+        raise invalid_arg(f"expected {count} string elements, got {len(items)}")
+    result = np.empty(len(items), dtype=np.object_)
+    result[:] = items
+    return result
+
+
+def walk_bytes(view: memoryview) -> list[bytes]:
+    """The elements of Triton-framed BYTES, one length prefix after another; INVALID_ARG
+    when the framing is broken."""
     items = []
     offset, end = 0, len(view)
+    unpack = _LENGTH.unpack_from
     while offset < end:
         if offset + 4 > end:
             raise invalid_arg("unexpected end of BYTES tensor: truncated element length")
-        (length,) = _LENGTH.unpack_from(view, offset)
+        (length,) = unpack(view, offset)
         offset += 4
         if offset + length > end:
             raise invalid_arg(
@@ -124,11 +135,7 @@ def deserialize_bytes(buffer, count: int | None = None) -> np.ndarray:
             )
         items.append(bytes(view[offset : offset + length]))
         offset += length
-    if count is not None and len(items) != count:
-        raise invalid_arg(f"expected {count} string elements, got {len(items)}")
-    result = np.empty(len(items), dtype=np.object_)
-    result[:] = items
-    return result
+    return items
 
 
 # --- BF16: the upper half of an IEEE float32 ---
