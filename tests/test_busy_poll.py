@@ -1,5 +1,5 @@
 """A lightly loaded Python model's worker polls for its next batch before sleeping
-and the server's loop polls for its reply (backends/python/wire.PollBudget): the
+and the server's loop polls for its reply (core/link/wire.PollBudget): the
 budget's adaptation, the link's polling read, the `busy_poll_us` parameter, and the
 server's count of open requests that decides whether it is lightly loaded."""
 
@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import server_settings
 from python_models import IDENTITY
-from mini_triton.backends.python.wire import Link, PollBudget
+from mini_triton.core.link.wire import Link, PollBudget
 from mini_triton.server import ServerThread
 
 MS = 1_000_000  # ns

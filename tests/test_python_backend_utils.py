@@ -12,8 +12,8 @@ import mini_triton.backends.python  # noqa: F401  (registers triton_python_backe
 import triton_python_backend_utils as pb_utils
 from mini_triton.backends.python import utils
 from mini_triton.backends.python.convert import Reply
-from mini_triton.backends.python.wire import (SHARED_THRESHOLD, Link, Outgoing, get_reply,
-                                              get_tensors, put_reply, put_tensors)
+from mini_triton.backends.python.convert import get_reply, put_reply
+from mini_triton.core.link.wire import SHARED_THRESHOLD, Link, Outgoing, get_tensors, put_tensors
 
 
 def test_the_module_is_defined_once():
@@ -370,7 +370,7 @@ def test_wire_returns_blocks_to_a_sender_that_hears_nothing_else(link_pair):
 
 
 def test_arena_blocks_are_taken_first_fit_and_merged_when_given_back():
-    from mini_triton.backends.python.arena import Arena
+    from mini_triton.core.link.arena import Arena
 
     arena = Arena(segment_bytes=1 << 20)
     blocks = [arena.take(100_000) for _ in range(4)]  # rounded up to 64-byte multiples
@@ -386,7 +386,7 @@ def test_arena_blocks_are_taken_first_fit_and_merged_when_given_back():
 
 
 def test_arena_grows_by_a_segment_for_a_burst_and_gives_it_back():
-    from mini_triton.backends.python.arena import Arena
+    from mini_triton.core.link.arena import Arena
 
     arena = Arena(segment_bytes=1 << 20)
     first = arena.take(800_000)

@@ -15,12 +15,12 @@ from mini_triton.backends.python.messages import Direction
 
 PACKAGE = Path(messages.__file__).resolve().parent
 
-# Which way what a module sends goes (wire.Link sends its bookkeeping either way).
+# Which way what a module sends goes (core/link/wire.Link sends its bookkeeping either way).
 SENDERS = {
     "process_mode.py": (Direction.TO_WORKER,),
     "worker_process.py": (Direction.TO_WORKER,),
     "worker.py": (Direction.TO_SERVER,),
-    "wire.py": (Direction.TO_WORKER, Direction.TO_SERVER),
+    "../../core/link/wire.py": (Direction.TO_WORKER, Direction.TO_SERVER),
 }
 # The functions that branch on a message's kind, and the direction they read.
 HANDLERS = {

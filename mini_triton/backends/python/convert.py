@@ -20,6 +20,7 @@ from ...core.request import InferenceRequest as CoreRequest
 from ...core.request import InferenceResponse as CoreResponse
 from ...core.tensor import RequestedOutput
 from ...core.tensor import Tensor as CoreTensor
+from ...core.link.wire import Incoming, Outgoing, get_tensors, put_tensors
 from . import utils as pb
 from .triton_json import write_object
 
@@ -228,3 +229,22 @@ def model_request(handle, info: tuple, tensors: list) -> pb.InferenceRequest:
     return pb.InferenceRequest._incoming(
         handle, request_id, correlation_id, tensors, outputs, model_name, model_version,
         flags, timeout, parameters)
+
+
+# --- a Reply on the link (core/link/wire.py) ---
+
+
+def put_reply(outgoing: Outgoing, reply, targets: dict | None = None,
+              regions: dict | None = None) -> tuple | None:
+    if reply is None:
+        return None
+    return (put_tensors(outgoing, reply.outputs, targets, regions), reply.error,
+            reply.parameters)
+
+
+def get_reply(incoming: Incoming, encoded: tuple | None):
+    """The Reply a `put_reply` tuple describes (None stays None)."""
+    if encoded is None:
+        return None
+    descriptors, error, parameters = encoded
+    return Reply(get_tensors(incoming, descriptors), error, parameters)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from ...core.link import wire
+
 # The kinds: the values of a message's "op".
 INIT = "init"
 AUTO_COMPLETE = "auto_complete"
@@ -30,7 +32,7 @@ REPLY = "reply"
 INFER = "infer"
 CALL = "call"
 NOTIFY = "notify"
-FREED = "freed"
+FREED = wire.FREED  # the link's own (core/link/wire.py)
 
 # Fields wire.Link adds and takes off any message (see the module docstring).
 LINK_FIELDS = frozenset(("_block", "_segment", "_regions", "_freed", "_dropped", "_forget"))

@@ -15,7 +15,8 @@ from ...core.stats import ExecutionTiming
 from ...core.tensor import Tensor as CoreTensor
 from . import convert
 from .outstanding import stacked_outputs
-from .wire import Outgoing, get_reply
+from ...core.link.wire import Outgoing
+from .convert import get_reply
 
 
 def describe_input(tensor, outgoing: Outgoing) -> tuple:

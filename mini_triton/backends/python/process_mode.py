@@ -34,7 +34,8 @@ from .messages import (BLS_RESPONSE, CALL, CONTROL_METHODS, DONE, EXECUTE, FINAL
 from .outstanding import Outstanding, reschedule
 from .process_batch import Batch, encode_group, final_response, on_loop, serving_loop
 from .restarts import Backoff, Restarter
-from .wire import Outgoing, PollBudget, get_reply, get_tensors, put_reply
+from ...core.link.wire import Outgoing, PollBudget, get_tensors
+from .convert import get_reply, put_reply
 from .worker_process import Worker, exit_description, spawn, stop_process
 
 log = logging.getLogger("mini_triton.backends.python")

@@ -28,7 +28,8 @@ from . import utils as pb
 from .messages import (AUTO_COMPLETE, BLS_RESPONSE, CALL, DONE, EXECUTE, FINALIZE, FREED,
                        INFER, INIT, IS_CANCELLED, IS_READY, NOTIFY, REPLY, RESPONSE)
 from .runner import ModelError, ModelRunner, install_module_alias
-from .wire import Link, Outgoing, PollBudget, get_reply, put_reply, put_tensors
+from ...core.link.wire import Link, Outgoing, PollBudget, put_tensors
+from .convert import get_reply, put_reply
 
 
 class RemoteHandle:

@@ -17,7 +17,7 @@ from ... import PACKAGE_DIR
 from ...core.errors import internal
 from .exec_env import ExecutionEnvironment
 from .messages import AUTO_COMPLETE
-from .wire import Link
+from ...core.link.wire import Link
 
 WORKER_MODULE = "mini_triton.backends.python.worker"
 _PACKAGE_ROOT = str(PACKAGE_DIR.parent)  # the folder that holds mini_triton/

@@ -30,10 +30,8 @@ import weakref
 
 import numpy as np
 
-from ...core import datatypes
+from .. import datatypes
 from .arena import Arena, PeerSegments, aligned
-from .convert import Reply
-from .messages import FREED
 
 SHARED_THRESHOLD = 64 * 1024  # bytes; smaller tensors travel inline
 # Metadata bytes, descriptor count, flags (_BOOKKEEPING), tensor bytes.
@@ -52,6 +50,8 @@ INLINE, SHARED, REGION = 0, 1, 2  # REGION: offset is (region serial, offset in 
 _MSG_CTRUNC = int(socket.MSG_CTRUNC)
 _MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
 _dumps, _loads = pickle.dumps, pickle.loads
+# The link's own message: the blocks and regions its sender is done with, and nothing else.
+FREED = "freed"
 
 
 class Outgoing:
@@ -518,18 +518,3 @@ def _placed(name: str, datatype: str, array: np.ndarray, target, regions) -> tup
 def get_tensors(incoming: Incoming, descriptors: list) -> list:
     return [(d[0], d[1], incoming.array(d)) for d in descriptors]
 
-
-def put_reply(outgoing: Outgoing, reply, targets: dict | None = None,
-              regions: dict | None = None) -> tuple | None:
-    if reply is None:
-        return None
-    return (put_tensors(outgoing, reply.outputs, targets, regions), reply.error,
-            reply.parameters)
-
-
-def get_reply(incoming: Incoming, encoded: tuple | None):
-    """The Reply a `put_reply` tuple describes (None stays None)."""
-    if encoded is None:
-        return None
-    descriptors, error, parameters = encoded
-    return Reply(get_tensors(incoming, descriptors), error, parameters)
