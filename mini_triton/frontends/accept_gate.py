@@ -236,10 +236,25 @@ async def listen(protocol_factory: Callable, host: str | None, port: int, *,
                  ssl_context: ssl.SSLContext | None = None, reuse_port: bool = False,
                  backlog: int = 1024, max_connections: int = 0,
                  open_connections: Callable[[], int] = lambda: 0,
-                 limits: AcceptLimits = AcceptLimits(), name: str = "") -> AcceptGate:
+                 limits: AcceptLimits = AcceptLimits(), name: str = "",
+                 sockets: list[socket.socket] | None = None) -> AcceptGate:
     """Listen on host:port (0: any free port) as loop.create_server would (every
     address the host names; SO_REUSEADDR, and SO_REUSEPORT when asked), accepting
-    through an AcceptGate."""
+    through an AcceptGate. Given `sockets` (bound and listening already, e.g. inherited
+    from the process that bound the port), accept on those instead of binding."""
+    if sockets is None:
+        sockets = await bind_sockets(host, port, reuse_port, backlog)
+    for sock in sockets:
+        sock.setblocking(False)
+    return AcceptGate(sockets, protocol_factory, ssl_context, max_connections,
+                      open_connections, limits, name)
+
+
+async def bind_sockets(host: str | None, port: int, reuse_port: bool = False,
+                       backlog: int | None = 1024) -> list[socket.socket]:
+    """Sockets bound on every address `host` names, at `port` (0: any free port), and
+    listening unless `backlog` is None (a port held for servers that bind it again
+    with SO_REUSEPORT); OSError when one cannot be bound (none is left open then)."""
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host or None, port, family=socket.AF_UNSPEC,
                                    type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -251,12 +266,11 @@ async def listen(protocol_factory: Callable, host: str | None, port: int, *,
         for sock in sockets:
             sock.close()
         raise
-    return AcceptGate(sockets, protocol_factory, ssl_context, max_connections,
-                      open_connections, limits, name)
+    return sockets
 
 
 def _bound_socket(family, kind, proto, address, reuse_port: bool,
-                  backlog: int) -> socket.socket:
+                  backlog: int | None) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -265,7 +279,8 @@ def _bound_socket(family, kind, proto, address, reuse_port: bool,
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
-        sock.listen(backlog)
+        if backlog is not None:
+            sock.listen(backlog)
         sock.setblocking(False)
     except OSError:
         sock.close()

@@ -99,16 +99,18 @@ class GrpcServer:
 
     async def listen(self, address: str, port: int, ssl_context=None,
                      reuse_port: bool = False,
-                     accept_limits: AcceptLimits = AcceptLimits()) -> int:
+                     accept_limits: AcceptLimits = AcceptLimits(),
+                     sockets: list | None = None) -> int:
         """Listen through an accept gate (accept_gate.py: TLS handshakes count against
         max_connections and time out; accepting pauses when file descriptors run
         short). The address as given, as the HTTP service binds it: no host would bind
-        one socket per address family, each with its own port when the port is 0."""
+        one socket per address family, each with its own port when the port is 0.
+        Given `sockets` (bound and listening already), accept on those instead."""
         self._server = await listen(
             lambda: GrpcConnection(self), address, port, ssl_context=ssl_context,
             reuse_port=reuse_port, max_connections=self.limits.max_connections,
             open_connections=lambda: len(self.connections) - self.over_limit,
-            limits=accept_limits, name="gRPC")
+            limits=accept_limits, name="gRPC", sockets=sockets)
         return self._server.sockets[0].getsockname()[1]
 
     def begin_shutdown(self) -> None:

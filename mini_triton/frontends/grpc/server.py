@@ -442,7 +442,8 @@ async def start_server(service: InferenceService, address: str, port: int,
                        max_receive_message_size: int = MAX_MESSAGE_SIZE,
                        limits: Http2Limits | None = None, *, header_pattern=None,
                        reuse_port: bool = False, options: GrpcOptions | None = None,
-                       accept_limits: AcceptLimits = AcceptLimits()):
+                       accept_limits: AcceptLimits = AcceptLimits(),
+                       sockets: list | None = None):
     """The gRPC front end listening on address:port; returns it (with `stop(grace)`)
     and the bound port. `native` is our own HTTP/2 transport, `grpcio` grpc.aio;
     `tls` puts TLS on the port (either transport). A request message larger than
@@ -451,7 +452,9 @@ async def start_server(service: InferenceService, address: str, port: int,
     front end's own. Metadata whose name `header_pattern` finds becomes request
     parameters; `reuse_port` lets other servers that set it listen on the same port
     (SO_REUSEPORT); `accept_limits` bound TLS handshakes and keep file descriptors free
-    (our transport; grpc core accepts on its own)."""
+    (our transport; grpc core accepts on its own). Given `sockets` (bound and listening
+    already, our transport only: grpc.aio binds its own, so a front-end process on it
+    binds address:port again with SO_REUSEPORT), accept on those."""
     frontend = GrpcFrontend(service, restricted, header_pattern, options)
     if transport == "grpcio":
         server, bound = create_grpcio_server(frontend, address, port, tls,
@@ -474,7 +477,8 @@ async def start_server(service: InferenceService, address: str, port: int,
                                        service.tracer, frontend.options.message_threads)
     context = server_context(tls, ["h2"]) if tls is not None else None
     try:
-        bound = await server.listen(address, port, context, reuse_port, accept_limits)
+        bound = await server.listen(address, port, context, reuse_port, accept_limits,
+                                    sockets)
     except OSError as error:
         raise RuntimeError(error.strerror) from None
     return server, bound

@@ -6,6 +6,7 @@ stops."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Callable
 
 from ..accept_gate import AcceptGate, AcceptLimits, listen
@@ -44,11 +45,14 @@ async def start_server(app: App, router_error: Callable[[int, str], HttpReply],
                        ssl_context=None, limits: HeadLimits = HeadLimits(),
                        connection_limits: ConnectionLimits = ConnectionLimits(),
                        reuse_port: bool = False,
-                       accept_limits: AcceptLimits = AcceptLimits()) -> tuple[Listener, int]:
+                       accept_limits: AcceptLimits = AcceptLimits(), *,
+                       sockets: list[socket.socket] | None = None) -> tuple[Listener, int]:
     """Listen on host:port (0 = any free port); returns the listener and the bound port.
     With `ssl_context` the port speaks HTTPS only; with `reuse_port` other servers that
     set it may listen on the same port (SO_REUSEPORT: the kernel spreads connections).
-    `accept_limits`: the TLS handshake timeout and the file descriptors kept free."""
+    `accept_limits`: the TLS handshake timeout and the file descriptors kept free.
+    Given `sockets` (bound and listening already: a front-end process's, inherited from
+    the main process), accept on those; host, port and reuse_port are theirs then."""
     listener = Listener()
     connections = listener.connections
     listener.server = await listen(
@@ -56,5 +60,6 @@ async def start_server(app: App, router_error: Callable[[int, str], HttpReply],
                              connection_limits),
         host, port, ssl_context=ssl_context, reuse_port=reuse_port,
         max_connections=connection_limits.max_connections,
-        open_connections=connections.__len__, limits=accept_limits, name="HTTP")
+        open_connections=connections.__len__, limits=accept_limits, name="HTTP",
+        sockets=sockets)
     return listener, listener.server.sockets[0].getsockname()[1]
