@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import TRITON_NAME, TRITON_VERSION
 from .core.classification import classify, read_labels
+from .core.completion import CacheLookup, completion_recorder
 from .core.cuda_shared_memory import CudaSharedMemoryRegistry
 from .core.errors import Code, TritonError, invalid_arg, not_found, unsupported
 from .core.names import check_model_name
@@ -47,10 +47,6 @@ EXTENSIONS = (
     "trace",
     "logging",
 )
-
-# Triton's failure reasons for nv_inference_request_failure.
-_FAILURE_REASONS = {Code.UNAVAILABLE: "REJECTED", Code.CANCELLED: "CANCELED"}
-
 
 class InferenceService:
     def __init__(self, manager: ModelRepositoryManager, strict_readiness: bool = True):
@@ -280,7 +276,7 @@ class InferenceService:
             tracer = self.tracer
             trace = tracer.sample(request.model_name) if tracer.sampling else None
         request.trace = trace
-        request.on_complete = _completion_recorder(loaded, trace, lookup)
+        request.on_complete = completion_recorder(loaded, trace, lookup)
         if lookup is not None and lookup.outputs is not None:  # answered from the cache
             request.respond(InferenceResponse(request.model_name, request.model_version,
                                               request.id, list(lookup.outputs)))
@@ -488,63 +484,6 @@ def _tensor_metadata(tensor, config: mc.ModelConfig) -> dict:
     if config.max_batch_size > 0:
         shape = [-1] + shape
     return {"name": tensor.name, "datatype": config_datatype(tensor.data_type), "shape": shape}
-
-
-@dataclass
-class CacheLookup:
-    """A request's visit to the response cache: its key, the cached outputs (None: a
-    miss) and how long the lookup took."""
-
-    cache: ResponseCache
-    key: bytes
-    outputs: list | None
-    lookup_ns: int
-
-    def record(self, stats, response: InferenceResponse) -> None:
-        """Account for the visit once the request is answered; a miss that succeeded
-        leaves its outputs in the cache (the insertion counts in the miss's time)."""
-        if self.outputs is not None:
-            stats.record_cache(True, self.lookup_ns)
-            return
-        start = time.monotonic_ns()
-        if response.error is None:
-            self.cache.insert(self.key, response.outputs)
-        stats.record_cache(False, self.lookup_ns + time.monotonic_ns() - start)
-
-
-def _completion_recorder(loaded: LoadedVersion, trace=None, lookup: CacheLookup | None = None):
-    """What happens when a request's final response is sent: statistics, the response
-    cache, and its trace when the request was sampled. A request neither traced nor
-    looked up in the cache (most) gets its model version's one shared recorder."""
-    if trace is None and lookup is None:
-        plain = loaded.__dict__.get("_record_completion")
-        if plain is None:
-            plain = loaded.__dict__["_record_completion"] = _recorder(loaded.stats)
-        return plain
-    return _recorder(loaded.stats, trace, lookup)
-
-
-def _recorder(stats, trace=None, lookup: CacheLookup | None = None):
-    """`_completion_recorder`'s function, made anew."""
-
-    def record(request: InferenceRequest, response: InferenceResponse) -> None:
-        elapsed = time.monotonic_ns() - request.arrival_ns
-        if request.held_regions is not None:
-            request.release_regions()
-        if lookup is not None:
-            lookup.record(stats, response)
-        if request.stats_released:
-            pass  # a decoupled request, counted when the backend released it
-        elif response.error is None:
-            stats.record_request(elapsed, True)
-        else:
-            error = response.error
-            stats.record_request(elapsed, False, error.failure_reason
-                                 or _FAILURE_REASONS.get(error.code, "BACKEND"))
-        if trace is not None:
-            trace.finish(request, response)
-
-    return record
 
 
 def _statistics(loaded: LoadedVersion) -> dict:
