@@ -146,6 +146,16 @@ class InferenceService:
         request.stream = answer
         self._start_counted(request, endpoint, answer)
 
+    def start(self, request: InferenceRequest, stream, endpoint: str = "") -> None:
+        """Validate and schedule a request whose responses go to `stream` (on the loop):
+        a front-end process's request (frontend_processes/host.py), whose `stream` sends
+        each response on (thread-safe `put(response)`; `settle()` once it has its final
+        response or never will, which calls the `on_settled` set here). `endpoint` as
+        for start_unary ("" for a stream); refusals before scheduling are raised."""
+        stream.on_settled = self._answered
+        request.stream = stream
+        self._start_counted(request, endpoint, stream)
+
     def _start_counted(self, request: InferenceRequest, endpoint: str, stream) -> None:
         """Check, prepare and submit `request`, whose `stream` is set, counting it in
         flight until `stream` settles. A unary `endpoint` cannot carry a decoupled

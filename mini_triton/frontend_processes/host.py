@@ -1,0 +1,285 @@
+"""The main process's end of one front-end process: what its clients ask reaches the one
+service (and through it the one scheduler of each model) here, on the main process's
+event loop, and the answers go back the way they came.
+
+Two sockets per front-end process: the link (core/link/wire.py) carries requests,
+responses, cancels and awaited questions, each matched by an id; the query socket
+carries the few questions a front end asks synchronously (a model's config while it
+formats an error), answered at once, in order, on the loop (QUERIED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import socket
+import struct
+import time
+import weakref
+
+from ..core.errors import Code, TritonError
+from ..core.link.wire import Link, Outgoing
+from ..core.loop_thread import on_loop_thread
+from ..trace_front_end import FrontEndStamps
+from . import link as kinds
+from .link import get_request, put_error, put_response
+
+log = logging.getLogger("mini_triton.frontend_processes")
+
+# The blocks of the front-end process's arena this end is done with, returned in a
+# message of their own once this many wait (most go back with the next response).
+FREED_BATCH = 8
+# A query's frame: its pickled length, then (method, args) or (error, value).
+QUERY_HEAD = struct.Struct("<I")
+# A query is a method name and a few arguments: more than this is not one of ours.
+MAX_QUERY_BYTES = 1 << 20
+
+# The service's methods a front end calls synchronously (a proxy's blocking round
+# trip): answered on the loop at once, so each must be quick.
+QUERIED = frozenset(("model_config", "model_metadata", "model_ready", "ready",
+                     "repository_index", "model_folder", "model_statistics",
+                     "trace_settings", "logging_settings", "server_metadata",
+                     "system_shm_status", "system_shm_register", "system_shm_unregister",
+                     "cuda_shm_status", "cuda_shm_register", "cuda_shm_unregister",
+                     "metrics_text"))
+# Those after which whether traces are sampled may have changed.
+_TRACE_CHANGES = frozenset(("trace_settings",))
+
+# Every host of this process, by service: a trace setting changed through one front-end
+# process reaches all of them.
+_HOSTS: weakref.WeakSet = weakref.WeakSet()
+
+
+class Forward:
+    """Where the main process's service puts the responses of one forwarded request:
+    each goes to the front-end process as it comes (from any thread)."""
+
+    __slots__ = ("host", "call_id", "on_settled", "stamps")
+
+    def __init__(self, host: "Host", call_id: int, stamps: FrontEndStamps | None):
+        self.host = host
+        self.call_id = call_id
+        self.on_settled = None  # set by the service
+        self.stamps = stamps
+
+    def settle(self) -> None:
+        on_settled, self.on_settled = self.on_settled, None
+        if on_settled is not None:
+            on_settled()
+
+    def put(self, response) -> None:
+        stamps = self.stamps
+        if stamps is None:
+            self.host.send_response(self.call_id, response)
+        else:
+            _stamped_send(stamps, self.host, self.call_id, response)
+        if response.final:
+            loop = self.host.loop
+            if on_loop_thread(loop):
+                self.settle()
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(self.settle)
+
+
+def _stamped_send(stamps: FrontEndStamps, host: "Host", call_id: int, response) -> None:
+    """A traced request's response handed to its front-end process: the trace's
+    SEND stamps are this hand-over's (docs/observability.md)."""
+    stamps.response_reached()
+    start = time.monotonic_ns()
+    host.send_response(call_id, response)
+    stamps.reply_written(start, time.monotonic_ns())
+    if response.final:
+        stamps.stream_ended()
+
+
+class Host:
+    """Serves one front-end process over its two sockets, on the loop of `service`."""
+
+    def __init__(self, service, link_sock: socket.socket, query_sock: socket.socket,
+                 on_serving, on_gone=None):
+        self.service = service
+        self.loop: asyncio.AbstractEventLoop = service.loop or asyncio.get_running_loop()
+        self.link = Link(link_sock)
+        self.query_sock = query_sock
+        self.on_serving = on_serving  # the front-end process accepts on every port
+        self.on_gone = on_gone  # its link closed (it exited)
+        self.requests: dict[int, object] = {}  # call id → request in flight
+        self._query_buffer = bytearray()
+        self._closed = False
+        self._sampling = service.tracer.sampling
+        query_sock.setblocking(False)
+        self.link.send({"op": kinds.HELLO, "sampling": self._sampling,
+                        "server_id": service.server_id})
+        self.loop.add_reader(self.link.sock.fileno(), self._readable)
+        self.loop.add_reader(query_sock.fileno(), self._query_readable)
+        _HOSTS.add(self)
+
+    # --- the link ---
+
+    def _readable(self) -> None:
+        try:
+            messages = self.link.poll()
+        except (EOFError, OSError):
+            self.close()
+            return
+        for message in messages:
+            try:
+                self._dispatch(message)
+            except Exception:  # one bad message never stops the others
+                log.exception("front-end process message %r failed", message.meta.get("op"))
+        self.link.return_freed(FREED_BATCH)
+
+    def _dispatch(self, message) -> None:
+        meta = message.meta
+        op = meta["op"]
+        if op == kinds.INFER:
+            self._infer(message, meta)
+        elif op == kinds.CANCEL:
+            request = self.requests.get(meta["id"])
+            if request is not None:
+                self.service.cancel(request)
+        elif op == kinds.ASK:
+            self.loop.create_task(self._answer(meta["id"], meta["method"], meta["args"]))
+        elif op == kinds.REFUSED:
+            self.service.tracer.refused(meta["model"], meta["received"])
+        elif op == kinds.SERVING:
+            self.on_serving()
+
+    def _infer(self, message, meta: dict) -> None:
+        call_id = meta["id"]
+        request = get_request(message, meta["request"])
+        stamps = None
+        received = meta.get("received")
+        if received is not None and self.service.tracer.sampling:
+            stamps = FrontEndStamps(kinds.front_end(received[0]), received[1], received[2])
+        forward = Forward(self, call_id, stamps)
+        self.requests[call_id] = request
+        try:
+            if stamps is None:
+                self.service.start(request, forward, meta["endpoint"])
+            else:
+                with self.service.tracer.receiving(stamps):
+                    self.service.start(request, forward, meta["endpoint"])
+                if stamps.trace is None:
+                    forward.stamps = None  # not sampled
+        except TritonError as error:  # refused before it was scheduled
+            self.send_response(call_id, request.error_response(error))
+
+    def send_response(self, call_id: int, response) -> None:
+        """Send one response of request `call_id` (thread-safe)."""
+        if response.final:
+            self.requests.pop(call_id, None)
+        if self._closed:
+            return
+        outgoing = Outgoing()
+        encoded = put_response(outgoing, response)
+        try:
+            self.link.send({"op": kinds.RESPONSE, "id": call_id, "response": encoded},
+                           outgoing)
+        except OSError:  # it exited: its requests are cancelled by close()
+            pass
+
+    async def _answer(self, call_id: int, method: str, args: list) -> None:
+        try:
+            if method in kinds.CONTROL:
+                result = await getattr(self.service, method)(*args)
+            else:
+                result = await self.service.ask(method, *args)
+            answer = {"op": kinds.ANSWER, "id": call_id, "result": result}
+        except TritonError as error:
+            answer = {"op": kinds.ANSWER, "id": call_id, "error": put_error(error)}
+        except Exception as error:  # a bug of ours: the client sees an internal error
+            log.exception("front-end process question %s failed", method)
+            answer = {"op": kinds.ANSWER, "id": call_id,
+                      "error": put_error(TritonError(Code.INTERNAL, str(error)))}
+        if not self._closed:
+            self.link.send(answer)
+        if method in _TRACE_CHANGES:
+            announce_sampling(self.service)
+
+    # --- the query socket ---
+
+    def _query_readable(self) -> None:
+        try:
+            data = self.query_sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        buffer = self._query_buffer
+        buffer += data
+        while len(buffer) >= QUERY_HEAD.size:
+            (size,) = QUERY_HEAD.unpack_from(buffer)
+            if size > MAX_QUERY_BYTES:
+                self.close()
+                return
+            end = QUERY_HEAD.size + size
+            if len(buffer) < end:
+                return
+            method, args = pickle.loads(buffer[QUERY_HEAD.size:end])
+            del buffer[:end]
+            self._answer_query(method, args)
+
+    def _answer_query(self, method: str, args: tuple) -> None:
+        try:
+            if method not in QUERIED:
+                raise TritonError(Code.INTERNAL, f"'{method}' is not asked across processes")
+            answer = (None, getattr(self.service, method)(*args))
+        except TritonError as error:
+            answer = (put_error(error), None)
+        except Exception as error:
+            log.exception("front-end process query %s failed", method)
+            answer = (put_error(TritonError(Code.INTERNAL, str(error))), None)
+        encoded = pickle.dumps(answer, pickle.HIGHEST_PROTOCOL)
+        try:
+            self.query_sock.setblocking(True)  # the other end waits for exactly this
+            self.query_sock.sendall(QUERY_HEAD.pack(len(encoded)) + encoded)
+            self.query_sock.setblocking(False)
+        except OSError:
+            self.close()
+            return
+        if method in _TRACE_CHANGES:
+            announce_sampling(self.service)
+
+    # --- trace sampling, and the end ---
+
+    def announce(self, sampling: bool) -> None:
+        if sampling != self._sampling and not self._closed:
+            self._sampling = sampling
+            self.link.send({"op": kinds.SAMPLING, "value": sampling})
+
+    def close(self) -> None:
+        """The front-end process is gone (or the server stops): its requests in flight
+        are cancelled, its sockets closed."""
+        if self._closed:
+            return
+        self._closed = True
+        _HOSTS.discard(self)
+        for fd in (self.link.sock.fileno(), self.query_sock.fileno()):
+            if fd >= 0:
+                self.loop.remove_reader(fd)
+        requests, self.requests = self.requests, {}
+        for request in requests.values():
+            self.service.cancel(request)
+        self.link.close()
+        self.query_sock.close()
+        if self.on_gone is not None:
+            self.on_gone()
+
+
+def announce_sampling(service) -> None:
+    """Tell every front-end process whether traces are sampled now."""
+    sampling = service.tracer.sampling
+    for host in list(_HOSTS):
+        if host.service is service:
+            host.announce(sampling)
+
+
+def serve_child(service, link_sock: socket.socket, query_sock: socket.socket,
+                on_serving, on_gone=None) -> Host:
+    """Serve a front-end process's two sockets on the service's loop (call on it)."""
+    return Host(service, link_sock, query_sock, on_serving, on_gone)

@@ -1,0 +1,332 @@
+"""A front-end process's service: the front ends call it as they call InferenceService,
+and it asks the main process (host.py), where the one service lives.
+
+Inference is forwarded: the request goes over the link as its front end decoded it,
+and its responses come back to a stream or final answer made here, as the service
+would have made them, so the front end's limits (a stream's queued bytes, this
+process's share of the server-wide budget) apply where its client is. Everything
+else is a question: awaited over the link (`ask` and the service's coroutines), or,
+for the few a front end asks synchronously, a blocking round trip on the query socket
+(host.QUERIED), answered by the main process's loop at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import pickle
+import socket
+
+from ..core.cuda_shared_memory import CudaSharedMemoryRegistry
+from ..core.errors import Code, TritonError
+from ..core.link.wire import Link, Outgoing
+from ..core.request import FinalAnswer, InferenceRequest, ResponseStream
+from ..core.shared_memory import SharedMemoryRegistry
+from ..service import InferenceService
+from . import link as kinds
+from .host import FREED_BATCH, MAX_QUERY_BYTES, QUERY_HEAD
+from .link import get_error, get_response, put_received, put_request
+
+# How long a synchronous question waits for the main process before it is answered
+# UNAVAILABLE (the main process is busy far beyond its usual microseconds, or gone).
+QUERY_TIMEOUT_S = 30.0
+
+
+class _Question:
+    """An awaited question's future, as a pending call."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future):
+        self.future = future
+
+
+class RemoteTracer:
+    """What the front ends ask of the tracer: whether to stamp requests (the main
+    process says when that changes), and the stamps of the request being started."""
+
+    def __init__(self, service: "RemoteService"):
+        self._service = service
+        self.sampling = False
+        self.stamps = None
+
+    @contextlib.contextmanager
+    def receiving(self, stamps):
+        self.stamps = stamps
+        try:
+            yield
+        finally:
+            self.stamps = None
+
+    def refused(self, model: str, received: tuple[int, int]) -> None:
+        self._service.send({"op": kinds.REFUSED, "model": model, "received": received})
+
+
+class RemoteRegistry:
+    """A shared-memory registry of the main process, as the front ends call it."""
+
+    def __init__(self, service: "RemoteService", kind: str, local):
+        self._service = service
+        self._kind = kind
+        self.check_name = local.check_name  # the name's rule needs no state
+
+    def status(self, name: str = ""):
+        return self._service.query(f"{self._kind}_status", name)
+
+    def register(self, *args):
+        return self._service.query(f"{self._kind}_register", *args)
+
+    def unregister(self, name: str = ""):
+        return self._service.query(f"{self._kind}_unregister", name)
+
+
+class RemoteMetrics:
+    def __init__(self, service: "RemoteService"):
+        self._service = service
+
+    def render(self) -> str:
+        return self._service.query("metrics_text")
+
+
+class RemoteService:
+    """InferenceService's face in a front-end process (see the module docstring)."""
+
+    def __init__(self, link_sock: socket.socket, query_sock: socket.socket):
+        self.link = Link(link_sock)
+        self.query_sock = query_sock
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.tracer = RemoteTracer(self)
+        self.system_shm = RemoteRegistry(self, "system_shm", SharedMemoryRegistry)
+        self.cuda_shm = RemoteRegistry(self, "cuda_shm", CudaSharedMemoryRegistry)
+        self.metrics = RemoteMetrics(self)
+        self.stream_budget = None  # this process's share (set by child.py)
+        self.server_id = ""
+        self.requests_in_flight = 0
+        self._calls: dict[int, object] = {}  # call id → (request, stream) or _Question
+        self._call_of: dict[int, int] = {}  # id(request) → its call id
+        self._ids = itertools.count(1)
+        self._closed: asyncio.Future | None = None
+
+    # --- the link ---
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the main process's greeting, then serve the link on `loop`."""
+        self.loop = loop
+        hello = self.link.recv().meta
+        self.tracer.sampling = hello["sampling"]
+        self.server_id = hello["server_id"]
+        self._closed = loop.create_future()
+        loop.add_reader(self.link.sock.fileno(), self._readable)
+
+    async def wait_closed(self) -> None:
+        """Until the main process closes the link (it is stopping, or gone)."""
+        await asyncio.shield(self._closed)
+
+    def serving(self) -> None:
+        """Tell the main process this process accepts on every port."""
+        self.send({"op": kinds.SERVING})
+
+    def send(self, meta: dict, outgoing: Outgoing | None = None) -> None:
+        self.link.send(meta, outgoing)
+
+    def _readable(self) -> None:
+        try:
+            messages = self.link.poll()
+        except (EOFError, OSError):
+            self._lost()
+            return
+        for message in messages:
+            meta = message.meta
+            op = meta["op"]
+            if op == kinds.RESPONSE:
+                self._response(message, meta)
+            elif op == kinds.ANSWER:
+                self._answered_question(meta)
+            elif op == kinds.SAMPLING:
+                self.tracer.sampling = meta["value"]
+        self.link.return_freed(FREED_BATCH)
+
+    def _response(self, message, meta: dict) -> None:
+        call_id = meta["id"]
+        response = get_response(message, meta["response"])
+        if response.final:
+            entry = self._calls.pop(call_id, None)
+            if entry is not None:
+                self._call_of.pop(id(entry[0]), None)
+        else:
+            entry = self._calls.get(call_id)
+        if entry is not None:
+            entry[1].put(response)
+
+    def _answered_question(self, meta: dict) -> None:
+        question = self._calls.pop(meta["id"], None)
+        if question is None or question.future.done():
+            return
+        if "error" in meta:
+            question.future.set_exception(get_error(meta["error"]))
+        else:
+            question.future.set_result(meta["result"])
+
+    def _lost(self) -> None:
+        """The main process is gone: what waits for it fails, and the process ends."""
+        self.loop.remove_reader(self.link.sock.fileno())
+        calls, self._calls = self._calls, {}
+        gone = TritonError(Code.UNAVAILABLE, "the server's main process is gone")
+        for entry in calls.values():
+            if isinstance(entry, _Question):
+                if not entry.future.done():
+                    entry.future.set_exception(gone)
+            else:
+                request, stream = entry
+                stream.put(request.error_response(gone))
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    # --- inference ---
+
+    def infer(self, request: InferenceRequest, limit: int = 0,
+              limit_name: str = "") -> ResponseStream:
+        budget = self.stream_budget if limit_name else None
+        stream = ResponseStream(self.loop, self._answered, limit, limit_name,
+                                (lambda: self.cancel(request)) if limit or budget else None,
+                                budget)
+        self._forward(request, stream, "")
+        return stream
+
+    def start_unary(self, request: InferenceRequest, endpoint: str, on_final) -> None:
+        answer = FinalAnswer(self.loop, on_final, self._answered)
+        self._forward(request, answer, endpoint)
+
+    def _forward(self, request: InferenceRequest, stream, endpoint: str) -> None:
+        request.stream = stream
+        self.requests_in_flight += 1
+        call_id = next(self._ids)
+        outgoing = Outgoing()
+        meta = {"op": kinds.INFER, "id": call_id, "endpoint": endpoint,
+                "request": put_request(outgoing, request)}
+        stamps = self.tracer.stamps
+        if stamps is not None:
+            meta["received"] = put_received(stamps)
+        self._calls[call_id] = (request, stream)
+        self._call_of[id(request)] = call_id
+        try:
+            self.send(meta, outgoing)
+        except OSError:
+            self._calls.pop(call_id, None)
+            self._call_of.pop(id(request), None)
+            stream.settle()
+            raise TritonError(Code.UNAVAILABLE, "the server's main process is gone") from None
+
+    def _answered(self) -> None:
+        self.requests_in_flight -= 1
+
+    def cancel(self, request: InferenceRequest) -> None:
+        request.cancelled = True
+        if type(request.stream) is ResponseStream:
+            request.stream.drop()
+        call_id = self._call_of.get(id(request))
+        if call_id is not None:
+            with contextlib.suppress(OSError):
+                self.send({"op": kinds.CANCEL, "id": call_id})
+
+    # --- awaited questions ---
+
+    async def ask(self, method: str, *args):
+        future = self.loop.create_future()
+        call_id = next(self._ids)
+        self._calls[call_id] = _Question(future)
+        try:
+            self.send({"op": kinds.ASK, "id": call_id, "method": method, "args": args})
+        except OSError:
+            self._calls.pop(call_id, None)
+            raise TritonError(Code.UNAVAILABLE, "the server's main process is gone") from None
+        return await future
+
+    async def check_ready(self) -> bool:
+        return await self.ask("check_ready")
+
+    async def check_model_ready(self, name: str, version: str = "") -> bool:
+        return await self.ask("check_model_ready", name, version)
+
+    async def load_model(self, *args) -> None:
+        return await self.ask("load_model", *args)
+
+    async def unload_model(self, *args) -> None:
+        return await self.ask("unload_model", *args)
+
+    async def register_model_repository(self, *args) -> None:
+        return await self.ask("register_model_repository", *args)
+
+    async def unregister_model_repository(self, *args) -> None:
+        return await self.ask("unregister_model_repository", *args)
+
+    # --- synchronous questions (host.QUERIED) ---
+
+    def query(self, method: str, *args):
+        """Ask the main process and wait for its answer (a short blocking round trip)."""
+        encoded = pickle.dumps((method, args), pickle.HIGHEST_PROTOCOL)
+        sock = self.query_sock
+        try:
+            sock.settimeout(QUERY_TIMEOUT_S)
+            sock.sendall(QUERY_HEAD.pack(len(encoded)) + encoded)
+            error, value = pickle.loads(_read_frame(sock))
+        except (OSError, EOFError):
+            raise TritonError(Code.UNAVAILABLE, "the server's main process did not answer "
+                              f"'{method}' within {QUERY_TIMEOUT_S:g} s") from None
+        if error is not None:
+            raise get_error(error)
+        return value
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.query("ready")
+
+    def server_metadata(self) -> dict:
+        return self.query("server_metadata")
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.query("model_ready", name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict:
+        return self.query("model_metadata", name, version)
+
+    def model_config(self, name: str, version: str = ""):
+        return self.query("model_config", name, version)
+
+    def model_folder(self, name: str, version: str = ""):
+        return self.query("model_folder", name, version)
+
+    def repository_index(self, ready_only: bool = False) -> list[dict]:
+        return self.query("repository_index", ready_only)
+
+    def model_statistics(self, name: str = "", version: str = "") -> list[dict]:
+        return self.query("model_statistics", name, version)
+
+    def trace_settings(self, model: str = "", changes: dict | None = None) -> dict:
+        return self.query("trace_settings", model, changes)
+
+    def logging_settings(self, changes: dict | None = None) -> dict:
+        return self.query("logging_settings", changes)
+
+    check_repository_name = staticmethod(InferenceService.check_repository_name)
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    head = _read_exactly(sock, QUERY_HEAD.size)
+    (size,) = QUERY_HEAD.unpack(head)
+    if size > MAX_QUERY_BYTES * 64:
+        raise EOFError
+    return _read_exactly(sock, size)
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return bytes(data)
