@@ -287,7 +287,7 @@ async def _all_tasks():
 
 
 def _connections(server) -> list:
-    return [c for listener in server.server._listeners for c in listener.connections]
+    return [c for listener in server.server.listeners for c in listener.connections]
 
 
 # --- the HTTP/1.1 wire ---

@@ -26,6 +26,9 @@ FLOORS = [
     {"repository"},
     {"service"},
     {"frontends"},
+    {"settings"},  # what the command line sets, handed to front-end processes too
+    {"serving"},  # binding the front ends' ports, serving the front ends on them
+    {"frontend_processes"},
     {"server", "startup_tables"},
     {"cli"},
     {"__main__"},
