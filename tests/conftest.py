@@ -16,15 +16,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers (serverproc, ...)
 
 from mini_triton.server import ServerThread, Settings  # noqa: E402
+from serverproc import frontend_processes_for_tests  # noqa: E402
 
 DEFAULT_REPOSITORY = ROOT / "model_repository"
 
 
 def server_settings(*repositories: Path, **overrides) -> Settings:
-    """Settings for a test server: free ports on loopback, quick exit."""
+    """Settings for a test server: free ports on loopback, quick exit; the front-end
+    processes MINI_TRITON_TEST_FRONTEND_PROCESSES asks for, unless `overrides` names them."""
     values = dict(model_repositories=list(repositories), http_port=0, grpc_port=0,
                   metrics_port=0, http_address="127.0.0.1", grpc_address="127.0.0.1",
                   metrics_address="127.0.0.1", exit_timeout_secs=5)
+    frontend_processes = frontend_processes_for_tests()
+    if frontend_processes is not None:
+        values["frontend_processes"] = frontend_processes
     values.update(overrides)
     return Settings(**values)
 

@@ -25,6 +25,27 @@ from mini_triton.server import started_service  # noqa: E402
 
 PORT_WAIT_SECONDS = 30.0
 
+# Set to a count (e.g. 2) to run every server the test fixtures start, in a child process or
+# in-process, with that many front-end processes; unset, they run as the server's default.
+FRONTEND_PROCESSES_VARIABLE = "MINI_TRITON_TEST_FRONTEND_PROCESSES"
+
+
+def frontend_processes_for_tests() -> int | None:
+    """The count MINI_TRITON_TEST_FRONTEND_PROCESSES asks for; None when it is unset."""
+    value = os.environ.get(FRONTEND_PROCESSES_VARIABLE, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{FRONTEND_PROCESSES_VARIABLE}={value!r}: expected a count, 1 or more")
+    return int(value)
+
+
+def frontend_processes_flags() -> list[str]:
+    """The command-line flag for the count above, first, so that a test naming its own
+    --frontend-processes later overrides it."""
+    count = frontend_processes_for_tests()
+    return [] if count is None else [f"--frontend-processes={count}"]
+
 
 class PortTable(dict):
     """Service name -> port, filled by the output reader. Looking up a service
@@ -89,7 +110,7 @@ class ServerProcess:
 
     def start(self) -> "ServerProcess":
         command = [sys.executable, "-m", "mini_triton", "--http-port=0", "--grpc-port=0",
-                   "--metrics-port=0", *self.args]
+                   "--metrics-port=0", *frontend_processes_flags(), *self.args]
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(

@@ -1,0 +1,249 @@
+"""--frontend-processes 2: two processes do the protocol work on the same ports, and to every
+client it is still one server. Each test sends through connections that /proc shows are held
+by different front-end processes (frontend_routes.py), and checks afterwards that they were:
+one dynamic batch, one sequence's state, one shared-memory registry, one model control, one
+set of statistics and metrics."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.utils.shared_memory as shm
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
+
+from conftest import DEFAULT_REPOSITORY, wait_for
+from frontend_routes import routes  # noqa: F401  (the fixture the tests below take)
+from frontend_routes import (assert_connections_kept, needs_frontend_processes,
+                             one_route_on_each, served)
+
+pytestmark = needs_frontend_processes
+
+PROTOCOLS = ("http", "grpc")
+BATCH = 8  # requests in the one batch: max_batch_size, so it runs as soon as it is full
+
+
+def identity_config(name: str, scheduling: str = "dynamic_batching { }", instances: int = 1,
+                    max_batch_size: int = 8) -> str:
+    return (f'name: "{name}"\nbackend: "identity"\nmax_batch_size: {max_batch_size}\n'
+            'input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+            'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+            f'{scheduling}\ninstance_group [ {{ count: {instances}, kind: KIND_CPU }} ]\n')
+
+
+def write_model(repository, name: str, config: str) -> None:
+    (repository / name / "1").mkdir(parents=True)
+    (repository / name / "config.pbtxt").write_text(config)
+
+
+# A queue delay far longer than the test, so the batch runs when it is full, not before.
+LONG_DELAY = "dynamic_batching { max_queue_delay_microseconds: 30000000 }"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """Two front-end processes; per protocol, a batched and a counted model of its own so the
+    parametrised tests do not count each other's requests."""
+    repository = tmp_path_factory.mktemp("frontend_processes")
+    for name in ("identity_fp32", "sequence_accumulate"):
+        shutil.copytree(DEFAULT_REPOSITORY / name, repository / name)
+    for protocol in PROTOCOLS:
+        write_model(repository, f"batched_{protocol}",
+                    identity_config(f"batched_{protocol}", LONG_DELAY, max_batch_size=BATCH))
+        write_model(repository, f"counted_{protocol}", identity_config(f"counted_{protocol}"))
+    with served(repository) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def explicit_server(tmp_path_factory):
+    """Two front-end processes, explicit model control, nothing loaded at start."""
+    repository = tmp_path_factory.mktemp("frontend_processes_explicit")
+    for protocol in PROTOCOLS:
+        write_model(repository, f"late_{protocol}", identity_config(f"late_{protocol}"))
+    with served(repository, "--model-control-mode=explicit") as running:
+        yield running
+
+
+@pytest.fixture(params=PROTOCOLS)
+def protocol(request) -> str:
+    return request.param
+
+
+# --- what a route does, on its own thread ---
+
+
+def infer_fp32(route, model: str, data: np.ndarray) -> np.ndarray:
+    tensor = route.module.InferInput("INPUT0", list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    return route.client.infer(model, [tensor]).as_numpy("OUTPUT0")
+
+
+def statistics(route, model: str) -> dict:
+    """The model's statistics entry, its counts as numbers on both protocols (gRPC's JSON
+    writes 64-bit counts as strings)."""
+    if route.protocol == "grpc":
+        entry = route.client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+    else:
+        entry = route.client.get_inference_statistics(model)["model_stats"][0]
+    inference = entry["inference_stats"]
+    return {"inference_count": int(entry.get("inference_count", 0)),
+            "execution_count": int(entry.get("execution_count", 0)),
+            "success": int(inference["success"].get("count", 0)),
+            "fail": int(inference["fail"].get("count", 0))}
+
+
+def sequence_step(route, sequence_id: int, value: int, start: bool, end: bool) -> tuple:
+    """One request of a sequence of sequence_accumulate: (running sum, correlation id)."""
+    tensor = route.module.InferInput("INPUT0", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    result = route.client.infer("sequence_accumulate", [tensor], sequence_id=sequence_id,
+                                sequence_start=start, sequence_end=end)
+    return int(result.as_numpy("OUTPUT0")[0][0]), int(result.as_numpy("OUTPUT4")[0][0])
+
+
+# --- one scheduler per model ---
+
+
+def test_one_dynamic_batch_holds_requests_from_both_processes(server, protocol, routes):
+    """Four requests through each process at once; the model's queue delay is longer than
+    the test, so only a batch of all eight runs: one execution for eight inferences."""
+    by_pid = routes(server, protocol, per_process=BATCH // 2)
+    senders = [route for group in by_pid.values() for route in group]
+    model = f"batched_{protocol}"
+    sent = [route.submit(infer_fp32, model, np.full((1, 4), index, np.float32))
+            for index, route in enumerate(senders)]
+    for index, reply in enumerate(sent):
+        np.testing.assert_array_equal(reply.result(60), np.full((1, 4), index, np.float32))
+    for route in one_route_on_each(by_pid):
+        counts = route.call(statistics, model)
+        assert (counts["inference_count"], counts["execution_count"]) == (BATCH, 1), counts
+    assert_connections_kept(senders)
+
+
+def test_a_sequence_keeps_its_state_across_processes(server, protocol, routes):
+    """Two sequences interleaved, each step through the other process than the step before:
+    each running sum is the sum of its own sequence's values."""
+    first, second = one_route_on_each(routes(server, protocol))[:2]
+    x, y = (1001, 1002) if protocol == "http" else (2001, 2002)
+    steps = [(first, x, 1, True, False, 1), (second, y, 10, True, False, 10),
+             (second, x, 2, False, False, 3), (first, y, 20, False, False, 30),
+             (first, x, 3, False, True, 6), (second, y, 30, False, True, 60)]
+    for route, sequence_id, value, start, end, running_sum in steps:
+        assert route.call(sequence_step, sequence_id, value, start, end) == \
+            (running_sum, sequence_id), (route, sequence_id, value)
+    assert_connections_kept([first, second])
+
+
+def test_statistics_and_metrics_equal_the_sum_of_what_clients_sent(server, protocol, routes):
+    """Requests of 1 to 3 rows through routes on both processes at once: the statistics asked
+    through either process, and /metrics, count every request and row once."""
+    by_pid = routes(server, protocol, per_process=3)
+    senders = [route for group in by_pid.values() for route in group]
+    model = f"counted_{protocol}"
+    plan = [(route, 1 + index % 3, 1 + index % 2) for index, route in enumerate(senders)]
+    sent = [route.submit(lambda r, n, rows: [infer_fp32(r, model, np.ones((rows, 2), np.float32))
+                                             for _ in range(n)], requests, rows)
+            for route, requests, rows in plan]
+    for reply in sent:
+        reply.result(60)
+    requests = sum(n for _, n, _ in plan)
+    rows = sum(n * r for _, n, r in plan)
+    views = [route.call(statistics, model) for route in one_route_on_each(by_pid)]
+    assert views[0] == views[1], views
+    assert (views[0]["success"], views[0]["fail"], views[0]["inference_count"]) == \
+        (requests, 0, rows), views[0]
+    labels = {"model": model, "version": "1"}
+    assert metric(server, "nv_inference_request_success", **labels) == requests
+    assert metric(server, "nv_inference_count", **labels) == rows
+    assert metric(server, "nv_inference_exec_count", **labels) == views[0]["execution_count"]
+    assert_connections_kept(senders)
+
+
+def metric(server, family: str, **labels) -> float:
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
+        text = reply.read().decode()
+    for parsed in text_string_to_metric_families(text):
+        for sample in parsed.samples:
+            if sample.name == family and all(sample.labels.get(k) == v
+                                             for k, v in labels.items()):
+                return sample.value
+    raise AssertionError(f"/metrics has no {family} {labels}")
+
+
+# --- one registry of shared memory, one model control ---
+
+
+def region_names(route) -> set[str]:
+    if route.protocol == "grpc":
+        return set(route.client.get_system_shared_memory_status(as_json=True)
+                   .get("regions", {}))
+    return {region["name"] for region in route.client.get_system_shared_memory_status()}
+
+
+def infer_through_regions(route, in_region: str, out_region: str, size: int) -> None:
+    tensor = route.module.InferInput("INPUT0", [1, size // 4], "FP32")
+    tensor.set_shared_memory(in_region, size)
+    output = route.module.InferRequestedOutput("OUTPUT0")
+    output.set_shared_memory(out_region, size)
+    route.client.infer("identity_fp32", [tensor], outputs=[output])
+
+
+@pytest.mark.parametrize("register_over, infer_over", [("http", "grpc"), ("grpc", "http")])
+def test_shared_memory_registered_through_one_process_is_used_through_the_other(
+        server, routes, register_over, infer_over):
+    """Regions registered over one protocol on one process, read and written by a request
+    over the other protocol on the other process, unregistered there, gone for the first."""
+    registrar = one_route_on_each(routes(server, register_over))[0]
+    user = next(route for route in one_route_on_each(routes(server, infer_over))
+                if route.pid != registrar.pid)
+    size, tag = 64, f"{register_over}_{os.getpid()}"
+    regions = {role: (f"fp_{role}_{tag}", shm.create_shared_memory_region(
+        f"fp_{role}_{tag}", f"/fp_{role}_{tag}", size)) for role in ("in", "out")}
+    try:
+        for name, _ in regions.values():
+            registrar.call(lambda r, n: r.client.register_system_shared_memory(n, f"/{n}", size),
+                           name)
+        data = np.arange(size // 4, dtype=np.float32).reshape(1, -1)
+        shm.set_shared_memory_region(regions["in"][1], [data])
+        user.call(infer_through_regions, regions["in"][0], regions["out"][0], size)
+        np.testing.assert_array_equal(
+            shm.get_contents_as_numpy(regions["out"][1], np.float32, [1, size // 4]), data)
+        assert {name for name, _ in regions.values()} <= user.call(region_names)
+        user.call(lambda r: r.client.unregister_system_shared_memory())
+        assert not registrar.call(region_names)
+    finally:
+        for name, handle in regions.values():
+            shm.destroy_shared_memory_region(handle)
+    assert_connections_kept([registrar, user])
+
+
+def repository_state(route, model: str) -> str | None:
+    if route.protocol == "grpc":
+        index = route.client.get_model_repository_index(as_json=True).get("models", [])
+    else:
+        index = route.client.get_model_repository_index()
+    return next((entry.get("state") for entry in index if entry["name"] == model), None)
+
+
+def test_a_model_loaded_through_one_process_is_served_through_the_other(
+        explicit_server, protocol, routes):
+    """Explicit model control: loaded through one process, then ready, listed READY and
+    inferred through the other; unloaded there, no longer ready for the first."""
+    first, second = one_route_on_each(routes(explicit_server, protocol))[:2]
+    model = f"late_{protocol}"
+    assert not second.call(lambda r: r.client.is_model_ready(model))
+    first.call(lambda r: r.client.load_model(model))
+    assert second.call(lambda r: r.client.is_model_ready(model))
+    assert second.call(repository_state, model) == "READY"
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(second.call(infer_fp32, model, data), data)
+    second.call(lambda r: r.client.unload_model(model))
+    assert wait_for(lambda: not first.call(lambda r: r.client.is_model_ready(model)))
+    with pytest.raises(InferenceServerException):
+        first.call(infer_fp32, model, data)
+    assert_connections_kept([first, second])
