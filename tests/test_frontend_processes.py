@@ -168,9 +168,9 @@ def metric(server, family: str, **labels) -> float:
     with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
         text = reply.read().decode()
     for parsed in text_string_to_metric_families(text):
-        for sample in parsed.samples:
-            if sample.name == family and all(sample.labels.get(k) == v
-                                             for k, v in labels.items()):
+        # the parser names a counter's samples <family>_total: match the family instead
+        for sample in parsed.samples if parsed.name == family else ():
+            if all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     raise AssertionError(f"/metrics has no {family} {labels}")
 
