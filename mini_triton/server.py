@@ -1,4 +1,6 @@
-"""Wiring: one event loop serves HTTP, gRPC and metrics over one InferenceService."""
+"""Wiring: the one InferenceService with its models and metrics, and the front ends over
+it: served on this process's event loop, or by the --frontend-processes N processes
+(frontend_processes/supervisor.py) on the ports this process binds."""
 
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from .repository.manager import ModelRepositoryManager, ServerOptions
 from .repository.storage import StorageError, is_url
 from .scheduling.rate_limiter import RateLimiter
 from .service import EXTENSIONS, InferenceService
-from .serving import Frontends, cloud_models, enabled_ports, http_tls_context, listen_http, \
-    log_started
+from .frontend_processes.supervisor import FrontendProcesses
+from .serving import (Frontends, bind_port, bound_port, cloud_models, enabled_ports,
+                      http_tls_context, listen_http, log_started)
 from .settings import Settings, StartupError
 from .startup_tables import log_model_table, log_options_table
 
@@ -97,6 +100,7 @@ class Server:
             self.metrics.response_cache = self.service.response_cache
         self.ports: dict[str, int] = {}
         self.frontends: Frontends | None = None  # the front ends this process serves
+        self.processes: FrontendProcesses | None = None  # or the processes that do
         self._metrics_listener = None
         self._poller: asyncio.Task | None = None
         self._stop = asyncio.Event()
@@ -117,7 +121,10 @@ class Server:
         if self.settings.allow_metrics and self.settings.allow_cpu_metrics:
             log.info("Collecting CPU metrics")  # Triton's line
         log_options_table(self.settings, EXTENSIONS)
-        await self._serve_frontends(http_tls)
+        if self.settings.frontend_processes > 1:
+            await self._start_frontend_processes()
+        else:
+            await self._serve_frontends(http_tls)
         if self.settings.model_control_mode == "poll":
             self._poller = asyncio.create_task(self._poll_repository())
         if self.settings.allow_metrics:
@@ -131,6 +138,26 @@ class Server:
         for name in enabled_ports(self.settings):
             self.ports[name] = await self.frontends.serve(name)
             log_started(self.settings, name, self.ports[name])
+
+    async def _start_frontend_processes(self) -> None:
+        """Bind every front-end port here (so port 0, a port in use and the TLS files
+        are checked once, in the front ends' words), then start the processes that
+        serve them; the metrics port stays with this process."""
+        models = cloud_models(self.service, self.settings)
+        sockets = {}
+        try:
+            for name in enabled_ports(self.settings):
+                sockets[name] = await bind_port(self.settings, name)
+                self.ports[name] = bound_port(sockets[name])
+                log_started(self.settings, name, self.ports[name])
+        except StartupError:
+            for socks in sockets.values():
+                for sock in socks:
+                    sock.close()
+            raise
+        self.processes = FrontendProcesses(self.settings.frontend_processes, self.service,
+                                           self.settings, sockets, models)
+        await self.processes.start()
 
     async def _serve_metrics_port(self) -> None:
         address = self.settings.metrics_address
@@ -204,6 +231,8 @@ class Server:
         if self.frontends is not None:  # clients take their next calls elsewhere (GOAWAY)
             self.frontends.begin_shutdown()
         self.service.accepting = False
+        if self.processes is not None:  # each stops accepting and finishes its requests
+            self.processes.begin_stop()
         if self._poller is not None:
             self._poller.cancel()
         timeout = self.settings.exit_timeout_secs
@@ -212,6 +241,8 @@ class Server:
         left = self._inflight()
         if left:
             log.warning("exit timeout reached with %d requests in flight", left)
+        if self.processes is not None:
+            await self.processes.wait_stopped(deadline)
         await self._stop_listening()
         loop = asyncio.get_running_loop()
         log.info("All models are stopped, unloading models")  # Triton's words, as below

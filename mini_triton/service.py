@@ -55,6 +55,9 @@ class InferenceService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics = None  # the server's Metrics, where backends may add families
         self.accepting = True
+        # False while front-end processes (--frontend-processes) start: the server is
+        # ready once every one of them serves (frontend_processes/supervisor.py)
+        self.frontends_ready = True
         self.server_id = TRITON_NAME  # --id
         self.system_shm = SharedMemoryRegistry()
         self.cuda_shm = CudaSharedMemoryRegistry()
@@ -77,7 +80,7 @@ class InferenceService:
         return True
 
     def ready(self) -> bool:
-        if not self.accepting:
+        if not (self.accepting and self.frontends_ready):
             return False
         return self.manager.all_ready() if self.strict_readiness else True
 

@@ -41,6 +41,7 @@ from .flag_types import (boolean, integer, non_negative, non_negative_float,  # 
                          non_negative_seconds, port, positive)
 from .grpc_flags import add_grpc_flags, grpc_http2_limits, grpc_options
 from .bound_flags import add_bound_flags, bound_settings
+from .process_flags import add_process_flags, check_process_count
 from .endpoint_flags import (add_endpoint_flags, check_port_collisions, sagemaker_settings,
                              vertex_mode, vertex_settings)
 
@@ -218,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one; larger is RESOURCE_EXHAUSTED")
     add_grpc_flags(add)
     add_bound_flags(add)
+    add_process_flags(add)
     add("--backend-config", action="append", type=backend_config, default=[],
         metavar="[BACKEND,]SETTING=VALUE", help="a backend setting, e.g. "
         "default-max-batch-size=8 or onnxruntime,default-max-batch-size=8 (repeatable); "
@@ -399,7 +401,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         grpc_header_pattern=compile_pattern(args.grpc_header_forward_pattern,
                                             "--grpc-header-forward-pattern"),
         sagemaker=sagemaker_settings(args), vertex_ai=vertex_settings(args),
+        frontend_processes=args.frontend_processes,
     )
+    check_process_count(settings.frontend_processes, settings.accept_limits.fd_reserve)
     check_port_collisions(enabled_services(settings),
                           settings.sagemaker.safe_port_range if settings.sagemaker else None)
     return settings
