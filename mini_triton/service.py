@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copyreg
 import logging
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from . import TRITON_NAME, TRITON_VERSION
 from .core.classification import classify, read_labels
 from .core.completion import CacheLookup, completion_recorder
 from .core.cuda_shared_memory import CudaSharedMemoryRegistry
-from .core.errors import Code, TritonError, invalid_arg, not_found, unsupported
+from .core.errors import Code, TritonError, internal, invalid_arg, not_found, unsupported
 from .core.names import check_model_name
 from .core.request import FinalAnswer, InferenceRequest, InferenceResponse, ResponseStream
 from .core.response_cache import ResponseCache
@@ -47,6 +48,28 @@ EXTENSIONS = (
     "trace",
     "logging",
 )
+# The methods a front end may ask of the service outside inference, through `ask`: plain
+# methods taking and returning picklable values (str, int, dict, list, tuples and paths
+# of them, ModelConfig messages, None) and raising TritonError, so that a front end in
+# another process can be answered by this one. Inference (infer, start_unary, cancel)
+# and what is a coroutine already (readiness, model control) are called directly.
+ASKED: frozenset[str] = frozenset({
+    "server_metadata", "model_ready", "model_metadata", "model_config", "model_folder",
+    "model_statistics", "repository_index", "trace_settings", "logging_settings",
+    "system_shm_status", "system_shm_register", "system_shm_unregister",
+    "cuda_shm_status", "cuda_shm_register", "cuda_shm_unregister", "metrics_text",
+})
+
+
+def _model_config_from(serialized: bytes) -> mc.ModelConfig:
+    return mc.ModelConfig.FromString(serialized)
+
+
+# An asked ModelConfig pickles as its serialized bytes: the class tritonclient generates
+# names a module ('model_config_pb2') that pickle cannot import under that name.
+copyreg.pickle(mc.ModelConfig,
+               lambda config: (_model_config_from, (config.SerializeToString(),)))
+
 
 class InferenceService:
     def __init__(self, manager: ModelRepositoryManager, strict_readiness: bool = True):
@@ -73,6 +96,14 @@ class InferenceService:
         self.requests_in_flight = 0
         # The most requests open at once since nearly_idle() last asked.
         self.peak_in_flight = 0
+
+    async def ask(self, method: str, *args):
+        """What the ASKED `method` answers to `args` (its TritonError is raised here).
+        Front ends ask through here for everything outside inference; in this process
+        it is a call of the method."""
+        if method not in ASKED:
+            raise internal(f"'{method}' is not a service method a front end may ask")
+        return getattr(self, method)(*args)
 
     # --- health and metadata ---
 
@@ -416,7 +447,32 @@ class InferenceService:
         except (ValueError, OSError) as error:
             raise invalid_arg(str(error)) from None
 
-    # --- statistics ---
+    # --- shared memory extensions, a flat method for each call a front end asks ---
+
+    def system_shm_status(self, name: str = "") -> list[dict]:
+        return self.system_shm.status(name)
+
+    def system_shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.system_shm.register(name, key, offset, byte_size)
+
+    def system_shm_unregister(self, name: str = "") -> None:
+        self.system_shm.unregister(name)
+
+    def cuda_shm_status(self, name: str = "") -> list[dict]:
+        return self.cuda_shm.status(name)
+
+    def cuda_shm_register(self, name: str, raw_handle: bytes | str, device_id: int,
+                          byte_size: int) -> None:
+        self.cuda_shm.register(name, raw_handle, device_id, byte_size)
+
+    def cuda_shm_unregister(self, name: str = "") -> None:
+        self.cuda_shm.unregister(name)
+
+    # --- metrics and statistics ---
+
+    def metrics_text(self) -> str:
+        """The server's metrics in Prometheus' text format ('' when it keeps none)."""
+        return self.metrics.render() if self.metrics is not None else ""
 
     def model_statistics(self, name: str = "", version: str = "") -> list[dict]:
         versions = self._serving_versions(name, version) if name \

@@ -156,12 +156,14 @@ class RegionRegistry:
                 f"Cannot unregister shared memory region '{name}', it is currently in use.")
         self.regions.pop(name).close()
 
-    def check_name(self, name: str) -> None:
+    @classmethod
+    def check_name(cls, name: str) -> None:
         """A region to register needs a name (Triton's words; its gRPC API registers a
-        region called '' that only unregistering everything can remove)."""
+        region called '' that only unregistering everything can remove). A check of
+        the name alone: a front end asks it of the class, needing no registrations."""
         if not name:
             raise invalid_arg(
-                f"'region name' is necessary to register {self.kind} shared memory region")
+                f"'region name' is necessary to register {cls.kind} shared memory region")
 
     def hold(self, name: str):
         """The region called `name`, marked in use until `release`, or None."""

@@ -230,7 +230,7 @@ class SagemakerFrontend:
         is not; we leave it out)."""
         models = [{"modelName": name, "modelUrl": model.url}
                   for name, model in list(self.models.items())
-                  if self.service.model_ready(model.target)]
+                  if await self.service.ask("model_ready", model.target)]
         return json_reply({"models": models})
 
     async def get_model(self, request: HttpRequest) -> HttpReply:

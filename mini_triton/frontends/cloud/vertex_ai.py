@@ -118,6 +118,10 @@ class VertexFrontend:
             return error_reply(405, "Method Not Allowed")
         return HttpReply(200 if await self.service.check_ready() else 400)
 
+    async def _metrics(self, request: HttpRequest) -> HttpReply:
+        text = await self.service.ask("metrics_text")
+        return HttpReply(200, text.encode(), METRICS_CONTENT_TYPE)
+
     def _allowed(self, group: str, request: HttpRequest, exchange: Exchange) -> bool:
         """Whether the request meets `group`'s restriction; if not, it is answered 403
         as the HTTP port answers it."""
@@ -135,8 +139,7 @@ class VertexFrontend:
     def _redirect(self, request: HttpRequest, exchange: Exchange, path: str) -> None:
         log.debug("Redirecting Vertex AI request: %s", path)
         if path == "/metrics":
-            body = self.service.metrics.render().encode() if self.service.metrics else b""
-            exchange.answer(HttpReply(200, body, METRICS_CONTENT_TYPE))
+            exchange.run(self._metrics, request)
             return
         infer = _INFER.fullmatch(path)
         if infer is not None:

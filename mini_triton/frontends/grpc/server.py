@@ -203,22 +203,22 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
             ready=await self.service.check_model_ready(request.name, version))
 
     async def ServerMetadata(self, request, context):
-        return pb.ServerMetadataResponse(**self.service.server_metadata())
+        return pb.ServerMetadataResponse(**await self.service.ask("server_metadata"))
 
     @aborts_on_error
     async def ModelMetadata(self, request, context):
-        return codec.metadata_message(self.service.model_metadata(
-            request.name, parameter_kinds.model_version(request.version)))
+        return codec.metadata_message(await self.service.ask(
+            "model_metadata", request.name, parameter_kinds.model_version(request.version)))
 
     @aborts_on_error
     async def ModelConfig(self, request, context):
-        return pb.ModelConfigResponse(config=self.service.model_config(
-            request.name, parameter_kinds.model_version(request.version)))
+        return pb.ModelConfigResponse(config=await self.service.ask(
+            "model_config", request.name, parameter_kinds.model_version(request.version)))
 
     @aborts_on_error
     async def ModelStatistics(self, request, context):
-        return codec.statistics_message(self.service.model_statistics(
-            request.name, parameter_kinds.model_version(request.version)))
+        return codec.statistics_message(await self.service.ask(
+            "model_statistics", request.name, parameter_kinds.model_version(request.version)))
 
     # --- model repository extension ---
 
@@ -226,7 +226,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(self, request, context):
         self.service.check_repository_name(request.repository_name)
         response = pb.RepositoryIndexResponse()
-        for entry in self.service.repository_index(request.ready):
+        for entry in await self.service.ask("repository_index", request.ready):
             response.models.add(**entry)
         return response
 
@@ -254,39 +254,39 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     @aborts_on_error
     async def SystemSharedMemoryStatus(self, request, context):
         response = pb.SystemSharedMemoryStatusResponse()
-        for region in self.service.system_shm.status(request.name):
+        for region in await self.service.ask("system_shm_status", request.name):
             response.regions[region["name"]].CopyFrom(
                 pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
         return response
 
     @aborts_on_error
     async def SystemSharedMemoryRegister(self, request, context):
-        self.service.system_shm.register(request.name, request.key, request.offset,
-                                         request.byte_size)
+        await self.service.ask("system_shm_register", request.name, request.key,
+                               request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
     @aborts_on_error
     async def SystemSharedMemoryUnregister(self, request, context):
-        self.service.system_shm.unregister(request.name)
+        await self.service.ask("system_shm_unregister", request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @aborts_on_error
     async def CudaSharedMemoryStatus(self, request, context):
         response = pb.CudaSharedMemoryStatusResponse()
-        for region in self.service.cuda_shm.status(request.name):
+        for region in await self.service.ask("cuda_shm_status", request.name):
             response.regions[region["name"]].CopyFrom(
                 pb.CudaSharedMemoryStatusResponse.RegionStatus(**region))
         return response
 
     @aborts_on_error
     async def CudaSharedMemoryRegister(self, request, context):
-        self.service.cuda_shm.register(request.name, request.raw_handle, request.device_id,
-                                       request.byte_size)
+        await self.service.ask("cuda_shm_register", request.name, request.raw_handle,
+                               request.device_id, request.byte_size)
         return pb.CudaSharedMemoryRegisterResponse()
 
     @aborts_on_error
     async def CudaSharedMemoryUnregister(self, request, context):
-        self.service.cuda_shm.unregister(request.name)
+        await self.service.ask("cuda_shm_unregister", request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # --- trace and logging extensions ---
@@ -294,7 +294,8 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     @aborts_on_error
     async def TraceSetting(self, request, context):
         changes = {key: list(value.value) or None for key, value in request.settings.items()}
-        settings = self.service.trace_settings(request.model_name, changes or None)
+        settings = await self.service.ask("trace_settings", request.model_name,
+                                          changes or None)
         response = pb.TraceSettingResponse()
         for key, value in settings.items():
             response.settings[key].value.extend(value if isinstance(value, list) else [value])
@@ -303,7 +304,7 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     @aborts_on_error
     async def LogSettings(self, request, context):
         changes = parameter_kinds.log_setting_changes(request.settings)
-        settings = self.service.logging_settings(changes or None)
+        settings = await self.service.ask("logging_settings", changes or None)
         response = pb.LogSettingsResponse()
         for key, value in settings.items():
             entry = response.settings[key]
@@ -333,7 +334,9 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             infer_request = self._decode(request, context, raw_contents) if read is None \
                 else self._decoded(read, context)
-
+        except TritonError as error:  # answered once the service has said why (_refusal)
+            return self._refuse(request, error, reply)
+        try:
             # Our transport sends what it is given as it is; grpc.aio wants the message.
             encode = codec.serialize_infer_response \
                 if isinstance(context, native_transport.CallContext) \
@@ -374,19 +377,14 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
         as bytes (RAW_REQUESTS), so that one that does not parse can be answered."""
         decode = functools.partial(self._decode_streamed, context=context)
         async for message in stream_infer.stream_responses(
-                self.service, request_messages, context, decode,
+                self.service, request_messages, context, decode, self._refusal,
                 self.options.stream_max_queued_bytes, self.options.stream_max_in_flight):
             yield message
 
     def _decode(self, message, context, raw_contents: list | None = None):
-        """The InferenceRequest of a message, with the call's forwarded metadata. As in
-        Triton, the model is looked up before the message is read: an unknown or failed
-        model is NOT_FOUND whatever the message holds (only a failing message pays)."""
-        try:
-            infer_request = codec.decode_infer_request(message, raw_contents)
-        except TritonError:
-            self._refuse(message)
-            raise
+        """The InferenceRequest of a message, with the call's forwarded metadata; the
+        message's own error when it does not decode (answered as _refusal says)."""
+        infer_request = codec.decode_infer_request(message, raw_contents)
         if self.header_pattern is not None:  # as _forwarded does, inline: once per call
             forward_headers(self.header_pattern, context.invocation_metadata() or (),
                             infer_request.parameters)
@@ -400,15 +398,29 @@ class GrpcFrontend(service_pb2_grpc.GRPCInferenceServiceServicer):
     def _decoded(self, read: infer_read.ReadInfer, context):
         """`_decode`'s answer for a message our transport has decoded already."""
         if isinstance(read.decoded, TritonError):
-            self._refuse(read.message)
             raise read.decoded
         return self._forwarded(read.decoded, context)
 
-    def _refuse(self, message) -> None:
-        """Before a message's own error: a bad version string is refused first, then an
-        unknown model, as in Triton (each raises its TritonError)."""
-        version = parameter_kinds.model_version(message.model_version)
-        self.service.model_config(message.model_name, version)
+    def _refuse(self, message, error: TritonError, reply):
+        """Answer a unary call whose message does not decode (`error`) through `reply`,
+        with the error _refusal chooses once the service has answered; returns what
+        cancels that (the client left). Only a failing message pays for the lookup."""
+        async def answer() -> None:
+            refusal = await self._refusal(message, error)
+            reply(native_transport.AbortError(grpc_status(refusal.code), refusal.message))
+
+        return asyncio.ensure_future(answer()).cancel
+
+    async def _refusal(self, message, error: TritonError) -> TritonError:
+        """The error that answers a message that does not decode: as in Triton, a bad
+        version string first, then an unknown or failed model (NOT_FOUND whatever the
+        message holds), then the message's own `error`."""
+        try:
+            version = parameter_kinds.model_version(message.model_version)
+            await self.service.ask("model_config", message.model_name, version)
+        except TritonError as refusal:
+            return refusal
+        return error
 
     def _forwarded(self, infer_request, context):
         """`infer_request` with the call's metadata that --grpc-header-forward-pattern

@@ -166,20 +166,22 @@ class StreamOutbox:
             self.budget = None
 
 
-async def stream_responses(service, request_messages, context, decode, limit: int,
-                           max_in_flight: int = 0):
+async def stream_responses(service, request_messages, context, decode, refusal,
+                           limit: int, max_in_flight: int = 0):
     """ModelStreamInfer: requests and responses interleave, each request's responses
     written as they come. `request_messages` are the request messages as bytes; `decode`
-    makes a parsed one an InferenceRequest (TritonError when it cannot). Past `limit`
+    makes a parsed one an InferenceRequest (TritonError when it cannot), and the
+    coroutine `refusal(message, error)` gives the error that answers one it cannot
+    (the model is looked up first, as in Triton). Past `limit`
     bytes of responses queued (StreamOutbox), the call ends RESOURCE_EXHAUSTED; in
     gRPC-error mode the first error ends it with its status. Either way the requests
     still in flight are cancelled. With `max_in_flight` requests under way, the next is
     not read until one ends (read_requests)."""
     outbox = StreamOutbox(limit, service.stream_budget)
     traced: set = set()  # the stamps of its traced requests whose traces are not written
-    reader = asyncio.create_task(read_requests(service, request_messages, decode, outbox,
-                                               wants_grpc_errors(context), max_in_flight,
-                                               traced))
+    reader = asyncio.create_task(read_requests(service, request_messages, decode, refusal,
+                                               outbox, wants_grpc_errors(context),
+                                               max_in_flight, traced))
     outbox.on_overflow = reader.cancel
     try:
         while True:
@@ -235,7 +237,7 @@ class ResponseOrder:
                 self.outbox.put(ready)
 
 
-async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
+async def read_requests(service, request_messages, decode, refusal, outbox: StreamOutbox,
                         grpc_errors: bool = False, max_in_flight: int = 0,
                         traced: set | None = None) -> None:
     """Start each request of the stream as it is read, at most `max_in_flight` at once
@@ -264,6 +266,8 @@ async def read_requests(service, request_messages, decode, outbox: StreamOutbox,
                 stream = service.infer(infer_request) if stamps is None \
                     else _infer_stamped(service, infer_request, stamps, waiting, traced)
             except TritonError as error:  # refused before a model: in the stream, always
+                if infer_request is None:  # the message does not decode
+                    error = await refusal(message, error)
                 answer = stream_error(message, error)
                 if infer_request is not None and infer_request.decoupled:
                     outbox.put(answer)

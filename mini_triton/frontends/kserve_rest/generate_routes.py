@@ -104,19 +104,17 @@ class GenerateEndpoints:
 
     async def _start(self, request: HttpRequest):
         """Decode the request and start the inference: (request, stream)."""
-        infer_request = await self.decoder.decode(request.body, self._decoded, request)
+        infer_request = await self._decoded(request)
         return infer_request, self.service.infer(infer_request, self.stream_limit,
                                                  STREAM_LIMIT_FLAG)
 
-    def _decoded(self, request: HttpRequest):
-        """Look the model up (an unknown model is 404 whatever the body) and decode the
-        body against its inputs."""
+    async def _decoded(self, request: HttpRequest):
+        """Look the model up (an unknown model is 404 whatever the body), then decode
+        the body against its inputs (off the loop when it is large)."""
         model, version = request.params["model"], request.params.get("version", "")
-        config = self.service.model_config(model, version)
-        document = generate.parse_body(request.body)
-        specs = generate.input_specs(config)
-        generate.refuse_repeated_inputs(request.body, document, specs)
-        return generate.decode_request(model, version, document, specs)
+        config = await self.service.ask("model_config", model, version)
+        return await self.decoder.decode(request.body, _decode_body, model, version,
+                                         config, request.body)
 
     def _stamped_start(self, stamps: FrontEndStamps):
         """`_start` for a request stamped by the front end: the service samples it as it
@@ -128,21 +126,20 @@ class GenerateEndpoints:
 
         async def start(request: HttpRequest):
             try:
-                infer_request = await self.decoder.decode(request.body, self._decoded,
-                                                          request)
+                infer_request = await self._decoded(request)
                 with tracer.receiving(stamps):
                     return infer_request, self.service.infer(
                         infer_request, self.stream_limit, STREAM_LIMIT_FLAG)
             except TritonError:
                 if stamps.trace is None:
-                    self._refused(request, stamps)
+                    await self._refused(request, stamps)
                 raise
         return start
 
-    def _refused(self, request: HttpRequest, stamps: FrontEndStamps) -> None:
+    async def _refused(self, request: HttpRequest, stamps: FrontEndStamps) -> None:
         model = request.params["model"]
         try:
-            self.service.model_config(model, request.params.get("version", ""))
+            await self.service.ask("model_config", model, request.params.get("version", ""))
         except TritonError:  # Triton samples only a request for a model it serves
             return
         self.service.tracer.refused(model, stamps.received)
@@ -209,6 +206,15 @@ class GenerateEndpoints:
             body = exchange.begin_stream(200, EVENT_STREAM, STREAM_HEADERS)
         body.end()
         return None
+
+
+def _decode_body(model: str, version: str, config, body: bytes):
+    """The generate request `body` as an InferenceRequest of `model`, whose config says
+    what its inputs are."""
+    document = generate.parse_body(body)
+    specs = generate.input_specs(config)
+    generate.refuse_repeated_inputs(body, document, specs)
+    return generate.decode_request(model, version, document, specs)
 
 
 def _encoded(response) -> bytes | None:

@@ -182,7 +182,7 @@ class HttpFrontend:
         return _OK if await self.service.check_ready() else _NOT_READY
 
     async def server_metadata(self, request: HttpRequest) -> HttpReply:
-        return json_reply(self.service.server_metadata())
+        return json_reply(await self.service.ask("server_metadata"))
 
     async def model_ready(self, request: HttpRequest) -> HttpReply:
         ready = await self.service.check_model_ready(*_model_and_version(request))
@@ -190,17 +190,19 @@ class HttpFrontend:
 
     @handles_errors
     async def model_metadata(self, request: HttpRequest) -> HttpReply:
-        return json_reply(self.service.model_metadata(*_model_and_version(request)))
+        return json_reply(await self.service.ask("model_metadata",
+                                                 *_model_and_version(request)))
 
     @handles_errors
     async def model_config(self, request: HttpRequest) -> HttpReply:
-        config = self.service.model_config(*_model_and_version(request))
+        config = await self.service.ask("model_config", *_model_and_version(request))
         return json_reply(config_to_json(config, including_defaults=True))
 
     @handles_errors
     async def statistics(self, request: HttpRequest) -> HttpReply:
         name, version = request.params.get("model", ""), request.params.get("version", "")
-        return json_reply({"model_stats": self.service.model_statistics(name, version)})
+        statistics = await self.service.ask("model_statistics", name, version)
+        return json_reply({"model_stats": statistics})
 
     # --- model repository extension ---
 
@@ -219,7 +221,7 @@ class HttpFrontend:
         ready = body.get("ready", False)
         if not isinstance(ready, bool):
             raise invalid_arg("attempt to access JSON non-boolean as boolean")  # Triton's
-        return json_reply(self.service.repository_index(ready))
+        return json_reply(await self.service.ask("repository_index", ready))
 
     @handles_errors
     async def load_model(self, request: HttpRequest) -> HttpReply:
@@ -242,20 +244,21 @@ class HttpFrontend:
     @handles_errors
     async def trace_setting(self, request: HttpRequest) -> HttpReply:
         changes = await self._body_of(request) if request.method == "POST" else None
-        return json_reply(self.service.trace_settings(request.params.get("model", ""),
-                                                         changes))
+        return json_reply(await self.service.ask("trace_settings",
+                                                 request.params.get("model", ""), changes))
 
     @handles_errors
     async def logging_settings(self, request: HttpRequest) -> HttpReply:
         changes = http_parameters.log_setting_changes(await self._body_of(request)) \
             if request.method == "POST" else None
-        return json_reply(self.service.logging_settings(changes))
+        return json_reply(await self.service.ask("logging_settings", changes))
 
     # --- shared memory extensions ---
 
     @handles_errors
     async def shm_status(self, request: HttpRequest) -> HttpReply:
-        return json_reply(self.service.system_shm.status(request.params.get("region", "")))
+        return json_reply(await self.service.ask("system_shm_status",
+                                                 request.params.get("region", "")))
 
     @handles_errors
     async def shm_register(self, request: HttpRequest) -> HttpReply:
@@ -265,17 +268,18 @@ class HttpFrontend:
         key = http_parameters.register_field(body, "key", "string")
         offset = http_parameters.register_field(body, "offset", "uint", default=0)
         size = http_parameters.register_field(body, "byte_size", "uint")
-        self.service.system_shm.register(region, key, offset, size)
+        await self.service.ask("system_shm_register", region, key, offset, size)
         return _OK
 
     @handles_errors
     async def shm_unregister(self, request: HttpRequest) -> HttpReply:
-        self.service.system_shm.unregister(request.params.get("region", ""))
+        await self.service.ask("system_shm_unregister", request.params.get("region", ""))
         return _OK
 
     @handles_errors
     async def cuda_shm_status(self, request: HttpRequest) -> HttpReply:
-        return json_reply(self.service.cuda_shm.status(request.params.get("region", "")))
+        return json_reply(await self.service.ask("cuda_shm_status",
+                                                 request.params.get("region", "")))
 
     @handles_errors
     async def cuda_shm_register(self, request: HttpRequest) -> HttpReply:
@@ -288,12 +292,13 @@ class HttpFrontend:
                 or not isinstance(device, int) or not isinstance(size, int):
             raise invalid_arg("register needs 'raw_handle' ({\"b64\": ...}), 'device_id' and "
                               "'byte_size'")
-        self.service.cuda_shm.register(request.params["region"], handle["b64"], device, size)
+        await self.service.ask("cuda_shm_register", request.params["region"], handle["b64"],
+                               device, size)
         return _OK
 
     @handles_errors
     async def cuda_shm_unregister(self, request: HttpRequest) -> HttpReply:
-        self.service.cuda_shm.unregister(request.params.get("region", ""))
+        await self.service.ask("cuda_shm_unregister", request.params.get("region", ""))
         return _OK
 
     # --- inference ---
@@ -312,8 +317,8 @@ class HttpFrontend:
             header_length = http_parameters.header_integer(value)  # the codec checks its range
             if header_length is None:
                 error = invalid_arg(f"invalid {http_codec.HEADER_LENGTH} header '{value}'")
-                exchange.answer(self._undecodable(model, version, error, V2_REPLIES,
-                                                  request, exchange))
+                exchange.spawn(self._answer_undecodable(model, version, error, V2_REPLIES,
+                                                        request, exchange))
                 return
         self.start_infer(request, exchange, model, version, header_length)
 
@@ -341,8 +346,8 @@ class HttpFrontend:
                 forward_headers(self.header_pattern, request.headers.items(),
                                 infer_request.parameters)
         except TritonError as error:
-            exchange.answer(self._undecodable(model, version, error, replies, request,
-                                              exchange))
+            exchange.spawn(self._answer_undecodable(model, version, error, replies, request,
+                                                    exchange))
             return
         if len(request.body) >= self.offload_size and validate.has_large_bytes_inputs(
                 infer_request, self.offload_size):
@@ -371,8 +376,7 @@ class HttpFrontend:
                 forward_headers(self.header_pattern, request.headers.items(),
                                 infer_request.parameters)
         except TritonError as error:
-            exchange.answer(self._undecodable(model, version, error, replies, request,
-                                              exchange))
+            await self._answer_undecodable(model, version, error, replies, request, exchange)
             return
         self._begin(request, exchange, infer_request, binary_output, replies)
 
@@ -411,20 +415,22 @@ class HttpFrontend:
         if exchange.reply is None:
             exchange.cancel = partial(service.cancel, infer_request)
 
-    def _undecodable(self, model: str, version: str, error: TritonError,
-                     replies: "InferReplies", request: HttpRequest,
-                     exchange: Exchange) -> HttpReply:
-        """The reply to a body that does not decode: as in Triton, the model is looked
-        up first (an unknown or failed model is 404 whatever the body), then the body
-        error. Only this failing path pays for the lookup. Triton samples the request
-        for a trace between the two: a traced one leaves a trace of its receipt."""
+    async def _answer_undecodable(self, model: str, version: str, error: TritonError,
+                                  replies: "InferReplies", request: HttpRequest,
+                                  exchange: Exchange) -> None:
+        """Answer a body that does not decode: as in Triton, the model is looked up
+        first (an unknown or failed model is 404 whatever the body), then the body
+        error. Only this failing path pays for the lookup (asked of the service, so it
+        is awaited). Triton samples the request for a trace between the two: a traced
+        one leaves a trace of its receipt."""
         try:
-            self.service.model_config(model, version)
+            await self.service.ask("model_config", model, version)
         except TritonError as lookup:
-            return replies.error(lookup)
+            exchange.answer(replies.error(lookup))
+            return
         if self.service.tracer.sampling:
             self.service.tracer.refused(model, exchange.protocol.received_ns(request))
-        return replies.error(error)
+        exchange.answer(replies.error(error))
 
 
 @dataclass(frozen=True)

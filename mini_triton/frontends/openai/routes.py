@@ -64,32 +64,39 @@ class OpenAIRoutes:
     # --- models ---
 
     def list_models(self, request: HttpRequest, exchange: Exchange) -> None:
-        names = {entry["name"] for entry in self.service.repository_index(ready_only=True)}
-        data = [self._model_object(name) for name in sorted(names) if self._serves(name)]
-        exchange.answer(HttpReply(200, _dumps({"object": "list", "data": data})))
+        exchange.run(self._list_models, request)
 
     def retrieve_model(self, request: HttpRequest, exchange: Exchange) -> None:
+        exchange.run(self._retrieve_model, request)
+
+    async def _list_models(self, request: HttpRequest) -> HttpReply:
+        index = await self.service.ask("repository_index", True)  # the ready ones
+        names = sorted({entry["name"] for entry in index})
+        data = [self._model_object(name) for name in names if await self._serves(name)]
+        return HttpReply(200, _dumps({"object": "list", "data": data}))
+
+    async def _retrieve_model(self, request: HttpRequest) -> HttpReply:
         name = request.params["model"]
         try:
-            self._contract(name)
+            await self._contract(name)
         except OpenAIError as error:
-            exchange.answer(error_reply(error.status, error.message, error.code))
-            return
-        exchange.answer(HttpReply(200, _dumps(self._model_object(name))))
+            return error_reply(error.status, error.message, error.code)
+        return HttpReply(200, _dumps(self._model_object(name)))
 
     def _model_object(self, name: str) -> dict:
         created = self._created.setdefault(name, int(time.time()))
         return {"id": name, "object": "model", "created": created, "owned_by": SERVER_NAME}
 
-    def _serves(self, name: str) -> bool:
+    async def _serves(self, name: str) -> bool:
         try:
-            return codec.contract_of(self.service.model_config(name)) is not None
+            return codec.contract_of(await self.service.ask("model_config", name)) \
+                is not None
         except TritonError:
             return False
 
-    def _contract(self, name: str) -> codec.Contract:
+    async def _contract(self, name: str) -> codec.Contract:
         try:
-            config = self.service.model_config(name)
+            config = await self.service.ask("model_config", name)
         except TritonError as error:
             if error.code == Code.NOT_FOUND:
                 raise OpenAIError(404, f"The model '{name}' does not exist",
@@ -110,8 +117,7 @@ class OpenAIRoutes:
 
     async def _serve(self, request: HttpRequest, exchange: Exchange, chat: bool):
         try:
-            ask, contract = await self.decoder.decode(request.body, self._ask, request.body,
-                                                      chat)
+            ask, contract = await self._ask(request.body, chat)
             runs = self._start(ask, contract)
         except OpenAIError as error:
             return error_reply(error.status, error.message, error.code)
@@ -122,37 +128,32 @@ class OpenAIRoutes:
             return None
         return await self._whole(ask, runs)
 
-    def _ask(self, body: bytes, chat: bool) -> tuple[codec.Ask, codec.Contract]:
+    async def _ask(self, body: bytes, chat: bool) -> tuple[codec.Ask, codec.Contract]:
         """The request's fields, its model's contract and (chat) the prompt rendered
-        from its messages: all the work in proportion to the body's size."""
-        document = codec.parse_body(body)
-        ask = codec.parse_ask(document, chat)
-        contract = self._contract(ask.model)
+        from its messages; the work in proportion to the body's size is done off the
+        loop for a large body."""
+        document, ask = await self.decoder.decode(body, _parsed, body, chat)
+        contract = await self._contract(ask.model)
         if chat:
-            ask.prompts = [self._prompt(ask.model, document["messages"])]
+            template = await self._template(ask.model)
+            ask.prompts = [await self.decoder.decode(body, _prompt, template,
+                                                     document["messages"])]
         return ask, contract
 
-    def _prompt(self, model: str, messages: list) -> str:
-        messages = [{**m, "content": chat_template.text_of(m.get("content"))}
-                    for m in messages]
-        template = self._template(model)
-        return template.render(messages) if template is not None \
-            else chat_template.plain_prompt(messages)
-
-    def _template(self, model: str):
+    async def _template(self, model: str):
         """The model's chat template (looked for again once the model is reloaded)."""
-        config = self.service.model_config(model)
+        config = await self.service.ask("model_config", model)
         cached = self._templates.get(model)
         if cached is not None and cached[0] is config:
             return cached[1]
-        template = chat_template.find_template(self._folders(model))
+        template = chat_template.find_template(await self._folders(model))
         self._templates[model] = (config, template)
         return template
 
-    def _folders(self, model: str) -> list:
+    async def _folders(self, model: str) -> list:
         """Where a model's tokenizer config may be: its version folder, then its own."""
         try:
-            folder, version = self.service.model_folder(model)
+            folder, version = await self.service.ask("model_folder", model)
         except TritonError:
             return []
         return [] if folder is None else [folder / str(version), folder]
@@ -231,6 +232,20 @@ class OpenAIRoutes:
         if ask.include_usage:
             return await body.send(generate.event(reply.usage_chunk(choices)))
         return True
+
+
+def _parsed(body: bytes, chat: bool) -> tuple[dict, codec.Ask]:
+    """The request's JSON document and its fields."""
+    document = codec.parse_body(body)
+    return document, codec.parse_ask(document, chat)
+
+
+def _prompt(template, messages: list) -> str:
+    """The prompt `template` (None: the plain one) renders from the chat's messages."""
+    messages = [{**m, "content": chat_template.text_of(m.get("content"))}
+                for m in messages]
+    return template.render(messages) if template is not None \
+        else chat_template.plain_prompt(messages)
 
 
 async def _merged(streams: list):
