@@ -29,6 +29,7 @@ def main() -> int:
     # Ctrl-C reaches every process of the terminal's group: the main process alone
     # decides, and stops this one with SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         return run(serve(start))
     finally:
@@ -58,6 +59,11 @@ def configure_logging(start: ChildStart) -> LogSettings:
 async def serve(start: ChildStart) -> int:
     """Serve until told to stop; the exit status."""
     loop = asyncio.get_running_loop()
+    terminated = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, terminated.set)
+    # blocked since the supervisor started this process (STOP_SIGNALS): one sent
+    # meanwhile comes now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     service = RemoteService(socket.socket(fileno=start.link_fd),
                             socket.socket(fileno=start.query_fd))
     service.start(loop)
@@ -72,7 +78,7 @@ async def serve(start: ChildStart) -> int:
         log.error("front-end process %d: %s", start.index, error)
         return 1
     service.serving()
-    if await stopped_or_orphaned(loop, service):
+    if await stopped_or_orphaned(terminated, service):
         log.error("front-end process %d: the main process closed its link; exiting",
                   start.index)
         return 1
@@ -87,10 +93,8 @@ def stream_share(start: ChildStart) -> int:
     return max(1, total // start.processes) if total else 0
 
 
-async def stopped_or_orphaned(loop: asyncio.AbstractEventLoop, service) -> bool:
+async def stopped_or_orphaned(terminated: asyncio.Event, service) -> bool:
     """Wait for SIGTERM (False) or for the main process to close the link (True)."""
-    terminated = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, terminated.set)
     waits = [asyncio.ensure_future(terminated.wait()),
              asyncio.ensure_future(service.wait_closed())]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

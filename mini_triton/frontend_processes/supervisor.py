@@ -11,6 +11,7 @@ Its exit is seen on a pidfd, so no thread waits on any of them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..serving import CloudModels
-from ..settings import Settings
+from ..settings import Settings, StartupError
 from .host import Host, serve_child
 
 log = logging.getLogger("mini_triton")
@@ -57,7 +58,7 @@ class ChildStart:
     query_fd: int
 
 
-class _Slot:
+class Slot:
     """One front-end process's place: the process now in it, and how it went."""
 
     def __init__(self, index: int):
@@ -83,9 +84,10 @@ class FrontendProcesses:
         self.sockets = sockets
         self.models = models
         self.serve = serve  # host.serve_child: the main process's end of one process
-        self.slots = [_Slot(index) for index in range(count)]
+        self.slots = [Slot(index) for index in range(count)]
         self.serving: set[int] = set()  # the slots whose process has said it serves
         self.stopping = False
+        self._tasks: set[asyncio.Task] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
@@ -93,10 +95,15 @@ class FrontendProcesses:
         self.loop = asyncio.get_running_loop()
         self.service.frontends_ready = False
         for slot in self.slots:
-            await self._spawn(slot)
+            try:
+                await self._spawn(slot)
+            except OSError as error:
+                raise StartupError(f"cannot start front-end process {slot.index}: "
+                                   f"{error.strerror or error}") from None
 
     def child_ready(self, index: int) -> None:
-        """Front-end process `index` accepts on every port (its host says so)."""
+        """Front-end process `index` accepts on every port (its host says so). Ready
+        stays once reached: while one process is replaced the others serve."""
         self.serving.add(index)
         if len(self.serving) == len(self.slots) and not self.service.frontends_ready:
             self.service.frontends_ready = True
@@ -104,16 +111,21 @@ class FrontendProcesses:
 
     # --- starting one ---
 
-    async def _spawn(self, slot: _Slot) -> None:
-        slot.restart = None
+    async def _spawn(self, slot: Slot) -> None:
         link, link_there = socket.socketpair()
         query, query_there = socket.socketpair()
         start = ChildStart(slot.index, len(self.slots), self.settings, self._port_fds(),
                            self.models, link_there.fileno(), query_there.fileno())
         try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE,
-                pass_fds=[*self._all_port_fds(), link_there.fileno(), query_there.fileno()])
+            with stop_signals_blocked():
+                process = subprocess.Popen(
+                    [sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE,
+                    pass_fds=[*self._all_port_fds(), link_there.fileno(),
+                              query_there.fileno()])
+        except OSError:
+            link.close()
+            query.close()
+            raise
         finally:
             link_there.close()
             query_there.close()
@@ -136,7 +148,7 @@ class FrontendProcesses:
 
     # --- one that exits ---
 
-    def _exited(self, slot: _Slot) -> None:
+    def _exited(self, slot: Slot) -> None:
         self.loop.remove_reader(slot.pidfd)
         os.close(slot.pidfd)
         slot.pidfd = -1
@@ -151,25 +163,36 @@ class FrontendProcesses:
             return
         log.warning("front-end process %d (pid %d) exited with %s; starting it again",
                     slot.index, pid, exit_words(status))
-        delay = self._next_delay(slot)
-        slot.restart = self.loop.call_later(
-            delay, lambda: self.loop.create_task(self._spawn(slot)))
+        self._restart_later(slot)
 
-    @staticmethod
-    def _next_delay(slot: _Slot) -> float:
-        """This restart's delay: the first after a process that ran steadily, else
-        the last one doubled (up to the most)."""
-        if time.monotonic() - slot.started_at >= STEADY_SECS:
-            slot.restart_delay = FIRST_RESTART_DELAY_SECS
-        delay = slot.restart_delay
-        slot.restart_delay = min(MAX_RESTART_DELAY_SECS, delay * 2)
-        return delay
+    def _restart_later(self, slot: Slot) -> None:
+        delay = next_restart_delay(slot, time.monotonic())
+        slot.restart = self.loop.call_later(delay, self._restart, slot)
+
+    def _restart(self, slot: Slot) -> None:
+        slot.restart = None
+        if self.stopping:
+            return
+        task = self.loop.create_task(self._spawn_or_retry(slot))
+        self._tasks.add(task)  # held until done (the loop keeps only a weak reference)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _spawn_or_retry(self, slot: Slot) -> None:
+        try:
+            await self._spawn(slot)
+        except OSError as error:  # out of descriptors, processes or memory, for now
+            log.error("front-end process %d could not start (%s); trying again",
+                      slot.index, error)
+            slot.started_at = time.monotonic()  # counts as an exit soon after a start
+            self._restart_later(slot)
 
     # --- stopping them ---
 
     def begin_stop(self) -> None:
         """Shutdown has begun: no more restarts, and each process is asked to stop
-        (SIGTERM: it stops accepting, finishes its requests in flight, exits)."""
+        (SIGTERM, once: it stops accepting, finishes its requests in flight, exits)."""
+        if self.stopping:
+            return
         self.stopping = True
         for slot in self.slots:
             if slot.restart is not None:
@@ -197,7 +220,36 @@ class FrontendProcesses:
                 sock.close()
 
 
-def _running(slot: _Slot) -> bool:
+def next_restart_delay(slot: Slot, now: float) -> float:
+    """The delay before `slot`'s process starts again, its exit seen at `now`: the
+    first delay after a process that ran steadily, else the last one doubled (up to
+    the most)."""
+    if now - slot.started_at >= STEADY_SECS:
+        slot.restart_delay = FIRST_RESTART_DELAY_SECS
+    delay = slot.restart_delay
+    slot.restart_delay = min(MAX_RESTART_DELAY_SECS, delay * 2)
+    return delay
+
+
+# Blocked in a front-end process until it can stop cleanly (SIGINT: Ctrl-C reaches the
+# terminal's whole process group, and the main process alone decides).
+STOP_SIGNALS = frozenset((signal.SIGTERM, signal.SIGINT))
+
+
+@contextlib.contextmanager
+def stop_signals_blocked():
+    """STOP_SIGNALS blocked on this thread meanwhile. A process started meanwhile
+    inherits the mask: a signal sent while it starts waits until it can stop cleanly
+    (child.py unblocks them once its handlers are in place); here, one waits a moment,
+    and is not lost."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _running(slot: Slot) -> bool:
     return slot.exited is not None and not slot.exited.done()
 
 
