@@ -69,6 +69,8 @@ def option_rows(settings, extensions) -> list[list[str]]:
         ["strict_readiness", str(int(settings.strict_readiness))],
         ["exit_timeout", f"{settings.exit_timeout_secs:g}"],
         ["cache_enabled", str(int(bool(settings.response_cache_bytes)))],
+        # ours (--frontend-processes): how many processes do the protocol work
+        ["frontend_processes", str(settings.frontend_processes)],
     ]
     return rows
 

@@ -78,13 +78,13 @@ async def serve(start: ChildStart) -> int:
         log.error("front-end process %d: %s", start.index, error)
         return 1
     service.serving()
-    if await stopped_or_orphaned(terminated, service):
+    orphaned = await stopped_or_orphaned(terminated, service)
+    if orphaned:  # what was under way has failed already (RemoteService)
         log.error("front-end process %d: the main process closed its link; exiting",
                   start.index)
-        return 1
     frontends.begin_shutdown()
-    await frontends.stop(grace=start.settings.exit_timeout_secs)
-    return 0
+    await frontends.stop(grace=0.0 if orphaned else start.settings.exit_timeout_secs)
+    return 1 if orphaned else 0
 
 
 def stream_share(start: ChildStart) -> int:
