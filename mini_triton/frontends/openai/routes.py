@@ -89,10 +89,10 @@ class OpenAIRoutes:
 
     async def _serves(self, name: str) -> bool:
         try:
-            return codec.contract_of(await self.service.ask("model_config", name)) \
-                is not None
+            config = await self.service.ask("model_config", name)
         except TritonError:
             return False
+        return codec.contract_of(config) is not None
 
     async def _contract(self, name: str) -> codec.Contract:
         try:
