@@ -159,6 +159,12 @@ class Server:
                                            self.settings, sockets, models)
         await self.processes.start()
 
+    async def wait_serving(self) -> None:
+        """Until every front end accepts: at once with one process, else once each
+        front-end process says it serves (for embedders that call no health API)."""
+        if self.processes is not None:
+            await self.processes.all_serving.wait()
+
     async def _serve_metrics_port(self) -> None:
         address = self.settings.metrics_address
         self._metrics_listener, self.ports["metrics"] = await listen_http(
@@ -343,6 +349,7 @@ class ServerThread:
         self.server = Server(self.settings)
         try:
             await self.server.start()
+            await self.server.wait_serving()
         except BaseException as error:
             self._error = error
             self._ready.set()

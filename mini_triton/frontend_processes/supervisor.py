@@ -86,6 +86,7 @@ class FrontendProcesses:
         self.serve = serve  # host.serve_child: the main process's end of one process
         self.slots = [Slot(index) for index in range(count)]
         self.serving: set[int] = set()  # the slots whose process has said it serves
+        self.all_serving = asyncio.Event()  # every one has, once
         self.stopping = False
         self._tasks: set[asyncio.Task] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -105,7 +106,8 @@ class FrontendProcesses:
         """Front-end process `index` accepts on every port (its host says so). Ready
         stays once reached: while one process is replaced the others serve."""
         self.serving.add(index)
-        if len(self.serving) == len(self.slots) and not self.service.frontends_ready:
+        if len(self.serving) == len(self.slots) and not self.all_serving.is_set():
+            self.all_serving.set()
             self.service.frontends_ready = True
             log.info("All %d front-end processes are serving", len(self.slots))
 
