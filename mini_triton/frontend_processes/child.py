@@ -31,7 +31,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
-        return run(serve(start))
+        return run(serve(start, log_settings))
     finally:
         log_settings.close()
 
@@ -56,7 +56,7 @@ def configure_logging(start: ChildStart) -> LogSettings:
     return LogSettings(**values)
 
 
-async def serve(start: ChildStart) -> int:
+async def serve(start: ChildStart, log_settings: LogSettings) -> int:
     """Serve until told to stop; the exit status."""
     loop = asyncio.get_running_loop()
     terminated = asyncio.Event()
@@ -68,6 +68,7 @@ async def serve(start: ChildStart) -> int:
                             socket.socket(fileno=start.query_fd))
     service.start(loop)
     service.stream_budget = StreamBudget(stream_share(start))
+    service.log_settings = log_settings  # follows the main process's (the logging API)
     frontends = Frontends(service, start.settings, start.models)
     try:
         frontends.http_tls = http_tls_context(start.settings)

@@ -11,6 +11,7 @@ formats an error), answered at once, in order, on the loop (QUERIED).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import pickle
 import socket
@@ -43,8 +44,9 @@ QUERIED = frozenset(("model_config", "model_metadata", "model_ready", "ready",
                      "system_shm_status", "system_shm_register", "system_shm_unregister",
                      "cuda_shm_status", "cuda_shm_register", "cuda_shm_unregister",
                      "metrics_text"))
-# Those after which whether traces are sampled may have changed.
+# Those after which whether traces are sampled, or the log settings, may have changed.
 _TRACE_CHANGES = frozenset(("trace_settings",))
+_LOG_CHANGES = frozenset(("logging_settings",))
 
 # Every host of this process, by service: a trace setting changed through one front-end
 # process reaches all of them.
@@ -195,8 +197,7 @@ class Host:
                       "error": put_error(TritonError(Code.INTERNAL, str(error)))}
         if not self._closed:
             self.link.send(answer)
-        if method in _TRACE_CHANGES:
-            announce_sampling(self.service)
+        self._announce_changes(method, args)
 
     # --- the query socket ---
 
@@ -242,15 +243,30 @@ class Host:
         except OSError:
             self.close()
             return
+        self._announce_changes(method, args)
+
+    # --- settings every front-end process follows, and the end ---
+
+    def _announce_changes(self, method: str, args) -> None:
+        """After a question that may have changed what every front-end process follows
+        (whether traces are sampled; the log settings), tell them all."""
         if method in _TRACE_CHANGES:
             announce_sampling(self.service)
-
-    # --- trace sampling, and the end ---
+        elif method in _LOG_CHANGES and args and args[-1]:
+            settings = self.service.log_settings.get()
+            for host in _hosts_of(self.service):
+                host.send_quietly({"op": kinds.LOGGING, "settings": settings})
 
     def announce(self, sampling: bool) -> None:
-        if sampling != self._sampling and not self._closed:
+        if sampling != self._sampling:
             self._sampling = sampling
-            self.link.send({"op": kinds.SAMPLING, "value": sampling})
+            self.send_quietly({"op": kinds.SAMPLING, "value": sampling})
+
+    def send_quietly(self, meta: dict) -> None:
+        """Send `meta` unless the front-end process is gone (its close() follows)."""
+        if not self._closed:
+            with contextlib.suppress(OSError):
+                self.link.send(meta)
 
     def close(self) -> None:
         """The front-end process is gone (or the server stops): its requests in flight
@@ -274,9 +290,12 @@ class Host:
 def announce_sampling(service) -> None:
     """Tell every front-end process whether traces are sampled now."""
     sampling = service.tracer.sampling
-    for host in list(_HOSTS):
-        if host.service is service:
-            host.announce(sampling)
+    for host in _hosts_of(service):
+        host.announce(sampling)
+
+
+def _hosts_of(service) -> list[Host]:
+    return [host for host in list(_HOSTS) if host.service is service]
 
 
 def serve_child(service, link_sock: socket.socket, query_sock: socket.socket,

@@ -30,6 +30,7 @@ SERVING = "serving"  # the front-end process accepts on every port
 RESPONSE = "response"  # id, response (final or not)
 ANSWER = "answer"  # id, result or error: the answer to an ASK
 SAMPLING = "sampling"  # value: whether some trace level is on (the front ends stamp)
+LOGGING = "logging"  # settings: the log settings now (the logging API changed them)
 HELLO = "hello"  # sampling, server_id: the first message a front-end process reads
 
 # The coroutines of InferenceService a front end awaits, answered across processes too.

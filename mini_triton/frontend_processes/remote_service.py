@@ -101,6 +101,7 @@ class RemoteService:
         self.cuda_shm = RemoteRegistry(self, "cuda_shm", CudaSharedMemoryRegistry)
         self.metrics = RemoteMetrics(self)
         self.stream_budget = None  # this process's share (set by child.py)
+        self.log_settings = None  # this process's LogSettings (set by child.py)
         self.server_id = ""
         self.requests_in_flight = 0
         self._calls: dict[int, object] = {}  # call id → (request, stream) or _Question
@@ -145,7 +146,15 @@ class RemoteService:
                 self._answered_question(meta)
             elif op == kinds.SAMPLING:
                 self.tracer.sampling = meta["value"]
+            elif op == kinds.LOGGING and self.log_settings is not None:
+                self._follow_log_settings(meta["settings"])
         self.link.return_freed(FREED_BATCH)
+
+    def _follow_log_settings(self, settings: dict) -> None:
+        """The main process's log settings changed: this process logs the same way (the
+        file stays the one it was started with: the API cannot change it)."""
+        changes = {key: value for key, value in settings.items() if key != "log_file"}
+        self.log_settings.update(changes)
 
     def _response(self, message, meta: dict) -> None:
         call_id = meta["id"]
