@@ -13,11 +13,16 @@ results.json and plots into perf/results/<timestamp>/.
     python perf/compare.py --preset payloads    # 64 B, 588 KiB, 4 MiB x HTTP, gRPC,
                                                 # shared memory x c1-c16, with CPU (compare_table.py)
     python perf/compare.py --preset payloads --sizes 16 --rounds 3   # medians of 3 rounds
+    python perf/compare.py --preset payloads --sizes 16 --frontend-processes 1,2
+                                                # Triton, ours N=1 and N=2 at every point
+    python perf/compare.py --preset payloads --sizes 16 --competition 2
+                                                # two busy loops on the cores throughout
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import shlex
@@ -36,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mini_triton.server import started_service  # noqa: E402
 import compare_table  # noqa: E402
+import competition  # noqa: E402
 import loadgen  # noqa: E402
 import run_perf_analyzer  # noqa: E402
 from measurements import (  # noqa: E402
@@ -45,6 +51,11 @@ from measurements import (  # noqa: E402
 REPO_ROOT = PERF_DIR.parent
 SERVERS = ("mini_triton", "triton")
 LABELS = {"mini_triton": "mini_triton", "triton": "Triton 2.51"}
+# Ours, one marker per configuration compared (--frontend-processes 1,2,...).
+OUR_MARKERS = ("o", "^", "v", "D", "P", "X")
+# perf_analyzer's gRPC client shares one connection among this many of its concurrent
+# contexts (tritonclient's channel cache); how many connections a front-end process gets.
+GRPC_SHARE_VARIABLE = "TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"
 
 
 def free_port() -> int:
@@ -94,20 +105,17 @@ class Server:
                 self.seen[started[0]] = started[1]
 
     def wait_ready(self, model: str, timeout: float) -> None:
-        """Until the server reports its ports and answers ready for `model`."""
+        """Until the server reports its ports and answers ready, itself (with front-end
+        processes: all of them serve) and for `model`."""
         deadline = time.monotonic() + timeout
-        url = f"http://{self.http_url}/v2/models/{model}/ready"
+        urls = [f"http://{self.http_url}/v2/health/ready",
+                f"http://{self.http_url}/v2/models/{model}/ready"]
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; "
                                    f"see {self.log_path}")
-            if {"http", "grpc"} <= self.seen.keys():
-                try:
-                    with urllib.request.urlopen(url, timeout=2) as response:
-                        if response.status == 200:
-                            return
-                except (urllib.error.URLError, ConnectionError, TimeoutError):
-                    pass
+            if {"http", "grpc"} <= self.seen.keys() and all(map(_answers_ok, urls)):
+                return
             time.sleep(0.1)
         raise RuntimeError(f"{self.name} did not get ready for {model} in {timeout:g}s; "
                            f"see {self.log_path}")
@@ -123,7 +131,17 @@ class Server:
             self.proc.wait()
 
 
-def make_server(name: str, args: argparse.Namespace, out_dir: Path) -> Server:
+def _answers_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def make_server(name: str, args: argparse.Namespace, out_dir: Path,
+                frontend_processes: str | None = None) -> Server:
+    """Triton, or ours (with --frontend-processes when given), on free ports."""
     ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
     flags = ["--http-port", str(ports["http"]), "--grpc-port", str(ports["grpc"]),
              "--metrics-port", str(ports["metrics"])]
@@ -134,7 +152,24 @@ def make_server(name: str, args: argparse.Namespace, out_dir: Path) -> Server:
     else:
         command = [args.python, "-m", "mini_triton", "--model-repository",
                    str(args.model_repository), *flags, *shlex.split(args.mini_args)]
+        if frontend_processes is not None:
+            command += ["--frontend-processes", frontend_processes]
     return Server(name, command, out_dir / f"{name}.log", ports)
+
+
+def make_servers(args: argparse.Namespace, out_dir: Path) -> list[Server]:
+    """Ours (one server per --frontend-processes count, or one as configured by
+    --mini-args), then Triton, as --servers asks."""
+    wanted = args.servers.split(",")
+    servers = []
+    if "mini_triton" in wanted:
+        if args.frontend_processes is None:
+            servers.append(make_server("mini_triton", args, out_dir))
+        for count in args.frontend_processes or ():
+            servers.append(make_server(f"{compare_table.OURS}-n{count}", args, out_dir, count))
+    if "triton" in wanted:
+        servers.append(make_server("triton", args, out_dir))
+    return servers
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -170,56 +205,63 @@ def measure_point(server: Server, protocol: str, level: int, args: argparse.Name
 
 def run_sweep(servers: list[Server], args: argparse.Namespace,
               out_dir: Path) -> list[Measurement]:
-    """Every (protocol, level) on every server, alternating which server goes first."""
+    """Every (protocol, level) on every server, which server goes first turning at each
+    point; each with the server tree's CPU per inference (compare_table.with_cpu)."""
     results = []
     levels = [int(v) for v in parse_range(args.concurrency_range)]
-    flip = False
+    turn = 0
     for protocol in args.protocols.split(","):
         for level in levels:
-            order = list(reversed(servers)) if flip else servers
-            flip = not flip
-            for server in order:
+            for server in compare_table.rotated(servers, turn):
                 if args.tool == "perf_analyzer":
                     print(f"[compare] {server.name} {protocol} c{level} ...", file=sys.stderr,
                           flush=True)
-                m = measure_point(server, protocol, level, args, out_dir)
+                m = compare_table.with_cpu(server, model_for(server, args), functools.partial(
+                    measure_point, server, protocol, level, args, out_dir))
                 if args.tool == "perf_analyzer":
                     print(f"[compare]   {m.throughput:,.0f} infer/s, "
                           f"p99 {m.p99_us / 1000:.2f} ms {m.note}", file=sys.stderr, flush=True)
                 results.append(m)
+            turn += 1
     return results
 
 
 # ---------------------------------------------------------------------------- reporting
 
 
-def _ratio(ours: float, theirs: float) -> str:
-    if not theirs or theirs != theirs or ours != ours:
-        return "-"
-    return f"{ours / theirs:.2f}x"
+def sweep_key(m: Measurement) -> tuple:
+    return m.protocol, m.level
 
 
 def ratio_table(results: list[Measurement]) -> str:
-    """One row per (protocol, concurrency): both servers side by side, ours / Triton."""
-    by_key = {(m.server, m.protocol, m.level): m for m in results}
-    header = ["protocol", "concurrency", "Triton infer/s", "ours infer/s", "throughput ratio",
-              "Triton p50 ms", "ours p50 ms", "Triton p99 ms", "ours p99 ms", "p99 ratio"]
+    """One row per (protocol, concurrency): every server side by side, with each of ours
+    against Triton and each further configuration of ours against the first (the
+    throughput, p99 latency and CPU per inference of compare_table.comparisons)."""
+    names = compare_table.ordered_names(results)
+    pairs = compare_table.comparisons(names)
+    cpu_pairs = [(n, b) for n, b in pairs if b == "triton"]
+    by_key = {(m.server, *sweep_key(m)): m for m in results}
+    label, ratio, pair_label, ms = (compare_table.server_label, compare_table.ratio,
+                                    compare_table.pair_label, compare_table.ms)
+    header = (["protocol", "concurrency"] + [f"{label(n)} infer/s" for n in names]
+              + [f"throughput {pair_label(p)}" for p in pairs]
+              + [f"{label(n)} p{q} ms" for q in (50, 99) for n in names]
+              + [f"p99 {pair_label(p)}" for p in pairs]
+              + [f"{label(n)} CPU us/inf" for n in names]
+              + [f"CPU {pair_label(p)}" for p in cpu_pairs])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    seen = []
-    for m in results:
-        if (m.protocol, m.level) not in seen:
-            seen.append((m.protocol, m.level))
-    for protocol, level in seen:
-        theirs = by_key.get(("triton", protocol, level))
-        ours = by_key.get(("mini_triton", protocol, level))
-        if theirs is None or ours is None:
+    for key in dict.fromkeys(sweep_key(m) for m in results):
+        got = {n: by_key.get((n, *key)) for n in names}
+        if None in got.values():
             continue
-        lines.append("| " + " | ".join([
-            protocol, f"{level:g}", f"{theirs.throughput:,.0f}", f"{ours.throughput:,.0f}",
-            _ratio(ours.throughput, theirs.throughput),
-            f"{theirs.p50_us / 1000:.2f}", f"{ours.p50_us / 1000:.2f}",
-            f"{theirs.p99_us / 1000:.2f}", f"{ours.p99_us / 1000:.2f}",
-            _ratio(ours.p99_us, theirs.p99_us)]) + " |")
+        lines.append("| " + " | ".join(
+            [key[0], f"{key[1]:g}"] + [f"{got[n].throughput:,.0f}" for n in names]
+            + [ratio(got[a].throughput, got[b].throughput) for a, b in pairs]
+            + [ms(getattr(got[n], f"p{q}_us")) for q in (50, 99) for n in names]
+            + [ratio(got[a].p99_us, got[b].p99_us) for a, b in pairs]
+            + [f"{got[n].extra.get('cpu_us', 0.0):,.0f}" for n in names]
+            + [ratio(got[a].extra.get("cpu_us", 0.0), got[b].extra.get("cpu_us", 0.0))
+               for a, b in cpu_pairs]) + " |")
     return "\n".join(lines)
 
 
@@ -243,9 +285,13 @@ def plot(results: list[Measurement], out_dir: Path) -> list[str]:
         return []
     protocols = list(dict.fromkeys(m.protocol for m in results))
     levels = sorted({m.level for m in results})
-    servers = [s for s in SERVERS if any(m.server == s for m in results)]
-    styles = {"mini_triton": "-", "triton": "--"}
-    markers = {"mini_triton": "o", "triton": "s"}
+    servers = compare_table.ordered_names(results)
+    ours = [s for s in servers if compare_table.is_ours(s)]
+    styles = {s: "--" if s == "triton" else "-" for s in servers}
+    markers = {"triton": "s", **{s: OUR_MARKERS[i % len(OUR_MARKERS)]
+                                 for i, s in enumerate(ours)}}
+    labels = {s: LABELS.get(s) or f"mini_triton {compare_table.server_label(s)}"
+              for s in servers}
 
     def series(server, protocol, attr):
         points = sorted((m.level, getattr(m, attr)) for m in results
@@ -256,7 +302,7 @@ def plot(results: list[Measurement], out_dir: Path) -> list[str]:
     for server in servers:
         for protocol in protocols:
             xs, ys = series(server, protocol, "throughput")
-            ax.plot(xs, ys, styles[server], marker="o", label=f"{LABELS[server]} {protocol}")
+            ax.plot(xs, ys, styles[server], marker="o", label=f"{labels[server]} {protocol}")
     _concurrency_axis(ax, levels)
     ax.set_ylabel("infer/s")
     ax.set_title("Throughput vs concurrency")
@@ -273,7 +319,7 @@ def plot(results: list[Measurement], out_dir: Path) -> list[str]:
             for attr, color in (("p50_us", "C0"), ("p90_us", "C1"), ("p99_us", "C3")):
                 xs, ys = series(server, protocol, attr)
                 ax.plot(xs, [y / 1000 for y in ys], styles[server], marker=markers[server],
-                        color=color, label=f"{LABELS[server]} {attr[:3]}")
+                        color=color, label=f"{labels[server]} {attr[:3]}")
         _concurrency_axis(ax, levels)
         ax.set_ylabel("latency (ms)")
         ax.set_title(f"Latency percentiles, {protocol}")
@@ -296,12 +342,21 @@ def write_report(results: list[Measurement], args: argparse.Namespace, out_dir: 
         f"- tool: {args.tool}; repository: {args.model_repository}; "
         f"shape: {' '.join(args.shape) or '-'}",
         f"- run: `{shlex.join(['python', 'perf/compare.py', *argv])}`",
+        f"- competition for the cores: {competition.describe(args.competition)}; load "
+        f"average {args.load_before} before, {load_average()} after",
+        f"- perf_analyzer gRPC contexts per connection: {args.grpc_share or 'its default'}",
         "",
     ]
-    if {"mini_triton", "triton"} <= {s.name for s in servers}:
+    names = {s.name for s in servers}
+    if len(names) > 1 and any(map(compare_table.is_ours, names)):
         ratios = compare_table.table(results) if args.preset == "payloads" \
             else ratio_table(results)
-        parts += ["## Ours / Triton", "", ratios, ""]
+        parts += ["## Ours / Triton" if "triton" in names else "## Ours", "", ratios, ""]
+    if args.preset == "payloads":
+        parts += ["## Latency at the lowest concurrency (ms)", "",
+                  compare_table.latency_table(results), "",
+                  "## CPU per inference by process", "",
+                  compare_table.cpu_role_table(results), ""]
     parts += ["## All measurements", "", markdown_table(results, with_server=True), ""]
     parts += [f"![{p}]({p})" for p in plots] + [""]
     parts += ["## Servers", "", "```"] + [shlex.join(s.command) for s in servers] + ["```", ""]
@@ -313,6 +368,21 @@ def write_report(results: list[Measurement], args: argparse.Namespace, out_dir: 
 
 
 # ---------------------------------------------------------------------------- CLI
+
+
+def load_average() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def frontend_counts(spec: str) -> list[str]:
+    """`1,2,auto` → ["1", "2", "auto"]: each a count ours accepts for --frontend-processes."""
+    counts = [c.strip() for c in spec.split(",")]
+    for count in counts:
+        if count != "auto" and not (count.isdigit() and int(count) > 0):
+            raise argparse.ArgumentTypeError(f"bad front-end process count {count!r}")
+    if len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"a count given twice in {spec!r}")
+    return counts
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -350,6 +420,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "each figure is the median of its rounds")
     parser.add_argument("--routes", default=",".join(compare_table.ROUTES),
                         help="--preset payloads: http, grpc, shm (gRPC), http-shm")
+    parser.add_argument("--frontend-processes", type=frontend_counts, default=None,
+                        help="ours once per count, e.g. 1,2: each a server of its own with "
+                             "--frontend-processes N, measured in turn with Triton at every "
+                             "point; ratios against Triton and against the first count")
+    parser.add_argument("--competition", type=int, default=0, metavar="K",
+                        help="K busy loops of another program on the cores while measuring")
+    parser.add_argument("--grpc-share", type=int, default=None, metavar="K",
+                        help=f"perf_analyzer's gRPC contexts per connection "
+                             f"({GRPC_SHARE_VARIABLE}); 1 opens one connection per context")
     args = parser.parse_args(argv)
     args.sizes = [int(v) for v in args.sizes.split(",")]
     args.routes = args.routes.split(",")
@@ -375,8 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out_dir = args.results_dir or RESULTS_DIR / time.strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    servers = [make_server(name, args, out_dir) for name in SERVERS
-               if name in args.servers.split(",")]
+    servers = make_servers(args, out_dir)
+    if args.grpc_share:
+        os.environ[GRPC_SHARE_VARIABLE] = str(args.grpc_share)  # perf_analyzer inherits it
     try:
         for server in servers:
             server.start()
@@ -384,10 +464,12 @@ def main(argv: list[str] | None = None) -> int:
             server.wait_ready(model_for(server, args), args.ready_timeout)
             print(f"[compare] {server.name} ready: HTTP {server.http_url}, "
                   f"gRPC {server.grpc_url}", file=sys.stderr)
-        if args.preset == "payloads":
-            results = compare_table.run(servers, model_for, args, out_dir)
-        else:
-            results = run_sweep(servers, args, out_dir)
+        args.load_before = load_average()
+        with competition.busy_loops(args.competition):
+            if args.preset == "payloads":
+                results = compare_table.run(servers, model_for, args, out_dir)
+            else:
+                results = run_sweep(servers, args, out_dir)
     except RuntimeError as exc:
         print(f"[compare] {exc}", file=sys.stderr)
         return 2
