@@ -142,7 +142,8 @@ class Host:
             if request is not None:
                 self.service.cancel(request)
         elif op == kinds.ASK:
-            self.loop.create_task(self._answer(meta["id"], meta["method"], meta["args"]))
+            self.loop.create_task(self._answer(meta["id"], meta["method"], meta["args"],
+                                               meta.get("kwargs") or {}))
         elif op == kinds.REFUSED:
             self.service.tracer.refused(meta["model"], meta["received"])
         elif op == kinds.SERVING:
@@ -182,10 +183,10 @@ class Host:
         except OSError:  # it exited: its requests are cancelled by close()
             pass
 
-    async def _answer(self, call_id: int, method: str, args: list) -> None:
+    async def _answer(self, call_id: int, method: str, args: list, kwargs: dict) -> None:
         try:
             if method in kinds.CONTROL:
-                result = await getattr(self.service, method)(*args)
+                result = await getattr(self.service, method)(*args, **kwargs)
             else:
                 result = await self.service.ask(method, *args)
             answer = {"op": kinds.ANSWER, "id": call_id, "result": result}

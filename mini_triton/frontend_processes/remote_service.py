@@ -242,33 +242,43 @@ class RemoteService:
     # --- awaited questions ---
 
     async def ask(self, method: str, *args):
+        """InferenceService.ask, answered by the main process."""
+        return await self._question(method, args, None)
+
+    async def _question(self, method: str, args: tuple, kwargs: dict | None):
         future = self.loop.create_future()
         call_id = next(self._ids)
         self._calls[call_id] = _Question(future)
+        meta = {"op": kinds.ASK, "id": call_id, "method": method, "args": args}
+        if kwargs:
+            meta["kwargs"] = kwargs
         try:
-            self.send({"op": kinds.ASK, "id": call_id, "method": method, "args": args})
+            self.send(meta)
         except OSError:
             self._calls.pop(call_id, None)
             raise TritonError(Code.UNAVAILABLE, "the server's main process is gone") from None
         return await future
 
+    # The service's coroutines (link.CONTROL), with their arguments as the front ends
+    # pass them.
+
     async def check_ready(self) -> bool:
-        return await self.ask("check_ready")
+        return await self._question("check_ready", (), None)
 
-    async def check_model_ready(self, name: str, version: str = "") -> bool:
-        return await self.ask("check_model_ready", name, version)
+    async def check_model_ready(self, *args, **kwargs) -> bool:
+        return await self._question("check_model_ready", args, kwargs)
 
-    async def load_model(self, *args) -> None:
-        return await self.ask("load_model", *args)
+    async def load_model(self, *args, **kwargs) -> None:
+        return await self._question("load_model", args, kwargs)
 
-    async def unload_model(self, *args) -> None:
-        return await self.ask("unload_model", *args)
+    async def unload_model(self, *args, **kwargs) -> None:
+        return await self._question("unload_model", args, kwargs)
 
-    async def register_model_repository(self, *args) -> None:
-        return await self.ask("register_model_repository", *args)
+    async def register_model_repository(self, *args, **kwargs) -> None:
+        return await self._question("register_model_repository", args, kwargs)
 
-    async def unregister_model_repository(self, *args) -> None:
-        return await self.ask("unregister_model_repository", *args)
+    async def unregister_model_repository(self, *args, **kwargs) -> None:
+        return await self._question("unregister_model_repository", args, kwargs)
 
     # --- synchronous questions (host.QUERIED) ---
 
