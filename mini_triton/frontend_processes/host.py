@@ -11,6 +11,7 @@ formats an error), answered at once, in order, on the loop (QUERIED).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import pickle
@@ -77,11 +78,10 @@ class Forward:
         else:
             _stamped_send(stamps, self.host, self.call_id, response)
         if response.final:
-            loop = self.host.loop
-            if on_loop_thread(loop):
+            if on_loop_thread(self.host.loop):
                 self.settle()
-            elif not loop.is_closed():
-                loop.call_soon_threadsafe(self.settle)
+            else:
+                self.host.settle_later(self)
 
 
 def _stamped_send(stamps: FrontEndStamps, host: "Host", call_id: int, response) -> None:
@@ -108,6 +108,10 @@ class Host:
         self.on_gone = on_gone  # its link closed (it exited)
         self.requests: dict[int, object] = {}  # call id → request in flight
         self._query_buffer = bytearray()
+        # Requests answered from other threads (a model instance's), settled on the loop
+        # together: one wake-up of the loop for those of a batch, not one for each.
+        self._to_settle: collections.deque[Forward] = collections.deque()
+        self._settling = False
         self._closed = False
         self._sampling = service.tracer.sampling
         query_sock.setblocking(False)
@@ -168,6 +172,22 @@ class Host:
                     forward.stamps = None  # not sampled
         except TritonError as error:  # refused before it was scheduled
             self.send_response(call_id, request.error_response(error))
+
+    def settle_later(self, forward: Forward) -> None:
+        """Settle `forward` on the loop soon (from another thread). The flag is read
+        after the append and cleared before the drain, so an entry is never left
+        behind: at worst the loop is woken once more than needed."""
+        self._to_settle.append(forward)
+        if not self._settling:
+            self._settling = True
+            if not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(self._settle_all)
+
+    def _settle_all(self) -> None:
+        self._settling = False
+        pending = self._to_settle
+        while pending:
+            pending.popleft().settle()
 
     def send_response(self, call_id: int, response) -> None:
         """Send one response of request `call_id` (thread-safe)."""
