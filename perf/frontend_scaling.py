@@ -87,7 +87,7 @@ def _rate(cores: float, us_per_inference: float) -> float:
     return cores * 1e6 / us_per_inference if us_per_inference else float("inf")
 
 
-def costs_of(m: Measurement, connections: dict) -> Costs:
+def costs_of(m: Measurement) -> Costs:
     extra = m.extra
     return Costs(
         count=int(m.server.rsplit("-n", 1)[1]), protocol=m.protocol,
@@ -95,17 +95,16 @@ def costs_of(m: Measurement, connections: dict) -> Costs:
         frontend_us=extra["cpu_us_frontend"], worker_us=extra["cpu_us_worker"],
         client_us=extra["client_cpu_us"], workers=extra["processes"]["worker"],
         frontend_each_us=extra["frontend_cpu_us_each"],
-        connections=connections.get((m.server, m.protocol), []))
+        connections=extra["connections"])
 
 
 # ---------------------------------------------------------------------------- measuring
 
 
-def measure_all(servers: list, args: argparse.Namespace,
-                out_dir: Path) -> tuple[list[Measurement], dict]:
-    """Every (round, protocol) on every server in turn; with each point the peak client
-    connections of each of its processes (server, protocol → counts, most first)."""
-    results, connections, turn = [], {}, 0
+def measure_all(servers: list, args: argparse.Namespace, out_dir: Path) -> list[Measurement]:
+    """Every (round, protocol) on every server in turn; with each measurement, in
+    `extra["connections"]`, the client connections each serving process held."""
+    results, turn = [], 0
     for number in range(1, args.rounds + 1):
         for protocol in args.protocols:
             point = compare_table.Point(ELEMENTS, protocol, args.concurrency)
@@ -115,8 +114,7 @@ def measure_all(servers: list, args: argparse.Namespace,
                 ports = {server.ports["http"], server.ports["grpc"]}
                 with process_cpu.ConnectionSampler(server.proc.pid, ports) as sampler:
                     m = compare_table.measure(server, args.model, point, args, out_dir)
-                m.extra["round"] = number
-                connections[(server.name, protocol)] = sampler.serving()  # the last round's
+                m.extra.update(round=number, connections=sampler.serving())
                 print(f"[scaling]   {m.throughput:,.0f} infer/s, main "
                       f"{m.extra['cpu_us_main']:,.0f} / front ends "
                       f"{m.extra['cpu_us_frontend']:,.0f} / workers "
@@ -124,7 +122,7 @@ def measure_all(servers: list, args: argparse.Namespace,
                       f"{sampler.serving()} {m.note}", file=sys.stderr, flush=True)
                 results.append(m)
             turn += 1
-    return results, connections
+    return results
 
 
 # ---------------------------------------------------------------------------- the model
@@ -210,7 +208,11 @@ def report(points: list[Costs], args: argparse.Namespace, servers: list,
         f"- 64 B FP32 to `{args.model}`, sync, concurrency {args.concurrency}, "
         f"{args.rounds} round(s) (medians), gRPC contexts per connection: {args.grpc_share}; "
         f"competition: {competition.describe(args.competition)}", "",
-        "## Measured", "", measured_table(points), "",
+        "## Measured", "",
+        "CPU per inference of each kind of process, medians of the rounds; each front "
+        "end's share and the connections each serving process held (its busiest moment) "
+        "are the first round's. Main busy: the cores the main process used.", "",
+        measured_table(points), "",
         "## Ceilings (infer/s) at each point", "", ceilings_table(points), "",
         "## The hop", "", *(hop_lines(points) or ["- no N >= 2 point measured"]), "",
     ]
@@ -279,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             server.wait_ready(args.model, args.ready_timeout)
         before = compare.load_average()
         with competition.busy_loops(args.competition):
-            results, connections = measure_all(servers, args, out_dir)
+            results = measure_all(servers, args, out_dir)
     except RuntimeError as exc:
         print(f"[scaling] {exc}", file=sys.stderr)
         return 2
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         for server in servers:
             server.stop()
     save_json(results, out_dir / "results.json")
-    points = [costs_of(m, connections) for m in compare_table.medians(
+    points = [costs_of(m) for m in compare_table.medians(
         results, key=lambda m: (m.protocol,))]
     points.sort(key=lambda p: (p.protocol, p.count))
     text = report(points, args, servers, (before, compare.load_average()), argv)
