@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -184,3 +185,30 @@ def assert_connections_kept(used: list[Route]) -> None:
     requests went through the processes the test meant (no reconnect moved one)."""
     moved = [route for route in used if not route.still_on_its_connection()]
     assert not moved, f"these routes lost the connection the test relied on: {moved}"
+
+
+def plain_clients_on_each(server: ServerProcess, service: str, probe: str
+                          ) -> dict[int, httpx.Client]:
+    """One httpx client (one kept-alive connection) to `service`'s port per front-end
+    process, for the routes tritonclient does not speak (SageMaker, Vertex AI); `probe` is
+    the path each first GETs. The caller closes them."""
+    pids = list(frontend_pids(server).values())
+    port = server.ports[service]
+    chosen: dict[int, httpx.Client] = {}
+    for _ in range(MOST_ROUTES):
+        if len(chosen) == len(pids):
+            return chosen
+        before = own_client_ports(port)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                              limits=httpx.Limits(max_connections=1))
+        assert client.get(probe).status_code == 200
+        (client_port,) = own_client_ports(port) - before
+        pid = owner_of(port, client_port, pids)
+        if pid in chosen or pid is None:
+            client.close()  # a process already chosen (None: none of them holds it)
+        else:
+            chosen[pid] = client
+    for client in chosen.values():
+        client.close()
+    raise AssertionError(f"{MOST_ROUTES} {service} connections did not reach every "
+                         f"process {pids}: {list(chosen)}")

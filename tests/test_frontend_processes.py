@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 from conftest import DEFAULT_REPOSITORY, wait_for
 from frontend_routes import routes  # noqa: F401  (the fixture the tests below take)
 from frontend_routes import (assert_connections_kept, needs_frontend_processes,
-                             one_route_on_each, served)
+                             one_route_on_each, plain_clients_on_each, served)
 
 pytestmark = needs_frontend_processes
 
@@ -247,3 +247,34 @@ def test_a_model_loaded_through_one_process_is_served_through_the_other(
     with pytest.raises(InferenceServerException):
         first.call(infer_fp32, model, data)
     assert_connections_kept([first, second])
+
+
+def test_a_sagemaker_model_registered_through_one_process_is_served_through_the_other(
+        tmp_path):
+    """SageMaker's multi-model endpoints: a model registered (POST /models) through one
+    process is listed, invoked and unregistered through the other, and then gone for the
+    first."""
+    repository = tmp_path / "repo"
+    write_model(repository, "echo", identity_config("echo"))
+    target = tmp_path / "target"
+    write_model(target, "m1", identity_config("m1"))
+    with served(repository, "--model-control-mode=explicit", "--load-model=echo",
+                "--allow-sagemaker=true", "--sagemaker-port=0",
+                services=("http", "grpc", "sagemaker")) as server:
+        first, second = plain_clients_on_each(server, "sagemaker", "/ping").values()
+        try:
+            registered = first.post("/models", json={"model_name": "m1", "url": str(target)})
+            assert registered.status_code == 200, registered.text
+            assert [model["modelName"] for model in second.get("/models").json()["models"]] \
+                == ["m1"]
+            body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2],
+                                "data": [1.5, 2.5]}]}
+            invoked = second.post("/models/m1/invoke", json=body)
+            assert invoked.status_code == 200, invoked.text
+            assert invoked.json()["outputs"][0]["data"] == [1.5, 2.5]
+            assert second.delete("/models/m1").status_code == 200
+            assert first.get("/models").json() == {"models": []}
+            assert first.post("/models/m1/invoke", json=body).status_code == 404
+        finally:
+            first.close()
+            second.close()
