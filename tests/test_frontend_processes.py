@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import urllib.request
+from contextlib import ExitStack
 
 import numpy as np
 import pytest
@@ -45,9 +46,10 @@ LONG_DELAY = "dynamic_batching { max_queue_delay_microseconds: 30000000 }"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """Two front-end processes; per protocol, a batched and a counted model of its own so the
-    parametrised tests do not count each other's requests."""
+def server_on(tmp_path_factory):
+    """`server_on(transport)`: the module's server with two front-end processes and that
+    gRPC transport, started at its first use. Per protocol, a batched and a counted model of
+    its own, so the parametrised tests do not count each other's requests."""
     repository = tmp_path_factory.mktemp("frontend_processes")
     for name in ("identity_fp32", "sequence_accumulate"):
         shutil.copytree(DEFAULT_REPOSITORY / name, repository / name)
@@ -55,8 +57,27 @@ def server(tmp_path_factory):
         write_model(repository, f"batched_{protocol}",
                     identity_config(f"batched_{protocol}", LONG_DELAY, max_batch_size=BATCH))
         write_model(repository, f"counted_{protocol}", identity_config(f"counted_{protocol}"))
-    with served(repository) as running:
-        yield running
+    running: dict[str, object] = {}
+    with ExitStack() as stack:
+        def server(transport: str):
+            if transport not in running:
+                running[transport] = stack.enter_context(
+                    served(repository, f"--grpc-transport={transport}"))
+            return running[transport]
+        yield server
+
+
+@pytest.fixture
+def server(server_on):
+    return server_on("native")
+
+
+@pytest.fixture(params=["http", "grpc", "grpcio"])
+def target(request, server_on) -> tuple:
+    """(server, protocol): HTTP, or gRPC on the native transport, or gRPC on grpcio's."""
+    if request.param == "grpcio":
+        return server_on("grpcio"), "grpc"
+    return server_on("native"), request.param
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +130,10 @@ def sequence_step(route, sequence_id: int, value: int, start: bool, end: bool) -
 # --- one scheduler per model ---
 
 
-def test_one_dynamic_batch_holds_requests_from_both_processes(server, protocol, routes):
+def test_one_dynamic_batch_holds_requests_from_both_processes(target, routes):
     """Four requests through each process at once; the model's queue delay is longer than
     the test, so only a batch of all eight runs: one execution for eight inferences."""
+    server, protocol = target
     by_pid = routes(server, protocol, per_process=BATCH // 2)
     senders = [route for group in by_pid.values() for route in group]
     model = f"batched_{protocol}"
@@ -125,9 +147,10 @@ def test_one_dynamic_batch_holds_requests_from_both_processes(server, protocol, 
     assert_connections_kept(senders)
 
 
-def test_a_sequence_keeps_its_state_across_processes(server, protocol, routes):
+def test_a_sequence_keeps_its_state_across_processes(target, routes):
     """Two sequences interleaved, each step through the other process than the step before:
     each running sum is the sum of its own sequence's values."""
+    server, protocol = target
     first, second = one_route_on_each(routes(server, protocol))[:2]
     x, y = (1001, 1002) if protocol == "http" else (2001, 2002)
     steps = [(first, x, 1, True, False, 1), (second, y, 10, True, False, 10),
@@ -139,9 +162,10 @@ def test_a_sequence_keeps_its_state_across_processes(server, protocol, routes):
     assert_connections_kept([first, second])
 
 
-def test_statistics_and_metrics_equal_the_sum_of_what_clients_sent(server, protocol, routes):
+def test_statistics_and_metrics_equal_the_sum_of_what_clients_sent(target, routes):
     """Requests of 1 to 3 rows through routes on both processes at once: the statistics asked
     through either process, and /metrics, count every request and row once."""
+    server, protocol = target
     by_pid = routes(server, protocol, per_process=3)
     senders = [route for group in by_pid.values() for route in group]
     model = f"counted_{protocol}"

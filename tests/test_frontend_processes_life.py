@@ -78,12 +78,15 @@ def identity_repository(tmp_path):
     return repository
 
 
+@pytest.mark.parametrize("protocol, transport", [
+    ("http", "native"), ("grpc", "native"), ("grpc", "grpcio")])
 def test_a_killed_frontend_process_is_replaced_while_the_other_serves(
-        identity_repository, protocol, routes):
+        identity_repository, protocol, transport, routes):
     """SIGKILL one front-end process while requests flow through both: the requests on the
     other process's connections all succeed, before, during and after; the killed one is
     started again, and then new connections on every port are served, by it too."""
     with served(identity_repository, "--allow-sagemaker=true", "--sagemaker-port=0",
+                f"--grpc-transport={transport}",
                 services=("http", "grpc", "sagemaker")) as server:
         (index, killed), (_, survivor) = sorted(frontend_pids(server).items())
         by_pid = routes(server, protocol, per_process=2)
