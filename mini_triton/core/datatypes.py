@@ -138,6 +138,25 @@ def walk_bytes(view: memoryview) -> list[bytes]:
     return items
 
 
+def count_bytes(view: memoryview) -> int:
+    """How many elements Triton-framed BYTES hold, with `walk_bytes`'s checks and errors,
+    without making the elements: on every request with a BYTES input, so the loop
+    only steps from one length prefix to the next (a prefix cut short or a length past
+    the end is left to `walk_bytes` to find and name)."""
+    count = offset = 0
+    end = len(view)
+    unpack = _LENGTH.unpack_from
+    try:
+        while offset < end:
+            offset += 4 + unpack(view, offset)[0]
+            count += 1
+    except struct.error:  # fewer than 4 bytes left for a length
+        offset = end + 1
+    if offset != end:
+        return len(walk_bytes(view))  # raises INVALID_ARG, saying where the framing breaks
+    return count
+
+
 # --- BF16: the upper half of an IEEE float32 ---
 
 

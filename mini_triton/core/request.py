@@ -177,7 +177,10 @@ def response_size(response: InferenceResponse) -> int:
     """The bytes a waiting response is counted as: its tensors', and RESPONSE_OVERHEAD."""
     size = RESPONSE_OVERHEAD
     for tensor in response.outputs:
-        size += tensor.data.nbytes if tensor.data is not None else len(tensor.raw_bytes())
+        if tensor.wire is not None:  # BYTES in their framing: not split to be counted
+            size += len(tensor.wire)
+        else:
+            size += tensor.data.nbytes if tensor.data is not None else len(tensor.raw_bytes())
     return size
 
 

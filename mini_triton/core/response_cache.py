@@ -146,6 +146,9 @@ class ResponseCache:
 
 def _frozen_copy(tensor: Tensor) -> Tensor:
     """A copy no later writer can change: the cache hands the same arrays to every hit."""
+    if tensor.wire is not None:  # BYTES kept in their framing, the bytes copied once
+        return Tensor(tensor.name, tensor.datatype, tuple(tensor.shape),
+                      parameters=dict(tensor.parameters), wire=bytes(tensor.wire))
     if tensor.data is None:
         return Tensor(tensor.name, tensor.datatype, tuple(tensor.shape), None,
                       bytes(tensor.raw or b""), dict(tensor.parameters))

@@ -334,32 +334,46 @@ def _check_input(tensor: Tensor, spec: InputSpec, model: ModelSignature,
 
 def _fill(tensor: Tensor, spec: InputSpec, model: ModelSignature, batch_size: int) -> None:
     """The input's data as the model takes it: a numpy view of its wire bytes (their
-    byte size checked first) or its decoded data checked against its shape, reshaped
-    as the config says. One function: it runs for each input of every inference."""
+    byte size checked first), BYTES kept in their framing (its lengths checked), or its
+    decoded data checked against its shape; reshaped as the config says. One function:
+    it runs for each input of every inference."""
     count = prod(map(int, tensor.shape))  # datatypes.element_count, without its call
-    if tensor.data is not None:
-        if tensor.raw is None:
+    raw = tensor.raw
+    if raw is None:
+        if tensor.wire is not None:  # BYTES split ahead (split_bytes_inputs): count them
+            _counted(tensor, len(tensor.data), count, model.name)
+            tensor.hold_wire(tensor.wire, _model_shape(tensor, spec, model, batch_size),
+                             tensor.data)
+            return
+        if tensor.data is not None:  # decoded from JSON or gRPC contents
             _check_array(tensor, count, model.name)
-        else:  # BYTES split ahead (split_bytes_inputs): checked as if split here
-            tensor.data = _counted(tensor, tensor.data, count, model.name).reshape(tensor.shape)
-    else:
-        raw = tensor.raw if tensor.raw is not None else b""
-        dtype = spec.wire_dtype
-        if dtype is None:
-            array = _string_array(tensor, raw, count, model.name)
-        else:
-            expected = count * dtype.itemsize
-            if len(raw) != expected:
-                raise invalid_arg(
-                    f"input byte size mismatch for input '{tensor.name}' for model "
-                    f"'{model.name}'. Expected {expected}, got {len(raw)}"
-                )
-            array = np.frombuffer(raw, dtype=dtype, count=count)
-        tensor.data = array.reshape(tensor.shape)
-        tensor.raw = None
-    if spec.reshape is not None:
-        prefix = (batch_size,) if model.max_batch_size > 0 else ()
-        tensor.data = tensor.data.reshape(prefix + spec.reshape)
+            if spec.reshape is not None:
+                tensor.data = tensor.data.reshape(_model_shape(tensor, spec, model, batch_size))
+            return
+        raw = b""
+    dtype = spec.wire_dtype
+    if dtype is None:
+        _check_framing(tensor, raw, count, model.name)
+        tensor.hold_wire(raw, _model_shape(tensor, spec, model, batch_size))
+        return
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise invalid_arg(
+            f"input byte size mismatch for input '{tensor.name}' for model "
+            f"'{model.name}'. Expected {expected}, got {len(raw)}"
+        )
+    tensor.data = np.frombuffer(raw, dtype=dtype, count=count).reshape(
+        tensor.shape if spec.reshape is None else _model_shape(tensor, spec, model, batch_size))
+    tensor.raw = None
+
+
+def _model_shape(tensor: Tensor, spec: InputSpec, model: ModelSignature,
+                 batch_size: int) -> tuple[int, ...]:
+    """The shape the model takes the input in: the config's `reshape` (after the batch
+    dimension) where it has one, else the request's."""
+    if spec.reshape is None:
+        return tensor.shape
+    return ((batch_size,) if model.max_batch_size > 0 else ()) + spec.reshape
 
 
 def _check_shape(tensor: Tensor, spec: InputSpec, model: ModelSignature) -> None:
@@ -395,21 +409,20 @@ def _check_shape(tensor: Tensor, spec: InputSpec, model: ModelSignature) -> None
     raise invalid_arg(message)
 
 
-def _string_array(tensor: Tensor, raw, count: int, model: str) -> np.ndarray:
-    """A BYTES input's wire bytes as its elements, `count` of them."""
+def _check_framing(tensor: Tensor, raw, count: int, model: str) -> None:
+    """A BYTES input's wire bytes: each length within them, `count` elements in all."""
     if type(raw) is BrokenFraming:
         raise raw.error
-    return _counted(tensor, datatypes.deserialize_bytes(raw), count, model)
+    _counted(tensor, datatypes.count_bytes(memoryview(raw).cast("B")), count, model)
 
 
-def _counted(tensor: Tensor, array: np.ndarray, count: int, model: str) -> np.ndarray:
-    """A BYTES input's elements, checked to be `count`."""
-    if len(array) != count:
+def _counted(tensor: Tensor, got: int, count: int, model: str) -> None:
+    """A BYTES input's number of elements, checked to be `count`."""
+    if got != count:
         raise invalid_arg(
             f"expected {count} string elements for inference input '{tensor.name}' "
-            f"for model '{model}', got {len(array)}"
+            f"for model '{model}', got {got}"
         )
-    return array
 
 
 # --- large BYTES inputs, split before `normalize` (off the event loop) ---
@@ -432,17 +445,18 @@ def split_bytes_inputs(request: InferenceRequest, size: int) -> None:
     """Split each BYTES input of at least `size` wire bytes into its elements, in bounded
     steps (core.bytes_split): for a front end to call on a worker thread, so that
     `normalize`, on the event loop, only checks their count. The answers and errors
-    are those `normalize` gives for the same request. The wire bytes stay in `raw`
-    beside the elements (as `data`): a consumer that sends BYTES on in Triton's framing
-    (a Python model's worker link) takes them as they are instead of framing millions
-    of elements anew on the loop."""
+    are those `normalize` gives for the same request. The tensor keeps its wire bytes
+    (`Tensor.hold_wire`) beside the elements: a consumer that sends BYTES on in
+    Triton's framing (a Python model's worker link, a reply) takes them as they are
+    instead of framing millions of elements anew on the loop."""
     for tensor in request.inputs:
         raw = tensor.raw
         if tensor.datatype != "BYTES" or tensor.data is not None or raw is None \
                 or len(raw) < size:
             continue
         try:
-            tensor.data = bytes_split.split(raw)  # `raw` stays: data and raw mark the split
+            elements = bytes_split.split(raw)
+            tensor.hold_wire(raw, elements.shape, elements)  # shaped once counted
         except TritonError as error:
             tensor.raw = BrokenFraming()
             tensor.raw.error = error

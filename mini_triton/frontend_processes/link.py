@@ -138,7 +138,7 @@ def _put_output(outgoing: Outgoing, tensor: Tensor) -> tuple:
     head = (tensor.name, tensor.datatype, tensor.shape, tensor.parameters)
     if tensor.region is not None:  # written into the client's region: no data travels
         return head + (_NONE, None)
-    if tensor.data is not None:
+    if tensor.wire is None and tensor.data is not None:  # BYTES in their framing go raw
         data = tensor.data
         return head + (_DATA, outgoing.array(tensor.name, tensor.datatype, data.shape, data))
     raw = np.frombuffer(tensor.raw_bytes(), np.uint8)

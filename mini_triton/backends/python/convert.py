@@ -18,7 +18,7 @@ from ...core import datatypes
 from ...core.errors import Code, TritonError
 from ...core.request import InferenceRequest as CoreRequest
 from ...core.request import InferenceResponse as CoreResponse
-from ...core.tensor import RequestedOutput
+from ...core.tensor import FramedBytes, RequestedOutput
 from ...core.tensor import Tensor as CoreTensor
 from ...core.link.wire import Incoming, Outgoing, get_tensors, put_tensors
 from . import utils as pb
@@ -123,10 +123,16 @@ def core_response(request: CoreRequest, reply: Reply | None, final: bool) -> Cor
     if reply.error is not None:
         return CoreResponse(request.model_name, request.model_version, request.id,
                             parameters=parameters, error=core_error(reply.error), final=final)
-    outputs = [CoreTensor(name, datatype, array.shape, array)  # a numpy shape: a tuple of ints
-               for name, datatype, array in reply.outputs]
+    outputs = [_core_tensor(name, datatype, value) for name, datatype, value in reply.outputs]
     return CoreResponse(request.model_name, request.model_version, request.id, outputs,
                         parameters, final=final)
+
+
+def _core_tensor(name: str, datatype: str, value) -> CoreTensor:
+    """A reply's output as the server's tensor: an array, or BYTES still in their framing."""
+    if type(value) is FramedBytes:
+        return CoreTensor.from_wire(name, value.shape, value.wire)
+    return CoreTensor(name, datatype, value.shape, value)  # a numpy shape: a tuple of ints
 
 
 def reply_from_core(response: CoreResponse) -> Reply:
@@ -248,3 +254,14 @@ def get_reply(incoming: Incoming, encoded: tuple | None):
         return None
     descriptors, error, parameters = encoded
     return Reply(get_tensors(incoming, descriptors), error, parameters)
+
+
+def get_server_reply(incoming: Incoming, encoded: tuple | None):
+    """`get_reply` as the server takes a worker's reply to a request: BYTES outputs stay
+    in the framing they came in (FramedBytes), to be sent on to the client as they are."""
+    if encoded is None:
+        return None
+    descriptors, error, parameters = encoded
+    return Reply([(d[0], d[1], incoming.array(d)) if d[1] != "BYTES"
+                  else (d[0], d[1], FramedBytes(incoming.framed(d), d[2]))
+                  for d in descriptors], error, parameters)

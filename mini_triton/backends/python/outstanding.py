@@ -15,6 +15,7 @@ import time
 
 from ...core.errors import TritonError, invalid_arg, internal
 from ...core import batch as batching
+from ...core.tensor import FramedBytes
 from .convert import Reply, core_response
 
 
@@ -123,7 +124,8 @@ def split_reply(requests: list, reply: Reply) -> list[Reply]:
     if reply.error is not None:
         return [reply] * len(requests)
     types = {name: datatype for name, datatype, _ in reply.outputs}
-    arrays = {name: array for name, _, array in reply.outputs}
+    arrays = {name: array if type(array) is not FramedBytes else array.elements()
+              for name, _, array in reply.outputs}  # split by rows: BYTES as elements
     pieces = batching.split_outputs(requests, arrays, batched=True)
     replies = []
     for request, piece in zip(requests, pieces):

@@ -16,17 +16,19 @@ from ...core.tensor import Tensor as CoreTensor
 from . import convert
 from .outstanding import stacked_outputs
 from ...core.link.wire import Outgoing
-from .convert import get_reply
+from .convert import get_server_reply
 
 
 def describe_input(tensor, outgoing: Outgoing) -> tuple:
     """An input's descriptor: where it lies in a client's system shared-memory region,
     the worker reads it there; else it travels."""
-    if tensor.raw is not None and tensor.data is not None:
-        # BYTES split off the event loop, its wire bytes kept (validate.split_bytes_inputs):
-        # sent as they are, not framed anew element by element on the loop
-        return outgoing.framed(tensor.name, tensor.data.shape, tensor.raw)
-    array = tensor.data if tensor.data is not None else convert.tensor_array(tensor)
+    if tensor.wire is not None:
+        # BYTES as the client framed them (core.validate checked them): sent as they are,
+        # not split into elements and framed anew element by element on the loop
+        return outgoing.framed(tensor.name, tensor.wire_shape, [tensor.wire])
+    array = tensor.data
+    if array is None:
+        array = convert.tensor_array(tensor)
     if tensor.region is not None and tensor.datatype != "BYTES":
         region, offset = tensor.region
         if getattr(region, "fd", -1) >= 0 and region.holds(offset, array):
@@ -50,11 +52,19 @@ def encode_group(group: list, outgoing: Outgoing, output_names: list, decoupled:
     info = convert.request_info(group[0], output_names)
     info = info._replace(outputs=stacked_outputs(group) or list(output_names))
     rows = sum(r.batch_size for r in group)
-    descriptors = [
-        outgoing.tensor(t.name, t.datatype, (rows, *t.shape[1:]),
-                        [convert.tensor_array(r.input(t.name)) for r in group])
-        for t in group[0].inputs]
+    descriptors = [_stacked_input(t, group, rows, outgoing) for t in group[0].inputs]
     return tuple(info), descriptors, None
+
+
+def _stacked_input(tensor, group: list, rows: int, outgoing: Outgoing) -> tuple:
+    """The descriptor of one input of an auto-stacked group: each request's part laid
+    end to end (BYTES in their framing, as they came)."""
+    shape = (rows, *tensor.shape[1:])
+    parts = [request.input(tensor.name) for request in group]
+    if tensor.datatype == "BYTES":
+        return outgoing.framed(tensor.name, shape, [part.raw_bytes() for part in parts])
+    return outgoing.tensor(tensor.name, tensor.datatype, shape,
+                           [convert.tensor_array(part) for part in parts])
 
 
 def output_targets(request, outgoing: Outgoing) -> dict:
@@ -71,10 +81,12 @@ def final_response(request, message, encoded: tuple) -> CoreResponse:
     the message straight into the response."""
     descriptors, error, parameters = encoded
     if error is not None or parameters not in ("", "{}"):
-        return convert.core_response(request, get_reply(message, encoded), True)
+        return convert.core_response(request, get_server_reply(message, encoded), True)
     array = message.array  # a descriptor's shape is its array's, as core_response takes it
     return CoreResponse(request.model_name, request.model_version, request.id,
-                        [CoreTensor(d[0], d[1], d[2], array(d)) for d in descriptors], {})
+                        [CoreTensor(d[0], d[1], d[2], array(d)) if d[1] != "BYTES"
+                         else CoreTensor.from_wire(d[0], d[2], message.framed(d))
+                         for d in descriptors], {})
 
 
 def serving_loop(service) -> asyncio.AbstractEventLoop | None:

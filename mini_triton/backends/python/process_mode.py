@@ -35,7 +35,7 @@ from .outstanding import Outstanding, reschedule
 from .process_batch import Batch, encode_group, final_response, on_loop, serving_loop
 from .restarts import Backoff, Restarter
 from ...core.link.wire import Outgoing, PollBudget, get_tensors
-from .convert import get_reply, put_reply
+from .convert import get_server_reply, put_reply
 from .worker_process import Worker, exit_description, spawn, stop_process
 
 log = logging.getLogger("mini_triton.backends.python")
@@ -349,7 +349,8 @@ class ProcessInstance(ModelInstance):
             key = (meta["batch"], meta["index"])
             group = self.targets.get(key)
             if group is not None:
-                self.outstanding.deliver(group, get_reply(message, meta["reply"]), meta["final"])
+                self.outstanding.deliver(group, get_server_reply(message, meta["reply"]),
+                                         meta["final"])
                 if meta["final"]:
                     self.targets.pop(key, None)
                     if group[0].iterations:
@@ -408,7 +409,7 @@ class ProcessInstance(ModelInstance):
         if error is None and not again and replies is not None and None not in replies:
             # Most batches: every request answered by execute's return.
             for index, group in enumerate(batch.groups):
-                self.outstanding.deliver(group, get_reply(message, replies[index]), True)
+                self.outstanding.deliver(group, get_server_reply(message, replies[index]), True)
                 self.targets.pop((batch.id, index), None)
             return
         still_open, again = set(meta["open"]), set(again or ())
@@ -424,7 +425,7 @@ class ProcessInstance(ModelInstance):
                 elif index in still_open:
                     continue  # its response sender may still answer, in a later iteration too
             elif replies is not None and replies[index] is not None:
-                self.outstanding.deliver(group, get_reply(message, replies[index]), True)
+                self.outstanding.deliver(group, get_server_reply(message, replies[index]), True)
             elif index in still_open or self.decoupled:
                 continue  # its response sender answers later
             else:

@@ -91,10 +91,12 @@ class Outgoing:
             nbytes = sum(p.nbytes for p in parts)
         return self._placed(name, datatype, shape, parts, nbytes)
 
-    def framed(self, name: str, shape, wire) -> tuple:
-        """`tensor` of BYTES already in Triton's framing (a client's wire bytes)."""
-        part = np.frombuffer(wire, np.uint8)
-        return self._placed(name, "BYTES", shape, [part], part.nbytes)
+    def framed(self, name: str, shape, wires: list) -> tuple:
+        """`tensor` of BYTES already in Triton's framing (a client's wire bytes), in
+        `wires` laid end to end (one, or several batches stacked along the first
+        dimension)."""
+        parts = [np.frombuffer(wire, np.uint8) for wire in wires]
+        return self._placed(name, "BYTES", shape, parts, sum(part.nbytes for part in parts))
 
     def array(self, name: str, datatype: str, shape, array: np.ndarray) -> tuple:
         """`tensor` of one array (most tensors), in fewer steps where it is not BYTES."""
@@ -169,13 +171,7 @@ class Incoming:
     def array(self, descriptor: tuple) -> np.ndarray:
         """The tensor a descriptor names, as a writable numpy view (BYTES: an object array)."""
         _, datatype, shape, area, offset, nbytes = descriptor
-        if area == INLINE:
-            buffer = self.inline
-        elif area == SHARED:
-            buffer = self.shared
-        else:
-            serial, offset = offset
-            buffer = self.regions[serial]
+        buffer, offset = self._located(area, offset)
         if datatype == "BYTES":
             view = memoryview(buffer)[offset:offset + nbytes]
             return datatypes.deserialize_bytes(view).reshape(shape)
@@ -183,6 +179,22 @@ class Incoming:
         if not nbytes:
             return np.empty(shape, dtype=dtype)
         return np.ndarray(shape, dtype, buffer, offset)  # the view, shaped, in one step
+
+    def framed(self, descriptor: tuple) -> memoryview:
+        """The bytes of the tensor a descriptor names, as a view that keeps them (of a
+        BYTES tensor: its elements in Triton's framing, as they were sent)."""
+        _, _, _, area, offset, nbytes = descriptor
+        buffer, offset = self._located(area, offset)
+        return memoryview(buffer)[offset:offset + nbytes]
+
+    def _located(self, area: int, offset):
+        """(buffer, offset in it) of a descriptor's area and offset."""
+        if area == INLINE:
+            return self.inline, offset
+        if area == SHARED:
+            return self.shared, offset
+        serial, offset = offset
+        return self.regions[serial], offset
 
     def forget(self) -> None:
         """Let go of the shared block (views already made keep it until they are gone)."""
