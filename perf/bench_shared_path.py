@@ -13,6 +13,7 @@ Two source trees are measured alternately, each in its own process:
 
     git worktree add /tmp/mt-before main
     .venv/bin/python perf/bench_shared_path.py /tmp/mt-before . [--rounds 3] [--wave 17]
+        [--datatype BYTES]
 
 Prints, per request: the µs of the server process's CPU and Python bytecodes run in it
 (the count does not move with the machine's load), every round and the best time of
@@ -86,19 +87,24 @@ async def count_worker(run):
             return int(path.read_text())
     raise SystemExit("the worker wrote no count")
 
-PAYLOAD = bytes(64)  # 16 FP32
+# 16 FP32, or 16 BYTES elements of perf_analyzer's default 128 characters, framed
+BYTES_MODEL = sys.argv[4] == "BYTES"
+MODEL, REPOSITORY = (("identity_bytes_py", "python_bytes") if BYTES_MODEL
+                     else ("identity_py", "python_identity"))
+PAYLOAD = (b"".join(len(s).to_bytes(4, "little") + s for s in [b"x" * 128] * 16)
+           if BYTES_MODEL else bytes(64))
 
 
 def request():
     # What the HTTP codec makes of perf_analyzer's request (binary input and output).
-    return InferenceRequest("identity_py", "", inputs=[
-        Tensor("INPUT0", "FP32", (1, 16), raw=memoryview(PAYLOAD),
-               parameters={"binary_data_size": 64})],
+    return InferenceRequest(MODEL, "", inputs=[
+        Tensor("INPUT0", "BYTES" if BYTES_MODEL else "FP32", (1, 16),
+               raw=memoryview(PAYLOAD), parameters={"binary_data_size": len(PAYLOAD)})],
         outputs=[RequestedOutput("OUTPUT0", {"binary_data": True})])
 
 
 async def main(waves, size):
-    repository = Path.cwd() / "perf" / "repos" / "python_identity"
+    repository = Path.cwd() / "perf" / "repos" / REPOSITORY
     server = Server(Settings(model_repositories=[repository], allow_http=False,
                              allow_grpc=False, allow_metrics=False))
     await server.start()
@@ -164,9 +170,12 @@ def main() -> int:
     parser.add_argument("--wave", type=int, default=17, help="requests per wave")
     parser.add_argument("--process", choices=("server", "worker"), default="server",
                         help="whose bytecodes to count")
+    parser.add_argument("--datatype", choices=("FP32", "BYTES"), default="FP32",
+                        help="the echoed tensor: 16 FP32 (identity_py), or 16 BYTES of 128 "
+                             "bytes each (identity_bytes_py, perf/repos/python_bytes)")
     args = parser.parse_args()
-    return compare_trees(ROUND, [str(args.waves), str(args.wave), args.process], "request",
-                         args)
+    return compare_trees(ROUND, [str(args.waves), str(args.wave), args.process, args.datatype],
+                         "request", args)
 
 
 if __name__ == "__main__":
