@@ -6,6 +6,7 @@ set of statistics and metrics."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import urllib.request
@@ -43,6 +44,7 @@ def write_model(repository, name: str, config: str) -> None:
 
 # A queue delay far longer than the test, so the batch runs when it is full, not before.
 LONG_DELAY = "dynamic_batching { max_queue_delay_microseconds: 30000000 }"
+CACHED = "response_cache { enable: true }\n"
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +59,18 @@ def server_on(tmp_path_factory):
         write_model(repository, f"batched_{protocol}",
                     identity_config(f"batched_{protocol}", LONG_DELAY, max_batch_size=BATCH))
         write_model(repository, f"counted_{protocol}", identity_config(f"counted_{protocol}"))
+        write_model(repository, f"cached_{protocol}",
+                    identity_config(f"cached_{protocol}") + CACHED)
     running: dict[str, object] = {}
     with ExitStack() as stack:
         def server(transport: str):
             if transport not in running:
-                running[transport] = stack.enter_context(
-                    served(repository, f"--grpc-transport={transport}"))
+                trace_file = repository.parent / f"trace_{transport}.json"
+                running[transport] = stack.enter_context(served(
+                    repository, f"--grpc-transport={transport}",
+                    "--cache-config=local,size=1048576",
+                    f"--trace-config=triton,file={trace_file}"))
+                running[transport].trace_file = trace_file
             return running[transport]
         yield server
 
@@ -115,7 +123,8 @@ def statistics(route, model: str) -> dict:
     return {"inference_count": int(entry.get("inference_count", 0)),
             "execution_count": int(entry.get("execution_count", 0)),
             "success": int(inference["success"].get("count", 0)),
-            "fail": int(inference["fail"].get("count", 0))}
+            "fail": int(inference["fail"].get("count", 0)),
+            "cache_hit": int(inference.get("cache_hit", {}).get("count", 0))}
 
 
 def sequence_step(route, sequence_id: int, value: int, start: bool, end: bool) -> tuple:
@@ -197,6 +206,73 @@ def metric(server, family: str, **labels) -> float:
             if all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     raise AssertionError(f"/metrics has no {family} {labels}")
+
+
+def test_a_response_cached_through_one_process_answers_the_other(target, routes):
+    """One response cache: the same request through the second process is a hit."""
+    server, protocol = target
+    first, second = one_route_on_each(routes(server, protocol))[:2]
+    model = f"cached_{protocol}"
+    data = np.full((1, 3), 7, np.float32)
+    before = first.call(statistics, model)
+    np.testing.assert_array_equal(first.call(infer_fp32, model, data), data)
+    np.testing.assert_array_equal(second.call(infer_fp32, model, data), data)
+    after = second.call(statistics, model)
+    assert (after["cache_hit"] - before["cache_hit"],
+            after["execution_count"] - before["execution_count"]) == (1, 1), (before, after)
+    assert_connections_kept([first, second])
+
+
+def settings_of(route, kind: str, **which) -> dict:
+    """The log or trace settings as plain values on both protocols (gRPC's wrap each value
+    in a message: {"value": ...} or {"bool_param": ...})."""
+    if route.protocol == "http":
+        return getattr(route.client, f"get_{kind}_settings")(**which)
+    answered = getattr(route.client, f"get_{kind}_settings")(as_json=True, **which)["settings"]
+    return {key: next(iter(value.values())) for key, value in answered.items()}
+
+
+def test_log_settings_changed_through_one_process_hold_for_the_other(server, protocol,
+                                                                     routes):
+    first, second = one_route_on_each(routes(server, protocol))[:2]
+    try:
+        first.call(lambda r: r.client.update_log_settings({"log_verbose_level": 3}))
+        assert int(second.call(settings_of, "log")["log_verbose_level"]) == 3
+    finally:
+        second.call(lambda r: r.client.update_log_settings({"log_verbose_level": 0}))
+    assert int(first.call(settings_of, "log")["log_verbose_level"]) == 0
+
+
+def test_traces_asked_through_one_process_trace_requests_of_both(server, protocol, routes):
+    """Tracing turned on for a model through one process: a request through each process
+    is traced, with its front end's timestamps, in the one trace file."""
+    first, second = one_route_on_each(routes(server, protocol))[:2]
+    model = f"counted_{protocol}"
+    first.call(lambda r: r.client.update_trace_settings(model_name=model, settings={
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1"}))
+    try:
+        asked = second.call(lambda r: settings_of(r, "trace", model_name=model))
+        assert asked["trace_rate"] in ("1", ["1"]), asked
+        for route in (first, second):
+            route.call(infer_fp32, model, np.ones((1, 2), np.float32))
+    finally:
+        second.call(lambda r: r.client.update_trace_settings(
+            model_name=model, settings={"trace_level": None}))
+    sent = "HTTP_SEND_END" if protocol == "http" else "GRPC_SEND_END"
+    assert wait_for(lambda: len(traced_with(server.trace_file, model, sent)) == 2), \
+        server.trace_file.read_text() if server.trace_file.exists() else "no trace file"
+    assert_connections_kept([first, second])
+
+
+def traced_with(trace_file, model: str, stamp: str) -> set:
+    """The ids of the traces of `model` in `trace_file` that carry timestamp `stamp`."""
+    try:
+        traces = json.loads(trace_file.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return set()  # not written yet, or being written
+    ids = {trace["id"] for trace in traces if trace.get("model_name") == model}
+    return {trace["id"] for trace in traces if trace["id"] in ids and any(
+        entry["name"] == stamp for entry in trace.get("timestamps", ()))}
 
 
 # --- one registry of shared memory, one model control ---
