@@ -7,7 +7,8 @@
 - flag_types.py: argparse types shared by every flag module;
 - endpoint_flags.py, bound_flags.py, grpc_flags.py: the SageMaker/Vertex AI endpoints'
   flags, the bounds on connections and queued bytes, and the gRPC front end's own flags
-  (HTTP/2 limits, keepalive, stream queues, compression).
+  (HTTP/2 limits, keepalive, stream queues, compression);
+- process_flags.py: --frontend-processes and the bound the descriptor limit puts on it.
 """
 
 from .main import build_parser, configure_logging, main, settings_from
