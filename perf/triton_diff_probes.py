@@ -331,7 +331,20 @@ def _generate_calls():
                                           {"text_input": "hi", "id": "abc"})),
         ("generate nested parameter list", _generate("/v2/models/gen/generate", {
             "text_input": "hi", "parameters": {"stop": ["x"]}})),
-    ]
+    ] + _repeated_members()
+
+
+def _repeated_members():
+    """Bodies whose objects name a member twice: Triton reads each name's first member
+    (an id, a parameter, a parameters object, an input's data), refusing none."""
+    infer = ('{"id": "a", "id": "b", "parameters": {"p": 1, "p": 2}, "inputs": [{"name": '
+             '"INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2], "data": [3, 4]}]}')
+    generate = ('{"text_input": "hi", "id": "a", "id": "b", "p": 1, "p": 2, '
+                '"parameters": {"q": 3, "q": 4}, "parameters": {"r": 5}}')
+    return [("http infer repeated member", lambda t: raw(t, "POST", "/v2/models/echo/infer",
+                                                         infer)),
+            ("generate repeated member", lambda t: raw(t, "POST", "/v2/models/gen/generate",
+                                                       generate))]
 
 
 def _client_calls(protocol):

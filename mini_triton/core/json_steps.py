@@ -11,7 +11,9 @@ containers nested up to three deep) that fit in one step are found by one bounde
 regex match and parsed by one orjson call; an element too large for a step is entered
 (a container) or cut into pieces (a string). The regexes only find where elements
 end; orjson checks every byte of them, and this module checks the commas, colons and
-brackets between the runs, so what orjson refuses is refused here too.
+brackets between the runs, so what orjson refuses is refused here too. An object
+that names a member twice keeps the first (core.json_members: Triton's reading), in a
+run and across runs alike.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import re
 
 import orjson
+
+from .json_members import first_wins
 
 STEP = 256 * 1024  # bytes one C call may cover
 MAX_DEPTH = 1024  # containers inside one another at most (orjson's own limit)
@@ -166,7 +170,7 @@ class _Parser:
         if frame.key is None:
             frame.value.append(value)
         else:
-            frame.value[frame.key] = value
+            frame.value.setdefault(frame.key, value)  # a name's first member counts
             frame.key = None
         frame.state = _AFTER
 
@@ -264,9 +268,11 @@ class _Parser:
     # --- helpers ---
 
     def _parse(self, start: int, stop: int, before: bytes = b"", after: bytes = b""):
-        """orjson's value of data[start:stop], wrapped in `before` and `after`."""
+        """orjson's value of data[start:stop], wrapped in `before` and `after` (with the
+        first member of a name kept, as in Triton)."""
         piece = self.data[start:stop]
-        return orjson.loads(b"".join((before, piece, after)) if before or after else piece)
+        text = b"".join((before, piece, after)) if before or after else piece
+        return first_wins(text, orjson.loads(text))
 
     def _may_batch(self) -> bool:
         """Elements parsed whole nest up to three containers deep: only where that
@@ -291,6 +297,8 @@ class _Parser:
 
 def _extend(container, part) -> None:
     if type(container) is dict:
+        if not container.keys().isdisjoint(part.keys()):  # a name's first member counts
+            part = {name: value for name, value in part.items() if name not in container}
         container.update(part)
     else:
         container.extend(part)

@@ -12,6 +12,7 @@ from ...core.memo import BoundedMemo
 
 from ...core import datatypes, json_steps
 from ...core.errors import TritonError, invalid_arg
+from ...core.json_members import first_wins
 from ...core.request import InferenceRequest, InferenceResponse
 from ...core.tensor import RequestedOutput, Tensor
 from ...core.validate import format_shape, raw_input
@@ -47,13 +48,14 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 def loads_body(data):
-    """A request body's JSON value, as `loads` gives it; a document longer than one step
-    of core.json_steps is parsed in steps (so that a worker thread decoding it lets
-    the event loop run between them: see http1/offload.py)."""
+    """A request body's JSON value, as `loads` gives it, but where an object names a
+    member twice the first counts, as in Triton (core.json_members); a document longer
+    than one step of core.json_steps is parsed in steps (so that a worker thread
+    decoding it lets the event loop run between them: see http1/offload.py)."""
     if len(data) > json_steps.STEP:
         return json_steps.loads(data)
     try:
-        return loads(data)
+        return first_wins(data, loads(data))
     except ValueError as error:
         return json_nonfinite.taken(data, error)  # NaN or Infinity, which Triton reads
 
@@ -76,8 +78,8 @@ def decode_infer_request(model: str, version: str, body: bytes,
     known = _DECODED.get(key)
     if known is not None and known.binary_size == len(view) - header_length:
         return known.request(model, version, view, header_length), known.binary_output
-    request, binary_output = _decode_document(_parse_json(header), model, version, view,
-                                              header_length)
+    request, binary_output = _decode_document(_parse_json(header if key is None else key),
+                                              model, version, view, header_length)
     if key is not None:
         _DECODED.keep(key, request, binary_output, header_length)
     return request, binary_output
@@ -209,7 +211,9 @@ def decode_raw_request(model: str, version: str, body: bytes) -> InferenceReques
 
 def _parse_json(data):
     try:  # loads_body, inline: this runs for every JSON header not remembered
-        return loads(data) if len(data) <= json_steps.STEP else json_steps.loads(data)
+        if len(data) <= json_steps.STEP:
+            return first_wins(data, loads(data))
+        return json_steps.loads(data)
     except (ValueError, TypeError) as error:
         try:  # NaN or Infinity, which Triton reads
             return json_nonfinite.taken(data, error)

@@ -16,6 +16,7 @@ import re
 import numpy as np
 
 from ...core import datatypes, json_steps
+from ...core.json_members import loads_first_wins
 
 try:
     from orjson import Fragment
@@ -33,16 +34,17 @@ _SPELLED = {(b"", b"NaN"): b"NaN", (b"-", b"NaN"): b"NaN",
 
 def taken(data, error: Exception):
     """The JSON value of `data`, which orjson refused with `error`, with rapidjson's NaN
-    and Infinity spellings read as numbers; `error` again when that was not its fault.
-    For a document of at most one json_steps step (a larger one is refused)."""
+    and Infinity spellings read as numbers (and a name's first member, as Triton reads
+    it); `error` again when that was not its fault. For a document of at most one
+    json_steps step (a larger one is refused)."""
     if len(data) > json_steps.STEP:
         raise error
     data = bytes(data)
     if b"NaN" not in data and b"Inf" not in data:
         raise error
     try:
-        return json.loads(_CONSTANT.sub(_spelled, data))
-    except (ValueError, RecursionError):
+        return loads_first_wins(_CONSTANT.sub(_spelled, data))
+    except ValueError:
         raise error from None
 
 
