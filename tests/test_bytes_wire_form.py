@@ -20,8 +20,11 @@ from hypothesis import strategies as st
 from tritonclient.grpc import model_config_pb2 as mc
 
 from conftest import server_settings
+from mini_triton.backends.python.convert import Reply
+from mini_triton.backends.python.received_bytes import ReceivedBytes
 from mini_triton.core import datatypes
 from mini_triton.core.errors import TritonError
+from mini_triton.core.link.wire import INLINE, Incoming, Outgoing
 from mini_triton.core.request import InferenceRequest, RequestedOutput
 from mini_triton.core.tensor import Tensor
 from mini_triton.core.validate import ModelSignature, normalize
@@ -35,22 +38,40 @@ def framed(elements: list[bytes]) -> bytes:
 # --- checking the framing without making the elements ---
 
 
+def reference_elements(wire: bytes) -> list[bytes] | str:
+    """The elements of `wire` by the definition, one check at a time, or the error
+    Triton gives for it."""
+    elements, offset = [], 0
+    while offset < len(wire):
+        if offset + 4 > len(wire):
+            return "unexpected end of BYTES tensor: truncated element length"
+        length = int.from_bytes(wire[offset:offset + 4], "little")
+        offset += 4
+        if offset + length > len(wire):
+            return (f"unexpected end of BYTES tensor: element {len(elements)} claims {length} "
+                    f"bytes, {len(wire) - offset} remain")
+        elements.append(wire[offset:offset + length])
+        offset += length
+    return elements
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=12), max_size=12), st.integers(0, 200),
        st.binary(max_size=6))
-def test_counting_the_elements_finds_what_walking_them_finds(elements, cut, tail):
-    """Well framed, cut short anywhere, or with bytes after: the same count, or the same
-    error in the same words."""
+def test_walking_and_counting_the_elements_find_what_the_definition_finds(elements, cut, tail):
+    """Well framed, cut short anywhere, or with bytes after: the same elements and count,
+    or the same error in the same words."""
     whole = framed(elements)
     for wire in (whole, whole[:cut], whole + tail):
-        try:
-            walked = len(datatypes.walk_bytes(memoryview(wire)))
-        except TritonError as error:
-            with pytest.raises(TritonError) as counted:
-                datatypes.count_bytes(memoryview(wire))
-            assert counted.value.message == error.message
+        expected = reference_elements(wire)
+        if isinstance(expected, str):
+            for split in (datatypes.walk_bytes, datatypes.count_bytes):
+                with pytest.raises(TritonError) as refused:
+                    split(memoryview(wire))
+                assert refused.value.message == expected
         else:
-            assert datatypes.count_bytes(memoryview(wire)) == walked
+            assert datatypes.walk_bytes(memoryview(wire)) == expected
+            assert datatypes.count_bytes(memoryview(wire)) == len(expected)
 
 
 CONFIG = '''name: "m" max_batch_size: 8
@@ -93,6 +114,54 @@ def test_broken_bytes_framing_is_refused_in_tritons_words(text, shape, message):
     with pytest.raises(TritonError) as refused:
         normalize(request, MODEL)
     assert message in refused.value.message
+
+
+# --- a Python model's worker: an input returned unchanged goes back as it came ---
+
+
+def received_input(elements: list[bytes], shape: tuple) -> tuple:
+    """A worker's view of a message with one BYTES input: (its ReceivedBytes, the array
+    the model gets, the message's bytes)."""
+    wire = framed(elements)
+    message = Incoming({}, wire, None, {})
+    received = ReceivedBytes()
+    array = received.array(message, ("INPUT0", "BYTES", shape, INLINE, 0, len(wire)))
+    return received, array, wire
+
+
+def sent_back(received: ReceivedBytes, array: np.ndarray) -> tuple:
+    """What the worker sends for a reply whose one output is `array`: (its bytes, the
+    elements they frame, whether they are the input's own bytes)."""
+    outgoing = Outgoing()
+    (descriptor,), _, _ = received.put_reply(outgoing, Reply([("OUT", "BYTES", array)], None))
+    sent = np.frombuffer(outgoing.buffers[0], np.uint8)
+    back = Incoming({}, b"".join(bytes(b) for b in outgoing.buffers), None, {})
+    return descriptor, back.array(descriptor).tolist(), sent
+
+
+def test_an_input_returned_unchanged_goes_back_in_the_framing_it_came_in():
+    received, array, wire = received_input([b"a", b"", b"\x00bc"], (1, 3))
+    assert array.tolist() == [[b"a", b"", b"\x00bc"]]
+    descriptor, elements, sent = sent_back(received, array)
+    assert descriptor[2] == (1, 3) and elements == [[b"a", b"", b"\x00bc"]]
+    assert np.shares_memory(sent, np.frombuffer(wire, np.uint8))  # not framed anew
+
+
+@pytest.mark.parametrize("change", ["element", "in_place_shape", "copy", "reversed"])
+def test_an_input_the_model_changed_goes_back_as_it_now_is(change):
+    received, array, wire = received_input([b"a", b"bb", b"ccc", b"dddd"], (1, 4))
+    if change == "element":
+        array[0, 1] = b"changed"
+    elif change == "in_place_shape":
+        array.shape = (2, 2)
+    elif change == "copy":
+        array = array.copy()
+    else:
+        array[0, :] = array[0, ::-1].copy()
+    expected = array.tolist()
+    descriptor, elements, sent = sent_back(received, array)
+    assert descriptor[2] == array.shape and elements == expected
+    assert not np.shares_memory(sent, np.frombuffer(wire, np.uint8))
 
 
 # --- a Python model's echo, through a real server ---

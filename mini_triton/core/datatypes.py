@@ -16,7 +16,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .errors import invalid_arg
+from .errors import TritonError, invalid_arg
 
 
 @dataclass(frozen=True)
@@ -119,30 +119,31 @@ def deserialize_bytes(buffer, count: int | None = None) -> np.ndarray:
 
 def walk_bytes(view: memoryview) -> list[bytes]:
     """The elements of Triton-framed BYTES, one length prefix after another; INVALID_ARG
-    when the framing is broken."""
+    when the framing is broken. The bytes are copied once and the elements sliced from
+    the copy (a slice of `bytes` is the element itself, where one of a memoryview is a
+    view to copy again); a prefix cut short or a length past the end is left to
+    `_broken_framing` to find and name."""
+    data = bytes(view)
     items = []
-    offset, end = 0, len(view)
+    append = items.append
+    offset, end = 0, len(data)
     unpack = _LENGTH.unpack_from
-    while offset < end:
-        if offset + 4 > end:
-            raise invalid_arg("unexpected end of BYTES tensor: truncated element length")
-        (length,) = unpack(view, offset)
-        offset += 4
-        if offset + length > end:
-            raise invalid_arg(
-                f"unexpected end of BYTES tensor: element {len(items)} claims {length} bytes, "
-                f"{end - offset} remain"
-            )
-        items.append(bytes(view[offset : offset + length]))
-        offset += length
+    try:
+        while offset < end:
+            start = offset + 4
+            offset = start + unpack(data, offset)[0]
+            append(data[start:offset])
+    except struct.error:  # fewer than 4 bytes left for a length
+        offset = end + 1
+    if offset != end:
+        raise _broken_framing(data)
     return items
 
 
 def count_bytes(view: memoryview) -> int:
     """How many elements Triton-framed BYTES hold, with `walk_bytes`'s checks and errors,
     without making the elements: on every request with a BYTES input, so the loop
-    only steps from one length prefix to the next (a prefix cut short or a length past
-    the end is left to `walk_bytes` to find and name)."""
+    only steps from one length prefix to the next."""
     count = offset = 0
     end = len(view)
     unpack = _LENGTH.unpack_from
@@ -153,8 +154,22 @@ def count_bytes(view: memoryview) -> int:
     except struct.error:  # fewer than 4 bytes left for a length
         offset = end + 1
     if offset != end:
-        return len(walk_bytes(view))  # raises INVALID_ARG, saying where the framing breaks
+        raise _broken_framing(view)
     return count
+
+
+def _broken_framing(view) -> TritonError:
+    """INVALID_ARG for BYTES whose framing is broken, saying where (Triton's words)."""
+    count, offset, end = 0, 0, len(view)
+    while offset + 4 <= end:
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4
+        if offset + length > end:
+            return invalid_arg(f"unexpected end of BYTES tensor: element {count} claims "
+                               f"{length} bytes, {end - offset} remain")
+        offset += length
+        count += 1
+    return invalid_arg("unexpected end of BYTES tensor: truncated element length")
 
 
 # --- BF16: the upper half of an IEEE float32 ---

@@ -30,6 +30,7 @@ from .messages import (AUTO_COMPLETE, BLS_RESPONSE, CALL, DONE, EXECUTE, FINALIZ
 from .runner import ModelError, ModelRunner, install_module_alias
 from ...core.link.wire import Link, Outgoing, PollBudget, put_tensors
 from .convert import get_reply, put_reply
+from .received_bytes import ReceivedBytes
 
 
 class RemoteHandle:
@@ -223,16 +224,18 @@ class Worker:
         decoupled = self.runner.decoupled
         targets = []  # per request: outputs the client wants in its shared memory
         model_request = convert.model_request
+        received = ReceivedBytes()
         for index, (info, descriptors, wanted_at) in enumerate(meta["requests"]):
             targets.append(wanted_at)  # info: convert.request_fields
             handle = RemoteHandle(self, batch, index, info[convert.REQUESTED_OUTPUTS],
                                   decoupled)
-            requests.append(model_request(handle, info, _model_inputs(message, descriptors)))
+            requests.append(model_request(handle, info,
+                                          _model_inputs(message, descriptors, received)))
         error, replies, outgoing, result = None, None, Outgoing(), None
         try:
             result = self.runner.execute(requests)
             if result is not None:
-                replies = self._put_replies(outgoing, requests, result, targets)
+                replies = self._put_replies(outgoing, requests, result, targets, received)
         except ModelError as failure:
             error, replies, outgoing = str(failure), None, Outgoing()
         except Exception as failure:  # a response that cannot be sent
@@ -241,17 +244,19 @@ class Worker:
         still_open, again = _left_open(requests)
         # Let go of the inputs first, so that "done" gives their blocks back (unless
         # the model kept them).
-        del requests, result
+        del requests, result, received
         message.forget()
         self.link.send({"op": DONE, "batch": batch, "error": error, "replies": replies,
                         "open": still_open, "reschedule": again}, outgoing)
 
     def _put_replies(self, outgoing: Outgoing, requests: list, responses: list,
-                     targets: list) -> list:
-        """The model's responses on the wire (None where it gave None)."""
+                     targets: list, received: ReceivedBytes) -> list:
+        """The model's responses on the wire (None where it gave None); a BYTES input
+        returned unchanged goes back in the framing it came in."""
         regions = self.link.regions
         reply_from_model = convert.reply_from_model
-        return [None if response is None else put_reply(
+        put = received.put_reply if received.entries else put_reply
+        return [None if response is None else put(
             outgoing, reply_from_model(response, request._outputs), where, regions)
             for request, response, where in zip(requests, responses, targets)]
 
@@ -320,11 +325,13 @@ class Worker:
         return self.runner.instance_name if self.runner is not None else ""
 
 
-def _model_inputs(message, descriptors: list) -> list:
+def _model_inputs(message, descriptors: list, received: ReceivedBytes) -> list:
     """A request's input tensors as the model API's Tensors over the message's bytes
-    (wire.get_tensors and convert.model_tensors in one step)."""
+    (wire.get_tensors and convert.model_tensors in one step); BYTES ones noted in
+    `received`."""
     wrap, array = pb.Tensor._wrap, message.array
-    return [wrap(d[0], array(d), d[1]) for d in descriptors]
+    return [wrap(d[0], array(d) if d[1] != "BYTES" else received.array(message, d), d[1])
+            for d in descriptors]
 
 
 def _left_open(requests: list) -> tuple[list, list]:
