@@ -6,11 +6,12 @@ set of statistics and metrics."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import shutil
 import urllib.request
-from contextlib import ExitStack
 
 import numpy as np
 import pytest
@@ -53,7 +54,7 @@ def server_on(tmp_path_factory):
     gRPC transport, started at its first use. Per protocol, a batched and a counted model of
     its own, so the parametrised tests do not count each other's requests."""
     repository = tmp_path_factory.mktemp("frontend_processes")
-    for name in ("identity_fp32", "sequence_accumulate"):
+    for name in ("identity_fp32", "sequence_accumulate", "repeat_decoupled"):
         shutil.copytree(DEFAULT_REPOSITORY / name, repository / name)
     for protocol in PROTOCOLS:
         write_model(repository, f"batched_{protocol}",
@@ -62,7 +63,7 @@ def server_on(tmp_path_factory):
         write_model(repository, f"cached_{protocol}",
                     identity_config(f"cached_{protocol}") + CACHED)
     running: dict[str, object] = {}
-    with ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
         def server(transport: str):
             if transport not in running:
                 trace_file = repository.parent / f"trace_{transport}.json"
@@ -169,6 +170,37 @@ def test_a_sequence_keeps_its_state_across_processes(target, routes):
         assert route.call(sequence_step, sequence_id, value, start, end) == \
             (running_sum, sequence_id), (route, sequence_id, value)
     assert_connections_kept([first, second])
+
+
+def stream_repeats(route, values: list[int]) -> list:
+    """repeat_decoupled over one ModelStreamInfer stream: (OUT, error) of each response
+    that came, until `len(values)` came or none came for 10 s."""
+    answers: queue.Queue = queue.Queue()
+    route.client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        tensor = route.module.InferInput("IN", [len(values)], "INT32")
+        tensor.set_data_from_numpy(np.array(values, dtype=np.int32))
+        route.client.async_stream_infer("repeat_decoupled", [tensor])
+        got = []
+        with contextlib.suppress(queue.Empty):  # what came is what the test compares
+            for _ in values:
+                result, error = answers.get(timeout=10)
+                got.append((None if result is None else int(result.as_numpy("OUT")[0]), error))
+        return got
+    finally:
+        route.client.stop_stream()
+
+
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+def test_a_decoupled_stream_gets_every_response_through_either_process(server_on, transport,
+                                                                        routes):
+    """A decoupled model's responses, one per element, all reach the client whichever
+    process holds its stream."""
+    by_pid = routes(server_on(transport), "grpc")
+    for value, route in enumerate(one_route_on_each(by_pid)):
+        values = [value * 10 + 1, value * 10 + 2, value * 10 + 3]
+        assert route.call(stream_repeats, values) == [(v, None) for v in values], route
+    assert_connections_kept(one_route_on_each(by_pid))
 
 
 def test_statistics_and_metrics_equal_the_sum_of_what_clients_sent(target, routes):
