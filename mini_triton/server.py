@@ -158,12 +158,17 @@ class Server:
         self.processes = FrontendProcesses(self.settings.frontend_processes, self.service,
                                            self.settings, sockets, models)
         await self.processes.start()
+        await self._wait_serving()
 
-    async def wait_serving(self) -> None:
-        """Until every front end accepts: at once with one process, else once each
-        front-end process says it serves (for embedders that call no health API)."""
-        if self.processes is not None:
-            await self.processes.all_serving.wait()
+    async def _wait_serving(self) -> None:
+        """Until every front-end process says it serves ("start-up is ready when all
+        front ends are"), or a stop is asked for meanwhile: one that cannot start is
+        started again and logged, and SIGTERM still stops the server."""
+        waits = [asyncio.ensure_future(self.processes.all_serving.wait()),
+                 asyncio.ensure_future(self._stop.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
 
     async def _serve_metrics_port(self) -> None:
         address = self.settings.metrics_address
@@ -349,7 +354,6 @@ class ServerThread:
         self.server = Server(self.settings)
         try:
             await self.server.start()
-            await self.server.wait_serving()
         except BaseException as error:
             self._error = error
             self._ready.set()

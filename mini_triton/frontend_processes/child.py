@@ -22,6 +22,11 @@ from .supervisor import ChildStart
 
 log = logging.getLogger("mini_triton")
 
+# As the main process: its in-flight count looked at every 20 ms while it drains, and
+# 1 s for the replies being written once none is left.
+DRAIN_POLL_SECS = 0.02
+STOP_GRACE_SECS = 1.0
+
 
 def main() -> int:
     start: ChildStart = pickle.load(sys.stdin.buffer)
@@ -84,8 +89,18 @@ async def serve(start: ChildStart, log_settings: LogSettings) -> int:
         log.error("front-end process %d: the main process closed its link; exiting",
                   start.index)
     frontends.begin_shutdown()
-    await frontends.stop(grace=0.0 if orphaned else start.settings.exit_timeout_secs)
+    if not orphaned:  # the ports stay open meanwhile: health checks see not ready
+        await drained(service, start.settings.exit_timeout_secs)
+    await frontends.stop(grace=0.0 if orphaned else STOP_GRACE_SECS)
     return 1 if orphaned else 0
+
+
+async def drained(service: RemoteService, timeout: float) -> None:
+    """Until the requests this process forwarded are answered, or `timeout` seconds
+    (the main process refuses new ones meanwhile, and stops waiting at the same time)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while service.requests_in_flight and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(DRAIN_POLL_SECS)
 
 
 def stream_share(start: ChildStart) -> int:
