@@ -303,8 +303,14 @@ def run(settings: Settings) -> int:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(_serve(settings))
-    return uvloop.run(_serve(settings))
+        status = asyncio.run(_serve(settings))
+    else:
+        status = uvloop.run(_serve(settings))
+    # Stopped: the loop's handlers are gone, and a SIGTERM repeated now (a supervisor
+    # that sends it again) would turn the exit status into death by the signal while
+    # the interpreter finishes its threads.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return status
 
 
 async def _serve(settings: Settings) -> int:
