@@ -60,12 +60,7 @@ ON_PURPOSE = {
                                "into one body tritonclient cannot read)",
 }
 # Differences seen and not resolved yet (say why, and where they belong).
-KNOWN_OPEN: dict[str, str] = {
-    "grpc stream answer_late": "Triton streams the response of send(response) with "
-                               "triton_final_response false, the lone final flag after it "
-                               "(empty, not written); ours is one final response: the unary "
-                               "answer takes only a final response (core.request.FinalAnswer)",
-}
+KNOWN_OPEN: dict[str, str] = {}
 # Error and empty replies: Triton says text/plain for a JSON body; we say application/json
 # (on purpose): compared as equal.
 _CONTENT_TYPES_ALIKE = {"text/plain", "application/json"}

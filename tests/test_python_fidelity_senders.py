@@ -1,7 +1,8 @@
 """The response sender of a Python model that is not decoupled, as Triton 2.51 answers
 for it (each case checked on a real Triton serving the same model, unary over HTTP and
-gRPC and on a gRPC stream): a response sent before the final flag is the one answer, and
-a further response after it is not an answer of its own."""
+gRPC and on a gRPC stream): a response sent before the final flag is the one answer (on
+a stream it goes out as sent, not final, and the flag alone after it is not written),
+and a further response after it is not an answer of its own."""
 
 from __future__ import annotations
 
@@ -57,7 +58,11 @@ def served(request, tmp_path_factory):
     repository = tmp_path_factory.mktemp(f"senders_{request.param}")
     for name, source in MODELS.items():
         write_model(repository, name, IN_OUT_FP32, source, request.param)
-    with ServerThread(server_settings(repository)) as server:
+    # Its answer is what the response cache keeps: the response, not the lone flag.
+    write_model(repository, "send_then_final_cached",
+                IN_OUT_FP32 + "response_cache { enable: true }\n",
+                MODELS["send_then_final"], request.param)
+    with ServerThread(server_settings(repository, response_cache_bytes=1 << 20)) as server:
         yield server
 
 
@@ -68,14 +73,14 @@ def _infer(protocol: str, server, model: str):
     return client.client.infer(model, [tensor])
 
 
-def _stream(server, model: str) -> list:
+def _stream(server, model: str, **options) -> list:
     """What a gRPC stream brings for one request within a second of its first answer."""
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports['grpc']}")
     arrived: queue.Queue = queue.Queue()
     client.start_stream(lambda result, error: arrived.put((result, error)))
     tensor = grpcclient.InferInput("IN", [1], "FP32")
     tensor.set_data_from_numpy(np.array([3], np.float32))
-    client.async_stream_infer(model, [tensor])
+    client.async_stream_infer(model, [tensor], **options)
     got = [arrived.get(timeout=30)]
     try:
         while True:
@@ -87,18 +92,29 @@ def _stream(server, model: str) -> list:
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-@pytest.mark.parametrize("model", ["send_then_final", "send_twice_caught"])
+@pytest.mark.parametrize("model", ["send_then_final", "send_twice_caught",
+                                   "send_then_final_cached"])
 def test_response_then_final_flag_is_one_answer_with_outputs(served, protocol, model):
     """A second response raises in the model (Triton: "Unable to send response.
-    Non-decoupled model cannot send more than one response."); caught, the first stands."""
-    assert _infer(protocol, served, model).as_numpy("OUT").tolist() == [6.0]
+    Non-decoupled model cannot send more than one response."); caught, the first stands.
+    Asked again, a cached model answers the same from the cache."""
+    for _ in range(2):
+        assert _infer(protocol, served, model).as_numpy("OUT").tolist() == [6.0]
+
+
+def _is_final(result) -> bool:
+    return result.get_response().parameters["triton_final_response"].bool_param
 
 
 @pytest.mark.parametrize("model", ["send_then_final", "send_twice_caught"])
-def test_response_then_final_flag_streamed(served, model):
-    got = _stream(served, model)
+@pytest.mark.parametrize("empty_final", [False, True])
+def test_response_then_final_flag_streamed(served, model, empty_final):
+    """Triton streams the response as sent, not final, and writes nothing for the final
+    flag alone, even to a client that asks for empty final responses."""
+    got = _stream(served, model, enable_empty_final_response=empty_final)
     assert len(got) == 1 and got[0][1] is None
     assert got[0][0].as_numpy("OUT").tolist() == [6.0]
+    assert not _is_final(got[0][0])
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -120,3 +136,4 @@ def test_stream_shows_only_the_first_response(served, model):
     got = _stream(served, model)
     assert len(got) == 1 and got[0][1] is None
     assert got[0][0].as_numpy("OUT").tolist() == [6.0]
+    assert not _is_final(got[0][0])

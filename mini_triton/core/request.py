@@ -1,7 +1,10 @@
 """InferenceRequest / InferenceResponse and the response stream between them.
 
 A request yields 0..N responses, the last one `final`; unary inference waits
-for the final one, decoupled models stream them all.
+for the final one, decoupled models stream them all. A model that is not decoupled
+may send its response and then the final flag alone (a Python model's response
+sender): a stream shows both as sent, and the request's answer (`answer_of`) is
+that response.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import asyncio
 import collections
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, ClassVar
 
 from .errors import Code, TritonError
@@ -30,6 +33,16 @@ class InferenceResponse:
     final: bool = True
     # Only the final flag, no response of its own (a decoupled model's last send).
     empty: bool = False
+
+
+def answer_of(sent: InferenceResponse | None, final: InferenceResponse) -> InferenceResponse:
+    """A request's answer (what a unary client gets, and what statistics and the
+    response cache take): its final response, unless that is the final flag alone
+    after a response `sent` before it: then that response, final. Triton's unary
+    front ends answer a Python model's send(response), send(flags=FINAL) so."""
+    if sent is None or not final.empty:
+        return final
+    return replace(sent, final=True)
 
 
 class ResponseStream:
@@ -193,13 +206,14 @@ class FinalAnswer:
     stream's queue and its reader coroutine.
     """
 
-    __slots__ = ("loop", "thread", "on_final", "on_settled")
+    __slots__ = ("loop", "thread", "on_final", "on_settled", "sent")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_final, on_settled=None):
         self.loop = loop
         self.thread = threading.get_ident()
         self.on_final = on_final
         self.on_settled = on_settled  # called once, on the loop, when the answer is given
+        self.sent: InferenceResponse | None = None  # a response before the final flag
 
     def settle(self) -> None:
         """The request has its answer (or never will): call `on_settled`, once."""
@@ -209,7 +223,11 @@ class FinalAnswer:
 
     def put(self, response: InferenceResponse) -> None:
         if not response.final:
+            if not response.empty:
+                self.sent = response  # the answer, if the final flag comes alone
             return
+        if self.sent is not None:
+            response = answer_of(self.sent, response)
         if threading.get_ident() == self.thread:
             self.answer(response)
         elif not self.loop.is_closed():
@@ -285,6 +303,9 @@ class InferenceRequest:
     # A decoupled request's statistics, recorded when the backend released it
     # (scheduling.base), so its final response does not count it again.
     stats_released: ClassVar[bool] = False
+    # A request's response sent before its final flag, when the model is not decoupled
+    # (its answer if the flag comes alone: answer_of).
+    sent_before_final: ClassVar[InferenceResponse | None] = None
 
     def __init__(self, model_name: str, model_version: str = "", id: str = "",
                  inputs: list[Tensor] | None = None,
@@ -346,17 +367,21 @@ class InferenceRequest:
             # The hook holds this method bound: a cycle that would leave every answered
             # request to the garbage collector instead of reference counting.
             self.__dict__.pop("on_response", None)
+            answer = response if self.sent_before_final is None \
+                else answer_of(self.sent_before_final, response)
             stream = self.stream
             if stream.__class__ is FinalAnswer and stream.thread == threading.get_ident():
                 # Answered within this call, on the loop: account right after (the
                 # client cannot ask for statistics before the loop is free again),
                 # so that the accounting is not in the way of the reply.
-                stream.answer(response)
+                stream.answer(answer)
                 if self.on_complete is not None:
-                    self.on_complete(self, response)
+                    self.on_complete(self, answer)
                 return
             if self.on_complete is not None:
-                self.on_complete(self, response)
+                self.on_complete(self, answer)
+        elif not response.empty and not self.decoupled:
+            self.sent_before_final = response
         if self.stream is not None:
             self.stream.put(response)
 

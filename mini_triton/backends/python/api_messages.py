@@ -180,13 +180,12 @@ _SEND_SIGNATURE = (f"(self: {_args.bound('InferenceResponseSender')}, response: 
 class InferenceResponseSender:
     """Sends a request's responses (decoupled models send 0..N, then the final flag)."""
 
-    __slots__ = ("_handle", "_closed", "_sent", "_held")
+    __slots__ = ("_handle", "_closed", "_sent")
 
     def __init__(self, handle):
         self._handle = handle
         self._closed = False
         self._sent = 0
-        self._held = None  # a non-decoupled model's first response, until its final flag
 
     def send(self, response=None, flags=0):
         if (response is not None and not isinstance(response, InferenceResponse)) \
@@ -214,10 +213,11 @@ class InferenceResponseSender:
         self._handle.send(response, final)
 
     def _answer_once(self, response, final: bool) -> None:
-        """A non-decoupled model answers once, as on Triton 2.51: its first response waits
-        for the final flag, so that `send(response)` then `send(flags=FINAL)` is one
-        response with the outputs. A further response raises (Triton's words); if the
-        model lets that end `execute`, the failure counts as a second response
+        """A non-decoupled model answers once, as on Triton 2.51: its response goes out
+        when it is sent, with the final flag or before the flag alone (a stream shows
+        it as not final then, as Triton's does; the request's answer is still that
+        response: core.request.answer_of). A further response raises (Triton's words);
+        if the model lets that end `execute`, the failure counts as a second response
         (`_fail_after_response`)."""
         if response is None and not self._sent:
             raise TritonModelException("Unable to send response. Non-decoupled model "
@@ -228,24 +228,18 @@ class InferenceResponseSender:
                 raise TritonModelException("Unable to send response. Non-decoupled model "
                                            "cannot send more than one response.")
             self._sent += 1
-            self._held = response
-        if not final:
-            return
-        self._closed = True
-        held, self._held = self._held, None
-        if self._sent == 1:
-            self._handle.send(held, True)
-            return
-        self._handle.send(held, False)
-        self._handle.send(InferenceResponse(error=TritonError(
-            f"expected a single response, got {self._sent}")), True)
+        if final:
+            self._closed = True
+        self._handle.send(response, final)
 
     def _fail_after_response(self) -> None:
-        """`execute` raised after this non-decoupled request's first response: Triton
-        counts the failure as a second response (the first goes out, for a stream)."""
-        if self._held is not None and not self._closed:
-            self._sent += 1
-            self._answer_once(None, True)
+        """`execute` raised after this non-decoupled request's response, before its final
+        flag: Triton counts the failure as a second response (the answer is 'expected a
+        single response, got 2'; a stream has shown the first only)."""
+        if self._sent and not self._closed:
+            self._closed = True
+            self._handle.send(InferenceResponse(error=TritonError(
+                f"expected a single response, got {self._sent + 1}")), True)
 
     def is_cancelled(self):
         return self._handle.is_cancelled()
