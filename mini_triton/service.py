@@ -170,6 +170,14 @@ class InferenceService:
         self._start_counted(request, "", stream)
         return stream
 
+    async def start_stream(self, request: InferenceRequest, limit: int = 0,
+                           limit_name: str = "") -> ResponseStream:
+        """`infer` for a front end's stream (gRPC's ModelStreamInfer, generate, OpenAI):
+        a refusal is raised and `request.decoupled` is set once this returns. Awaited,
+        so that a front-end process's service can learn both from the main process
+        (frontend_processes/remote_service.py); here it is `infer`."""
+        return self.infer(request, limit, limit_name)
+
     def start_unary(self, request: InferenceRequest, endpoint: str, on_final) -> None:
         """Validate and schedule a request of a unary front end (`endpoint`: "HTTP end
         point", "ModelInfer RPC"), on the event loop. Its final response goes to

@@ -171,7 +171,15 @@ class Host:
                 if stamps.trace is None:
                     forward.stamps = None  # not sampled
         except TritonError as error:  # refused before it was scheduled
-            self.send_response(call_id, request.error_response(error))
+            self.requests.pop(call_id, None)
+            self.send_quietly({"op": kinds.RESPONSE, "id": call_id, "refused": True,
+                               "decoupled": request.decoupled,
+                               "response": put_response(Outgoing(),
+                                                        request.error_response(error))})
+            return
+        if meta.get("accept"):
+            self.send_quietly({"op": kinds.ACCEPTED, "id": call_id,
+                               "decoupled": request.decoupled})
 
     def settle_later(self, forward: Forward) -> None:
         """Settle `forward` on the loop soon (from another thread). The flag is read

@@ -21,13 +21,15 @@ from ..core.validate import BrokenFraming
 from ..trace_front_end import GRPC, GRPC_STREAM, HTTP, HTTP_STREAM, FrontEnd
 
 # --- front-end process → main process ---
-INFER = "infer"  # id, endpoint ("" for a stream), request, stamps (received ns) or None
+INFER = "infer"  # id, endpoint ("" for a stream), request, received (stamps) if traced,
+#                 accept: True where the front end waits for ACCEPTED (a stream's start)
 CANCEL = "cancel"  # id: the client went away, or its stream overflowed
 ASK = "ask"  # id, method, args: one of InferenceService's ASKED methods, or a CONTROL one
 REFUSED = "refused"  # model, received: a traced request refused before it was decoded
 SERVING = "serving"  # the front-end process accepts on every port
 # --- main process → front-end process ---
-RESPONSE = "response"  # id, response (final or not)
+RESPONSE = "response"  # id, response (final or not); refused: True for a refusal
+ACCEPTED = "accepted"  # id, decoupled: the service scheduled the request (INFER's accept)
 ANSWER = "answer"  # id, result or error: the answer to an ASK
 SAMPLING = "sampling"  # value: whether some trace level is on (the front ends stamp)
 LOGGING = "logging"  # settings: the log settings now (the logging API changed them)
@@ -37,7 +39,9 @@ HELLO = "hello"  # sampling, server_id: the first message a front-end process re
 CONTROL = frozenset(("check_ready", "check_model_ready", "load_model", "unload_model",
                      "register_model_repository", "unregister_model_repository"))
 
-_RAW, _DATA, _NONE = 0, 1, 2  # how an input's contents travel
+# How a tensor's contents travel: unchecked wire bytes, an array, none (in a client's
+# region), or BYTES in Triton's framing, checked already (Tensor.wire).
+_RAW, _DATA, _NONE, _WIRE = 0, 1, 2, 3
 
 # The front ends whose stamps a traced request carries, by their place here.
 _FRONT_ENDS = (HTTP, GRPC, GRPC_STREAM, HTTP_STREAM)
@@ -85,6 +89,9 @@ def put_request(outgoing: Outgoing, request: InferenceRequest) -> tuple:
 
 def _put_input(outgoing: Outgoing, tensor: Tensor) -> tuple:
     head = (tensor.name, tensor.datatype, tensor.shape, tensor.parameters)
+    if tensor.wire is not None:  # split ahead here: the main process checks it again
+        framed = np.frombuffer(tensor.wire, np.uint8)
+        return head + (_RAW, outgoing.array(tensor.name, "UINT8", framed.shape, framed))
     if tensor.data is not None:
         data = tensor.data
         return head + (_DATA, outgoing.array(tensor.name, tensor.datatype, data.shape, data))
@@ -138,7 +145,11 @@ def _put_output(outgoing: Outgoing, tensor: Tensor) -> tuple:
     head = (tensor.name, tensor.datatype, tensor.shape, tensor.parameters)
     if tensor.region is not None:  # written into the client's region: no data travels
         return head + (_NONE, None)
-    if tensor.wire is None and tensor.data is not None:  # BYTES in their framing go raw
+    if tensor.wire is not None:  # BYTES in their framing travel as they are
+        framed = np.frombuffer(tensor.wire, np.uint8)
+        return head + (_WIRE, (outgoing.array(tensor.name, "UINT8", framed.shape, framed),
+                               tensor.wire_shape))
+    if tensor.data is not None:
         data = tensor.data
         return head + (_DATA, outgoing.array(tensor.name, tensor.datatype, data.shape, data))
     raw = np.frombuffer(tensor.raw_bytes(), np.uint8)
@@ -164,6 +175,9 @@ def _get_output(incoming: Incoming, entry: tuple) -> Tensor:
         tensor.data = incoming.array(descriptor)
     elif kind == _RAW:
         tensor.raw = memoryview(incoming.array(descriptor))
+    elif kind == _WIRE:
+        framed, shape = descriptor
+        tensor.hold_wire(memoryview(incoming.array(framed)), tuple(shape))
     else:
         tensor.region = IN_CLIENT_REGION
     return tensor

@@ -106,6 +106,8 @@ class RemoteService:
         self.requests_in_flight = 0
         self._calls: dict[int, object] = {}  # call id → (request, stream) or _Question
         self._call_of: dict[int, int] = {}  # id(request) → its call id
+        # call id → the future start_stream awaits: decoupled, or the refusal
+        self._accepting: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
         self._closed: asyncio.Future | None = None
 
@@ -144,6 +146,8 @@ class RemoteService:
                 self._response(message, meta)
             elif op == kinds.ANSWER:
                 self._answered_question(meta)
+            elif op == kinds.ACCEPTED:
+                self._accepted(meta)
             elif op == kinds.SAMPLING:
                 self.tracer.sampling = meta["value"]
             elif op == kinds.LOGGING and self.log_settings is not None:
@@ -159,6 +163,9 @@ class RemoteService:
     def _response(self, message, meta: dict) -> None:
         call_id = meta["id"]
         response = get_response(message, meta["response"])
+        if meta.get("refused"):
+            self._refused(call_id, response, meta["decoupled"])
+            return
         if response.final:
             entry = self._calls.pop(call_id, None)
             if entry is not None:
@@ -167,6 +174,29 @@ class RemoteService:
             entry = self._calls.get(call_id)
         if entry is not None:
             entry[1].put(response)
+
+    def _refused(self, call_id: int, response, decoupled: bool) -> None:
+        """The main process's service refused the request before scheduling it: a
+        stream's start raises the error (start_stream), a unary request is answered
+        with it (as its front end answers a refusal)."""
+        entry = self._calls.pop(call_id, None)
+        if entry is None:
+            return
+        request, stream = entry
+        self._call_of.pop(id(request), None)
+        request.decoupled = decoupled  # known where the service found the model
+        accepting = self._accepting.pop(call_id, None)
+        if accepting is None:
+            stream.put(response)
+            return
+        stream.settle()
+        if not accepting.done():
+            accepting.set_exception(response.error)
+
+    def _accepted(self, meta: dict) -> None:
+        accepting = self._accepting.pop(meta["id"], None)
+        if accepting is not None and not accepting.done():
+            accepting.set_result(meta["decoupled"])
 
     def _answered_question(self, meta: dict) -> None:
         question = self._calls.pop(meta["id"], None)
@@ -182,6 +212,10 @@ class RemoteService:
         self.loop.remove_reader(self.link.sock.fileno())
         calls, self._calls = self._calls, {}
         gone = TritonError(Code.UNAVAILABLE, "the server's main process is gone")
+        accepting, self._accepting = self._accepting, {}
+        for future in accepting.values():
+            if not future.done():
+                future.set_exception(gone)
         for entry in calls.values():
             if isinstance(entry, _Question):
                 if not entry.future.done():
@@ -196,26 +230,53 @@ class RemoteService:
 
     def infer(self, request: InferenceRequest, limit: int = 0,
               limit_name: str = "") -> ResponseStream:
-        budget = self.stream_budget if limit_name else None
-        stream = ResponseStream(self.loop, self._answered, limit, limit_name,
-                                (lambda: self.cancel(request)) if limit or budget else None,
-                                budget)
+        """A stream whose refusal comes as its one response (front ends start streams
+        with start_stream, which raises it as InferenceService.infer does)."""
+        stream = self._stream(request, limit, limit_name)
         self._forward(request, stream, "")
         return stream
+
+    async def start_stream(self, request: InferenceRequest, limit: int = 0,
+                           limit_name: str = "") -> ResponseStream:
+        """InferenceService.start_stream: the request is forwarded and this waits for
+        the main process to schedule it (its `decoupled` is known then) or refuse it
+        (raised). Responses that come meanwhile wait in the stream."""
+        stream = self._stream(request, limit, limit_name)
+        accepting = self.loop.create_future()
+        call_id = self._forward(request, stream, "", accept=True)
+        self._accepting[call_id] = accepting
+        try:
+            request.decoupled = await accepting
+        except asyncio.CancelledError:
+            self._accepting.pop(call_id, None)
+            self.cancel(request)
+            raise
+        return stream
+
+    def _stream(self, request: InferenceRequest, limit: int, limit_name: str):
+        budget = self.stream_budget if limit_name else None
+        return ResponseStream(self.loop, self._answered, limit, limit_name,
+                              (lambda: self.cancel(request)) if limit or budget else None,
+                              budget)
 
     def start_unary(self, request: InferenceRequest, endpoint: str, on_final) -> None:
         answer = FinalAnswer(self.loop, on_final, self._answered)
         self._forward(request, answer, endpoint)
 
-    def _forward(self, request: InferenceRequest, stream, endpoint: str) -> None:
+    def _forward(self, request: InferenceRequest, stream, endpoint: str,
+                 accept: bool = False) -> int:
+        """Send `request` to the main process; its call id."""
         request.stream = stream
         self.requests_in_flight += 1
         call_id = next(self._ids)
         outgoing = Outgoing()
         meta = {"op": kinds.INFER, "id": call_id, "endpoint": endpoint,
                 "request": put_request(outgoing, request)}
+        if accept:
+            meta["accept"] = True
         stamps = self.tracer.stamps
-        if stamps is not None:
+        if stamps is not None:  # taken by this request alone (start_stream awaits)
+            self.tracer.stamps = None
             meta["received"] = put_received(stamps)
         self._calls[call_id] = (request, stream)
         self._call_of[id(request)] = call_id
@@ -226,6 +287,7 @@ class RemoteService:
             self._call_of.pop(id(request), None)
             stream.settle()
             raise TritonError(Code.UNAVAILABLE, "the server's main process is gone") from None
+        return call_id
 
     def _answered(self) -> None:
         self.requests_in_flight -= 1

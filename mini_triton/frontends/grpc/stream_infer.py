@@ -263,8 +263,8 @@ async def read_requests(service, request_messages, decode, refusal, outbox: Stre
                 stamps = _received(waiting)
             try:
                 infer_request = decode(message, read)
-                stream = service.infer(infer_request) if stamps is None \
-                    else _infer_stamped(service, infer_request, stamps, waiting, traced)
+                stream = await service.start_stream(infer_request) if stamps is None \
+                    else await _infer_stamped(service, infer_request, stamps, waiting, traced)
             except TritonError as error:  # refused before a model: in the stream, always
                 if infer_request is None:  # the message does not decode
                     error = await refusal(message, error)
@@ -374,14 +374,14 @@ def _received(waiting: list) -> front_end_trace.FrontEndStamps:
     return front_end_trace.FrontEndStamps(front_end_trace.GRPC_STREAM, waiting[0] or now, now)
 
 
-def _infer_stamped(service, infer_request, stamps: front_end_trace.FrontEndStamps, waiting: list,
-                   traced: set | None):
-    """service.infer, with the stamps handed to the request's trace, if it is traced
+async def _infer_stamped(service, infer_request, stamps: front_end_trace.FrontEndStamps,
+                         waiting: list, traced: set | None):
+    """service.start_stream, with the stamps handed to the request's trace, if it is traced
     (then kept in `traced` until that is written); the stream waits for its next
     request from here on."""
     try:
         with service.tracer.receiving(stamps):
-            stream = service.infer(infer_request)
+            stream = await service.start_stream(infer_request)
         if stamps.trace is not None and traced is not None:
             traced.add(stamps)
             stamps.forget = traced.discard

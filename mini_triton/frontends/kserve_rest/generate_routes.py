@@ -105,8 +105,8 @@ class GenerateEndpoints:
     async def _start(self, request: HttpRequest):
         """Decode the request and start the inference: (request, stream)."""
         infer_request = await self._decoded(request)
-        return infer_request, self.service.infer(infer_request, self.stream_limit,
-                                                 STREAM_LIMIT_FLAG)
+        return infer_request, await self.service.start_stream(
+            infer_request, self.stream_limit, STREAM_LIMIT_FLAG)
 
     async def _decoded(self, request: HttpRequest):
         """Look the model up (an unknown model is 404 whatever the body), then decode
@@ -128,7 +128,7 @@ class GenerateEndpoints:
             try:
                 infer_request = await self._decoded(request)
                 with tracer.receiving(stamps):
-                    return infer_request, self.service.infer(
+                    return infer_request, await self.service.start_stream(
                         infer_request, self.stream_limit, STREAM_LIMIT_FLAG)
             except TritonError:
                 if stamps.trace is None:

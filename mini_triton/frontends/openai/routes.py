@@ -118,7 +118,7 @@ class OpenAIRoutes:
     async def _serve(self, request: HttpRequest, exchange: Exchange, chat: bool):
         try:
             ask, contract = await self._ask(request.body, chat)
-            runs = self._start(ask, contract)
+            runs = await self._start(ask, contract)
         except OpenAIError as error:
             return error_reply(error.status, error.message, error.code)
         except TritonError as error:
@@ -158,7 +158,7 @@ class OpenAIRoutes:
             return []
         return [] if folder is None else [folder / str(version), folder]
 
-    def _start(self, ask: codec.Ask, contract: codec.Contract) -> list:
+    async def _start(self, ask: codec.Ask, contract: codec.Contract) -> list:
         """Start every choice: [(InferenceRequest, ResponseStream)]; if one is refused,
         those already started are cancelled."""
         runs = []
@@ -167,7 +167,7 @@ class OpenAIRoutes:
                 for j in range(ask.n):
                     infer_request = codec.model_request(ask, contract, prompt,
                                                         prompt_index * ask.n + j)
-                    runs.append((infer_request, self.service.infer(
+                    runs.append((infer_request, await self.service.start_stream(
                         infer_request, self.stream_limit, STREAM_LIMIT_FLAG)))
         except (OpenAIError, TritonError):
             self._cancel(runs)
