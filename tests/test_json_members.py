@@ -110,6 +110,17 @@ def test_a_name_repeated_after_a_long_list_is_found():
     assert first_wins(colons, orjson.loads(colons))["id"] == "x"
 
 
+def test_colons_in_the_strings_of_a_long_document_are_told_from_members():
+    """A long text of numbers whose id has a colon: counted against its members outside
+    strings, it is orjson's value itself; with a name repeated, the first member's."""
+    head = b'{"id": "req:1", "inputs": [{"name": "I", "data": '
+    document = head + orjson.dumps([0.25] * 5000) + b"}]}"
+    parsed = orjson.loads(document)
+    assert first_wins(document, parsed) is parsed
+    repeated = document[:-1] + b', "id": "req:2"}'
+    assert first_wins(repeated, orjson.loads(repeated))["id"] == "req:1"
+
+
 def test_numbers_read_apart_land_where_they_were():
     """A document that repeats a name and is mostly numbers is read again with its
     arrays of numbers cut out (orjson reads them): each comes back in its place, and a

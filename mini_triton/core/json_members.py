@@ -12,8 +12,9 @@ Most documents name nothing twice, and telling them apart must cost next to
 nothing: every member has one colon, so a document whose objects hold as many keys
 as its text has colons repeats no name. orjson writes a short document again in
 less time than a walk over it counts its keys (`_repeats_a_name`); a long one's keys
-are counted first (`_keys_reach`, which passes over its data lists), and only when
-that falls short (colons inside strings, or a name repeated) is it written again.
+are counted first (`_keys_reach`, which passes over its data lists), against its
+members outside strings where colons inside strings make the colons too many, and
+only when that falls short (a name repeated, or a walk too long) is it written again.
 Only a document that repeats a name is parsed again.
 """
 
@@ -50,11 +51,24 @@ def first_wins(data, value):
     colons = data.count(b":")
     if colons == 0:
         return value
-    if len(data) > SHORT and _keys_reach(value, colons):
+    if len(data) > SHORT and _counted_without_writing(data, value, colons):
         return value
     if not _repeats_a_name(data, value):
         return value
     return _reparsed(data)
+
+
+def _counted_without_writing(data: bytes, value, colons: int) -> bool:
+    """Whether a long text is shown to repeat no name by counting keys (`_keys_reach`):
+    against its colons, or, where colons inside strings leave that short and the text
+    is mostly numbers (which orjson writes slowly), against its members."""
+    if _keys_reach(value, colons):
+        return True
+    return not _mostly_strings(data) and _keys_reach(value, _members(data))
+
+
+def _mostly_strings(data: bytes) -> bool:
+    return data.count(b'"') * 8 > len(data)
 
 
 def loads_first_wins(data):
@@ -74,7 +88,7 @@ def _reparsed(data: bytes):
     which the cutting would visit one by one), its arrays of numbers (a tensor's data,
     with their rows) are cut out and read by orjson, each where Python's reader meets
     the `NaN` left in its place."""
-    if data.count(b'"') * 8 > len(data):
+    if _mostly_strings(data):
         return loads_first_wins(data)
     arrays: list[bytes] = []
 
