@@ -58,6 +58,7 @@ ASKED: frozenset[str] = frozenset({
     "model_statistics", "repository_index", "trace_settings", "logging_settings",
     "system_shm_status", "system_shm_register", "system_shm_unregister",
     "cuda_shm_status", "cuda_shm_register", "cuda_shm_unregister", "metrics_text",
+    "sagemaker_models", "sagemaker_model", "sagemaker_model_add", "sagemaker_model_remove",
 })
 
 
@@ -96,6 +97,8 @@ class InferenceService:
         self.requests_in_flight = 0
         # The most requests open at once since nearly_idle() last asked.
         self.peak_in_flight = 0
+        # SageMaker's multi-model registrations: its name → (repository, name here)
+        self._sagemaker_models: dict[str, tuple[str, str]] = {}
 
     async def ask(self, method: str, *args):
         """What the ASKED `method` answers to `args` (its TritonError is raised here).
@@ -429,6 +432,21 @@ class InferenceService:
     async def unregister_model_repository(self, repository: str) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, lambda: self.manager.unregister_repository(repository))
+
+    # --- the models SageMaker's multi-model endpoints loaded, one table server-wide ---
+
+    def sagemaker_models(self) -> dict[str, tuple[str, str]]:
+        return dict(self._sagemaker_models)
+
+    def sagemaker_model(self, name: str) -> tuple[str, str] | None:
+        return self._sagemaker_models.get(name)
+
+    def sagemaker_model_add(self, name: str, url: str, target: str) -> None:
+        self._sagemaker_models[name] = (url, target)
+
+    def sagemaker_model_remove(self, name: str) -> tuple[str, str] | None:
+        """Forget `name`; what it was (None: it was not there, or another took it out)."""
+        return self._sagemaker_models.pop(name, None)
 
     # --- trace and logging extensions ---
 

@@ -381,11 +381,14 @@ def test_a_model_loaded_through_one_process_is_served_through_the_other(
     assert_connections_kept([first, second])
 
 
+TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
+
+
 def test_a_sagemaker_model_registered_through_one_process_is_served_through_the_other(
         tmp_path):
     """SageMaker's multi-model endpoints: a model registered (POST /models) through one
     process is listed, invoked and unregistered through the other, and then gone for the
-    first."""
+    first; the other unloads it only under the name it was loaded as."""
     repository = tmp_path / "repo"
     write_model(repository, "echo", identity_config("echo"))
     target = tmp_path / "target"
@@ -404,8 +407,15 @@ def test_a_sagemaker_model_registered_through_one_process_is_served_through_the_
             invoked = second.post("/models/m1/invoke", json=body)
             assert invoked.status_code == 200, invoked.text
             assert invoked.json()["outputs"][0]["data"] == [1.5, 2.5]
+            assert second.get("/models/m1").json() == {"modelName": "m1",
+                                                        "modelUrl": str(target)}
+            # It unloads only what it loaded, whichever process loaded it (#32).
+            other = second.delete("/models/m1", headers={TARGET_MODEL: "echo"})
+            assert other.status_code == 400, other.text
+            assert "'m1' was loaded as 'm1'" in other.json()["error"]
             assert second.delete("/models/m1").status_code == 200
             assert first.get("/models").json() == {"models": []}
+            assert first.get("/models/m1").status_code == 404
             assert first.post("/models/m1/invoke", json=body).status_code == 404
         finally:
             first.close()

@@ -24,7 +24,7 @@ FRONTENDS = Path(__file__).resolve().parent.parent / "mini_triton" / "frontends"
 # What a front end may reach on the service other than `ask`: the hot inference calls,
 # the coroutines, and what needs no state of the service or is its own object.
 DIRECT = frozenset({
-    "ask", "infer", "start_unary", "cancel", "live", "check_ready", "check_model_ready",
+    "ask", "infer", "start_stream", "start_unary", "cancel", "live", "check_ready", "check_model_ready",
     "load_model", "unload_model", "register_model_repository", "unregister_model_repository",
     "check_repository_name", "tracer", "stream_budget",
 })
@@ -69,6 +69,8 @@ def test_every_asked_method_is_a_plain_method_of_the_service():
     ("logging_settings", ()),
     ("system_shm_status", ()),
     ("cuda_shm_status", ()),
+    ("sagemaker_models", ()),
+    ("sagemaker_model", ("not_loaded",)),
 ])
 def test_an_answer_is_the_method_s_own_and_survives_pickling(default_server, method, args):
     answer = ask(default_server, method, *args)
@@ -113,6 +115,22 @@ def test_a_region_is_registered_listed_and_unregistered_through_ask(default_serv
     finally:
         region.close()
         region.unlink()
+
+
+def test_sagemaker_s_models_are_added_listed_and_removed_through_ask(default_server):
+    """SageMaker's multi-model registrations are the service's, one table for every
+    front-end process."""
+    assert ask(default_server, "sagemaker_models") == {}
+    ask(default_server, "sagemaker_model_add", "hash1", "/opt/ml/models/hash1", "m1")
+    assert ask(default_server, "sagemaker_model", "hash1") == ("/opt/ml/models/hash1", "m1")
+    listed = ask(default_server, "sagemaker_models")
+    assert listed == {"hash1": ("/opt/ml/models/hash1", "m1")}
+    assert round_trip(listed) == listed
+    removed = ask(default_server, "sagemaker_model_remove", "hash1")
+    assert removed == ("/opt/ml/models/hash1", "m1")
+    assert ask(default_server, "sagemaker_model_remove", "hash1") is None
+    assert ask(default_server, "sagemaker_model", "hash1") is None
+    assert ask(default_server, "sagemaker_models") == {}
 
 
 @pytest.mark.parametrize("registry, kind", [(SharedMemoryRegistry, "system"),

@@ -16,6 +16,10 @@ the service.
 SageMaker port open): `/ping` is "health", `/invocations` and invoke "inference", the
 other multi-model routes "model-repository". `DELETE /models/NAME` unloads only a model
 that this port loaded, whatever the target-model header names.
+
+The models this port loaded are the service's (`sagemaker_model*`, asked): one table for
+the server, so that with front-end processes a model loaded through one is listed,
+invoked and unloaded through any.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ...config import MAX_CONFIG_BYTES
 from ...core.errors import Code, TritonError, invalid_arg
@@ -155,8 +160,9 @@ def _is_ensemble(folder: Path) -> bool:
     return bool(_ENSEMBLE.search(text.decode("utf-8", "replace")))
 
 
-@dataclass
-class _LoadedModel:
+class _LoadedModel(NamedTuple):
+    """A model this port loaded, as the service keeps it (sagemaker_model)."""
+
     url: str  # the repository registered for it, as SageMaker's list shows it
     target: str  # the model's name in the server
 
@@ -171,7 +177,6 @@ class SagemakerFrontend:
         self.default_model = default_model
         self.restricted = restricted or {}  # --http-restricted-api
         self.v2 = HttpFrontend(service, openai=False)
-        self.models: dict[str, _LoadedModel] = {}  # SageMaker's model name (a hash) → model
 
     def handle(self, request: HttpRequest, exchange: Exchange) -> None:
         log.debug("SageMaker request: %s %s", request.method, request.path)
@@ -196,12 +201,7 @@ class SagemakerFrontend:
         if method == "GET":
             exchange.run(self.get_model if name else self.list_models, request)
         elif method == "POST" and invoke:
-            if name not in self.models:
-                exchange.answer(HttpReply(404))
-                return
-            target = request.headers.get(TARGET_MODEL_HEADER, name)
-            log.info("Invoking SageMaker TargetModel: %s", target)
-            self.invoke(request, exchange, target, MME_REPLIES)
+            exchange.spawn(self.invoke_loaded(request, exchange, name))
         elif method == "POST":  # the body names the model; a name in the path is ignored
             exchange.run(self.load_model, request)
         elif method == "DELETE":
@@ -223,19 +223,35 @@ class SagemakerFrontend:
                replies: InferReplies) -> None:
         post_infer(self.v2, request, exchange, model, "", replies, BINARY_MIME)
 
+    async def invoke_loaded(self, request: HttpRequest, exchange: Exchange,
+                            name: str) -> None:
+        """`POST /models/NAME/invoke`: 404 unless this port loaded NAME (through any
+        front-end process), else inference on the target model."""
+        if await self._loaded(name) is None:
+            exchange.answer(HttpReply(404))
+            return
+        target = request.headers.get(TARGET_MODEL_HEADER, name)
+        log.info("Invoking SageMaker TargetModel: %s", target)
+        self.invoke(request, exchange, target, MME_REPLIES)
+
+    async def _loaded(self, name: str) -> _LoadedModel | None:
+        loaded = await self.service.ask("sagemaker_model", name)
+        return None if loaded is None else _LoadedModel(*loaded)
+
     # --- multi-model endpoints ---
 
     async def list_models(self, request: HttpRequest) -> HttpReply:
         """The loaded models that are ready (Triton lists an empty object for one that
         is not; we leave it out)."""
-        models = [{"modelName": name, "modelUrl": model.url}
-                  for name, model in list(self.models.items())
-                  if await self.service.ask("model_ready", model.target)]
+        loaded = await self.service.ask("sagemaker_models")
+        models = [{"modelName": name, "modelUrl": url}
+                  for name, (url, target) in loaded.items()
+                  if await self.service.ask("model_ready", target)]
         return json_reply({"models": models})
 
     async def get_model(self, request: HttpRequest) -> HttpReply:
         name = _MODELS.fullmatch(request.path).group(1)
-        model = self.models.get(name)
+        model = await self._loaded(name)
         if model is None:
             return HttpReply(404)
         return json_reply({"modelName": name, "modelUrl": model.url})
@@ -263,14 +279,14 @@ class SagemakerFrontend:
             if error.code == Code.ALREADY_EXISTS:
                 return error_reply(409, error.message)
             return _mme_error(error)
-        self.models[name] = _LoadedModel(repository, target)
+        await self.service.ask("sagemaker_model_add", name, repository, target)
         return HttpReply(200)
 
     async def unload_model(self, request: HttpRequest) -> HttpReply:
         """Unload the model this port loaded as NAME (never another: the target-model
         header may only name the same model), then unregister its folder."""
         name = request.params["name"]
-        model = self.models.get(name)
+        model = await self._loaded(name)
         if model is None:
             return HttpReply(404)
         target = request.headers.get(TARGET_MODEL_HEADER, model.target)
@@ -282,7 +298,8 @@ class SagemakerFrontend:
             await self.service.unload_model(target, unload_dependents=True)
         except TritonError as error:
             return error_reply(400, error.message)
-        self.models.pop(name, None)
+        if await self.service.ask("sagemaker_model_remove", name) is None:
+            return HttpReply(404)  # a DELETE beside this one unregisters the folder
         try:
             await self.service.unregister_model_repository(model.url)
         except TritonError as error:
