@@ -13,6 +13,9 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -48,16 +51,40 @@ def process_gone(pid: int) -> bool:
         return True
 
 
-def keep_inferring(route, stop: threading.Event) -> tuple[list[float], list[Exception]]:
-    """Infers until `stop` is set: when each success came back, and every error."""
-    successes, errors = [], []
-    while not stop.is_set():
+@dataclass
+class Flow:
+    """Requests sent one after another through one route until `stop` is set: when each
+    success came back, and every error."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    successes: list[float] = field(default_factory=list)
+    errors: list[Exception] = field(default_factory=list)
+
+    def succeeded_after(self, moment: float) -> bool:
+        return any(when > moment for when in list(self.successes))
+
+
+def keep_inferring(route, flow: Flow) -> None:
+    while not flow.stop.is_set():
         try:
             np.testing.assert_array_equal(infer_ones(route), np.ones((1, 4), np.float32))
-            successes.append(time.monotonic())
+            flow.successes.append(time.monotonic())
         except Exception as error:  # recorded, asserted by the test
-            errors.append(error)
-    return successes, errors
+            flow.errors.append(error)
+
+
+@contextmanager
+def flowing(senders: list) -> Iterator[list[Flow]]:
+    """A Flow through each route of `senders`, stopped (and waited for) at the end."""
+    flows = [Flow() for _ in senders]
+    sending = [route.submit(keep_inferring, flow) for route, flow in zip(senders, flows)]
+    try:
+        yield flows
+    finally:
+        for flow in flows:
+            flow.stop.set()
+        for sender in sending:
+            sender.result(60)
 
 
 def replacement_of(server, index: int, killed: int) -> int | None:
@@ -90,23 +117,20 @@ def test_a_killed_frontend_process_is_replaced_while_the_other_serves(
                 services=("http", "grpc", "sagemaker")) as server:
         (index, killed), (_, survivor) = sorted(frontend_pids(server).items())
         by_pid = routes(server, protocol, per_process=2)
-        stop = threading.Event()
-        flows = [route.submit(keep_inferring, stop) for route in by_pid[survivor]]
-        os.kill(killed, signal.SIGKILL)
-        killed_at = time.monotonic()
-        assert wait_for(lambda: replacement_of(server, index, killed), timeout=60), \
-            server.output
-        replaced_at = time.monotonic()
-        new_pid = replacement_of(server, index, killed)
-        time.sleep(0.5)  # let the survivors' flow run on past the replacement too
-        stop.set()
-        outcomes = [flow.result(60) for flow in flows]
-        assert [errors for _, errors in outcomes] == [[]] * len(flows), outcomes
-        for successes, _ in outcomes:
-            assert any(when > killed_at for when in successes), "no request after the kill"
-            assert any(when > replaced_at for when in successes), "none after the restart"
+        survivors = by_pid[survivor]
+        with flowing(survivors) as flows:
+            assert wait_for(lambda: all(flow.successes for flow in flows))  # flowing already
+            os.kill(killed, signal.SIGKILL)
+            assert wait_for(lambda: replacement_of(server, index, killed), timeout=60), \
+                server.output
+            replaced_at = time.monotonic()
+            new_pid = replacement_of(server, index, killed)
+            flowed_on = wait_for(lambda: all(flow.succeeded_after(replaced_at)
+                                             for flow in flows))
+        assert [flow.errors for flow in flows] == [[]] * len(flows)
+        assert flowed_on, "the other process's connections stopped being answered"
         assert process_gone(killed) and not process_gone(new_pid)
-        assert_connections_kept(by_pid[survivor])
+        assert_connections_kept(survivors)
         serves_every_port_through(server, routes, [new_pid, survivor], new_pid)
 
 
