@@ -36,6 +36,13 @@ FREED_BATCH = 8
 QUERY_HEAD = struct.Struct("<I")
 # A query is a method name and a few arguments: more than this is not one of ours.
 MAX_QUERY_BYTES = 1 << 20
+# A front-end process reads its link on every turn of its loop. One that has not taken a
+# message for this long (stopped, or stuck) is given up: the main process's loop, which
+# writes to it, must never wait on it longer. Its requests are cancelled and the
+# supervisor kills it (it is started again).
+LINK_SEND_TIMEOUT_SECS = 2
+# Room for the messages of a burst of responses before a send waits at all.
+LINK_SEND_BUFFER_BYTES = 1 << 20
 
 # The service's methods a front end calls synchronously (a proxy's blocking round
 # trip): answered on the loop at once, so each must be quick.
@@ -102,6 +109,7 @@ class Host:
                  on_serving, on_gone=None):
         self.service = service
         self.loop: asyncio.AbstractEventLoop = service.loop or asyncio.get_running_loop()
+        _bound_sends(link_sock)
         self.link = Link(link_sock)
         self.query_sock = query_sock
         self.on_serving = on_serving  # the front-end process accepts on every port
@@ -208,8 +216,8 @@ class Host:
         try:
             self.link.send({"op": kinds.RESPONSE, "id": call_id, "response": encoded},
                            outgoing)
-        except OSError:  # it exited: its requests are cancelled by close()
-            pass
+        except OSError:  # it exited, or stopped reading (LINK_SEND_TIMEOUT_SECS)
+            self._give_up()
 
     async def _answer(self, call_id: int, method: str, args: list, kwargs: dict) -> None:
         try:
@@ -224,8 +232,7 @@ class Host:
             log.exception("front-end process question %s failed", method)
             answer = {"op": kinds.ANSWER, "id": call_id,
                       "error": put_error(TritonError(Code.INTERNAL, str(error)))}
-        if not self._closed:
-            self.link.send(answer)
+        self.send_quietly(answer)
         self._announce_changes(method, args)
 
     # --- the query socket ---
@@ -293,9 +300,26 @@ class Host:
 
     def send_quietly(self, meta: dict) -> None:
         """Send `meta` unless the front-end process is gone (its close() follows)."""
-        if not self._closed:
-            with contextlib.suppress(OSError):
-                self.link.send(meta)
+        if self._closed:
+            return
+        try:
+            self.link.send(meta)
+        except OSError:
+            self._give_up()
+
+    def _give_up(self) -> None:
+        """A send failed: the process exited or stopped reading. Nothing more is sent
+        (from any thread); the loop closes this end, which cancels its requests and
+        tells the supervisor (on_gone), which kills a process still there."""
+        if self._closed:
+            return
+        self._closed = True
+        log.warning("front-end process link: a message could not be sent within %d s; "
+                    "giving the process up", LINK_SEND_TIMEOUT_SECS)
+        if on_loop_thread(self.loop):
+            self._close_now()
+        elif not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._close_now)
 
     def close(self) -> None:
         """The front-end process is gone (or the server stops): its requests in flight
@@ -303,6 +327,9 @@ class Host:
         if self._closed:
             return
         self._closed = True
+        self._close_now()
+
+    def _close_now(self) -> None:
         _HOSTS.discard(self)
         for fd in (self.link.sock.fileno(), self.query_sock.fileno()):
             if fd >= 0:
@@ -314,6 +341,14 @@ class Host:
         self.query_sock.close()
         if self.on_gone is not None:
             self.on_gone()
+
+
+def _bound_sends(sock: socket.socket) -> None:
+    """A blocking send on `sock` waits at most LINK_SEND_TIMEOUT_SECS (SO_SNDTIMEO:
+    the socket stays blocking, so the link's non-blocking reads are unchanged)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, LINK_SEND_BUFFER_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                    struct.pack("ll", LINK_SEND_TIMEOUT_SECS, 0))
 
 
 def announce_sampling(service) -> None:

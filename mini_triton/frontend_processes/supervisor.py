@@ -134,7 +134,8 @@ class FrontendProcesses:
         slot.process, slot.started_at = process, time.monotonic()
         slot.exited = self.loop.create_future()
         slot.host = self.serve(self.service, link, query,
-                               functools.partial(self.child_ready, slot.index))
+                               functools.partial(self.child_ready, slot.index),
+                               functools.partial(self._link_lost, slot, process))
         slot.pidfd = os.pidfd_open(process.pid)
         self.loop.add_reader(slot.pidfd, self._exited, slot)
         log.info("Started front-end process %d (pid %d)", slot.index, process.pid)
@@ -149,6 +150,15 @@ class FrontendProcesses:
         return [fd for fds in self._port_fds().values() for fd in fds]
 
     # --- one that exits ---
+
+    def _link_lost(self, slot: Slot, process: subprocess.Popen) -> None:
+        """The main process's end of the link closed: the process exited (its exit is
+        seen next), or stopped reading its link (host.LINK_SEND_TIMEOUT_SECS): killed,
+        then started again as one that exited."""
+        if process.poll() is None and not self.stopping:
+            log.warning("front-end process %d (pid %d) stopped reading its link; killing it",
+                        slot.index, process.pid)
+            process.kill()
 
     def _exited(self, slot: Slot) -> None:
         self.loop.remove_reader(slot.pidfd)
