@@ -8,6 +8,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from frontend_routes import routes  # noqa: F401  (the fixture the tests below t
 from frontend_routes import (assert_connections_kept, frontend_pids,
                              needs_frontend_processes, served)
 from model_configs import slow_identity
+from serverproc import ServerProcess
 
 pytestmark = needs_frontend_processes
 
@@ -146,6 +148,22 @@ def serves_every_port_through(server, routes, pids: list[int], replacement: int)
         with urllib.request.urlopen(f"http://127.0.0.1:{server.ports['sagemaker']}/ping",
                                     timeout=10) as reply:
             assert reply.status == 200
+
+
+def test_a_port_logged_as_started_accepts_connections(identity_repository):
+    """"Started HTTPService at ..." means the port accepts, as with one process (a client
+    connecting then waits in the backlog for a front-end process instead of being refused),
+    so a supervisor may connect as soon as it reads the line."""
+    server = ServerProcess(["--model-repository", str(identity_repository),
+                            "--frontend-processes=2"], expect_ready=False)
+    with server:
+        refused = []
+        for service in ("http", "grpc"):
+            try:
+                socket.create_connection(("127.0.0.1", server.ports[service]), timeout=10).close()
+            except ConnectionRefusedError:
+                refused.append(service)
+        assert not refused, f"refused right after the 'Started' line: {refused}"
 
 
 def test_sigterm_drains_the_requests_in_flight_on_every_process(tmp_path, protocol, routes):
