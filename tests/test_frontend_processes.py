@@ -1,8 +1,9 @@
 """--frontend-processes 2: two processes do the protocol work on the same ports, and to every
 client it is still one server. Each test sends through connections that /proc shows are held
 by different front-end processes (frontend_routes.py), and checks afterwards that they were:
-one dynamic batch, one sequence's state, one shared-memory registry, one model control, one
-set of statistics and metrics."""
+one dynamic batch, one sequence's state, one set of statistics and metrics, one response
+cache, one log and trace settings, one shared-memory registry, one model control (KServe's
+and SageMaker's), and a decoupled stream whole through either process."""
 
 from __future__ import annotations
 
