@@ -17,7 +17,6 @@ import logging
 import pickle
 import socket
 import struct
-import time
 import weakref
 
 from ..core.errors import Code, TritonError
@@ -63,7 +62,8 @@ _HOSTS: weakref.WeakSet = weakref.WeakSet()
 
 class Forward:
     """Where the main process's service puts the responses of one forwarded request:
-    each goes to the front-end process as it comes (from any thread)."""
+    each goes to the front-end process as it comes (from any thread). `stamps`: those of
+    a traced request, whose trace waits for the front-end process's (STAMPED)."""
 
     __slots__ = ("host", "call_id", "on_settled", "stamps")
 
@@ -79,27 +79,12 @@ class Forward:
             on_settled()
 
     def put(self, response) -> None:
-        stamps = self.stamps
-        if stamps is None:
-            self.host.send_response(self.call_id, response)
-        else:
-            _stamped_send(stamps, self.host, self.call_id, response)
+        self.host.send_response(self.call_id, response, self.stamps is not None)
         if response.final:
             if on_loop_thread(self.host.loop):
                 self.settle()
             else:
                 self.host.settle_later(self)
-
-
-def _stamped_send(stamps: FrontEndStamps, host: "Host", call_id: int, response) -> None:
-    """A traced request's response handed to its front-end process: the trace's
-    SEND stamps are this hand-over's (docs/observability.md)."""
-    stamps.response_reached()
-    start = time.monotonic_ns()
-    host.send_response(call_id, response)
-    stamps.reply_written(start, time.monotonic_ns())
-    if response.final:
-        stamps.stream_ended()
 
 
 class Host:
@@ -115,6 +100,11 @@ class Host:
         self.on_serving = on_serving  # the front-end process accepts on every port
         self.on_gone = on_gone  # its link closed (it exited)
         self.requests: dict[int, object] = {}  # call id → request in flight
+        # call id → the stamps of a traced request whose trace waits for the front-end
+        # process's stamps (STAMPED), oldest first; at most TraceLimits'
+        # max_front_end_process_traces of them
+        self.awaiting_stamps: collections.OrderedDict[int, FrontEndStamps] = \
+            collections.OrderedDict()
         self._query_buffer = bytearray()
         # Requests answered from other threads (a model instance's), settled on the loop
         # together: one wake-up of the loop for those of a batch, not one for each.
@@ -156,6 +146,10 @@ class Host:
         elif op == kinds.ASK:
             self.loop.create_task(self._answer(meta["id"], meta["method"], meta["args"],
                                                meta.get("kwargs") or {}))
+        elif op == kinds.STAMPED:
+            stamps = self.awaiting_stamps.pop(meta["id"], None)
+            if stamps is not None:
+                stamps.take_relayed(meta["stamps"])
         elif op == kinds.REFUSED:
             self.service.tracer.refused(meta["model"], meta["received"])
         elif op == kinds.SERVING:
@@ -174,20 +168,41 @@ class Host:
             if stamps is None:
                 self.service.start(request, forward, meta["endpoint"])
             else:
-                with self.service.tracer.receiving(stamps):
-                    self.service.start(request, forward, meta["endpoint"])
-                if stamps.trace is None:
-                    forward.stamps = None  # not sampled
+                self._start_stamped(request, forward, meta["endpoint"])
         except TritonError as error:  # refused before it was scheduled
             self.requests.pop(call_id, None)
             self.send_quietly({"op": kinds.RESPONSE, "id": call_id, "refused": True,
                                "decoupled": request.decoupled,
+                               "traced": forward.stamps is not None,
                                "response": put_response(Outgoing(),
                                                         request.error_response(error))})
             return
         if meta.get("accept"):
             self.send_quietly({"op": kinds.ACCEPTED, "id": call_id,
-                               "decoupled": request.decoupled})
+                               "decoupled": request.decoupled,
+                               "traced": forward.stamps is not None})
+
+    def _start_stamped(self, request, forward: Forward, endpoint: str) -> None:
+        """Start a request its front-end process stamped: if the service traces it (even
+        to refuse it after), its trace waits for that process's stamps."""
+        stamps = forward.stamps
+        try:
+            with self.service.tracer.receiving(stamps):
+                self.service.start(request, forward, endpoint)
+        finally:
+            if stamps.trace is None:
+                forward.stamps = None  # not sampled
+            else:
+                self._await_stamps(forward.call_id, stamps)
+
+    def _await_stamps(self, call_id: int, stamps: FrontEndStamps) -> None:
+        """Hold `stamps` until the front-end process sends its own. Past the bound the
+        oldest is no longer held: its trace is written with what this process has (no
+        SEND stamps), as one whose stream ended before its replies went out."""
+        awaiting = self.awaiting_stamps
+        awaiting[call_id] = stamps
+        if len(awaiting) > self.service.tracer.limits.max_front_end_process_traces:
+            awaiting.popitem(last=False)[1].stream_ended()
 
     def settle_later(self, forward: Forward) -> None:
         """Settle `forward` on the loop soon (from another thread). The flag is read
@@ -205,18 +220,32 @@ class Host:
         while pending:
             pending.popleft().settle()
 
-    def send_response(self, call_id: int, response) -> None:
-        """Send one response of request `call_id` (thread-safe)."""
+    def send_response(self, call_id: int, response, traced: bool = False) -> None:
+        """Send one response of request `call_id` (thread-safe); a final one says whether
+        its request's trace waits for the front-end process's stamps (`traced`)."""
         if response.final:
             self.requests.pop(call_id, None)
         if self._closed:
             return
         outgoing = Outgoing()
-        encoded = put_response(outgoing, response)
+        meta = {"op": kinds.RESPONSE, "id": call_id,
+                "response": put_response(outgoing, response)}
+        if traced and response.final:
+            meta["traced"] = True
         try:
-            self.link.send({"op": kinds.RESPONSE, "id": call_id, "response": encoded},
-                           outgoing)
+            if not on_loop_thread(self.loop):
+                self.link.send(meta, outgoing)
+            elif self.link.defer(meta, outgoing):  # the responses of this turn go together
+                self.loop.call_soon(self._flush)
         except OSError:  # it exited, or stopped reading (LINK_SEND_TIMEOUT_SECS)
+            self._give_up()
+
+    def _flush(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.link.flush()
+        except OSError:
             self._give_up()
 
     async def _answer(self, call_id: int, method: str, args: list, kwargs: dict) -> None:
@@ -337,6 +366,9 @@ class Host:
         requests, self.requests = self.requests, {}
         for request in requests.values():
             self.service.cancel(request)
+        awaiting, self.awaiting_stamps = self.awaiting_stamps, collections.OrderedDict()
+        for stamps in awaiting.values():  # no stamps will come from the process
+            stamps.stream_ended()
         self.link.close()
         self.query_sock.close()
         if self.on_gone is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import pickle
 import socket
@@ -24,6 +25,7 @@ from ..core.link.wire import Link, Outgoing
 from ..core.request import FinalAnswer, InferenceRequest, ResponseStream
 from ..core.shared_memory import SharedMemoryRegistry
 from ..service import InferenceService
+from ..trace_front_end import RELAYED, FrontEndStamps
 from . import link as kinds
 from .host import FREED_BATCH, MAX_QUERY_BYTES, QUERY_HEAD
 from .link import get_error, get_response, put_received, put_request
@@ -108,6 +110,9 @@ class RemoteService:
         self._call_of: dict[int, int] = {}  # id(request) → its call id
         # call id → the future start_stream awaits: decoupled, or the refusal
         self._accepting: dict[int, asyncio.Future] = {}
+        # call id → the front end's stamps of a request forwarded with them, until the
+        # main process says whether it traces it (ACCEPTED, or the final response)
+        self._stamped: dict[int, FrontEndStamps] = {}
         self._ids = itertools.count(1)
         self._closed: asyncio.Future | None = None
 
@@ -163,6 +168,8 @@ class RemoteService:
     def _response(self, message, meta: dict) -> None:
         call_id = meta["id"]
         response = get_response(message, meta["response"])
+        if response.final:  # its trace (if any) is known before its front end replies
+            self._sampled(call_id, meta)
         if meta.get("refused"):
             self._refused(call_id, response, meta["decoupled"])
             return
@@ -194,6 +201,7 @@ class RemoteService:
             accepting.set_exception(response.error)
 
     def _accepted(self, meta: dict) -> None:
+        self._sampled(meta["id"], meta)
         accepting = self._accepting.pop(meta["id"], None)
         if accepting is not None and not accepting.done():
             accepting.set_result(meta["decoupled"])
@@ -211,6 +219,7 @@ class RemoteService:
         """The main process is gone: what waits for it fails, and the process ends."""
         self.loop.remove_reader(self.link.sock.fileno())
         calls, self._calls = self._calls, {}
+        self._stamped.clear()
         gone = TritonError(Code.UNAVAILABLE, "the server's main process is gone")
         accepting, self._accepting = self._accepting, {}
         for future in accepting.values():
@@ -278,16 +287,41 @@ class RemoteService:
         if stamps is not None:  # taken by this request alone (start_stream awaits)
             self.tracer.stamps = None
             meta["received"] = put_received(stamps)
+            stamps.relay = functools.partial(self._relay, call_id)
+            self._stamped[call_id] = stamps
         self._calls[call_id] = (request, stream)
         self._call_of[id(request)] = call_id
         try:
-            self.send(meta, outgoing)
+            if self.link.defer(meta, outgoing):  # the requests of this turn go together
+                self.loop.call_soon(self._flush)
         except OSError:
             self._calls.pop(call_id, None)
             self._call_of.pop(id(request), None)
+            self._stamped.pop(call_id, None)
             stream.settle()
             raise TritonError(Code.UNAVAILABLE, "the server's main process is gone") from None
         return call_id
+
+    def _flush(self) -> None:
+        with contextlib.suppress(OSError):  # the main process is gone: the reader sees it
+            self.link.flush()
+
+    # --- traces: the main process holds them, the front ends stamp them here ---
+
+    def _sampled(self, call_id: int, meta: dict) -> None:
+        """The main process said whether it traces request `call_id` (`traced`): if so,
+        the front end stamps its replies (its trace is RELAYED)."""
+        stamps = self._stamped.pop(call_id, None)
+        if stamps is not None and meta.get("traced"):
+            stamps.trace = RELAYED
+
+    def _relay(self, call_id: int, stamps: FrontEndStamps) -> None:
+        """`stamps.relay`: the replies of request `call_id` are all written (or its
+        stream ended); if it is traced, its trace in the main process takes the stamps."""
+        if stamps.trace is RELAYED:
+            with contextlib.suppress(OSError):  # the main process is gone
+                self.send({"op": kinds.STAMPED, "id": call_id,
+                           "stamps": stamps.relayed_record()})
 
     def _answered(self) -> None:
         self.requests_in_flight -= 1

@@ -255,8 +255,46 @@ class Link:
         self._announced: set[int] = set()  # our segments the other end has mapped
         self.regions: dict = {}  # serial → client region mapped here (server: its own)
         self._regions_announced: set[int] = set()
+        # Messages written by `defer`, sent at the next `flush` or ahead of the next `send`.
+        self._pending = bytearray()
 
     # --- sending ---
+
+    def defer(self, meta: dict, outgoing: Outgoing | None = None) -> bool:
+        """`send`, held until `flush` (or the next `send`, which sends it first), so that
+        the messages of one turn of an event loop go in one system call and wake the
+        other end once. True when this is the first message held since the last flush
+        (the caller arranges the flush then). One with descriptors is sent at once,
+        after what was held."""
+        if outgoing is not None and (outgoing.shared or outgoing.regions):
+            self.send(meta, outgoing)
+            return False
+        with self._send_lock:
+            flags = 0
+            if self.peer.freed or self.arena.dropped:  # rare: read without the arena's lock
+                self._add_returns(meta)
+                flags = _BOOKKEEPING
+            encoded = _dumps(meta, _PROTOCOL)
+            pending = self._pending
+            first = not pending
+            pending += _HEADER.pack(len(encoded), 0, flags,
+                                    outgoing.inline_size if outgoing is not None else 0)
+            pending += encoded
+            if outgoing is not None:
+                for buffer in outgoing.buffers:  # bytes, or a contiguous array
+                    pending += memoryview(buffer).cast("B")
+            return first
+
+    def flush(self) -> None:
+        """Send what `defer` held."""
+        with self._send_lock:
+            self._send_pending()
+
+    def _send_pending(self) -> None:
+        """(Under the send lock) the held messages, before anything sent after them."""
+        if self._pending:
+            held, self._pending = self._pending, bytearray()
+            self.sock.sendall(held)
 
     def send(self, meta: dict, outgoing: Outgoing | None = None) -> None:
         """Send a message (thread-safe). `meta` gains the places of its block and of
@@ -271,6 +309,8 @@ class Link:
         # Most messages: no descriptor travels with them (`_send_with_descriptors`'s
         # last steps, without what it needs for them).
         with self._send_lock:
+            if self._pending:
+                self._send_pending()
             flags = 0
             if self.peer.freed or self.arena.dropped:  # rare: read without the arena's lock
                 self._add_returns(meta)
@@ -292,6 +332,8 @@ class Link:
             meta["_block"] = (block.segment.id, block.offset, block.size)
         size = outgoing.inline_size if outgoing is not None else 0
         with self._send_lock:
+            if self._pending:
+                self._send_pending()
             if self.peer.freed or self.arena.dropped:  # rare: read without the arena's lock
                 self._add_returns(meta)
             fds = []
