@@ -27,9 +27,13 @@ CANCEL = "cancel"  # id: the client went away, or its stream overflowed
 ASK = "ask"  # id, method, args: one of InferenceService's ASKED methods, or a CONTROL one
 REFUSED = "refused"  # model, received: a traced request refused before it was decoded
 SERVING = "serving"  # the front-end process accepts on every port
+STAMPED = "stamped"  # id, stamps: a traced request's front-end stamps, once its replies
+#                     are all written (FrontEndStamps.relayed_record)
 # --- main process → front-end process ---
-RESPONSE = "response"  # id, response (final or not); refused: True for a refusal
-ACCEPTED = "accepted"  # id, decoupled: the service scheduled the request (INFER's accept)
+RESPONSE = "response"  # id, response (final or not); refused: True for a refusal;
+#                       traced: True on a final one whose request's trace awaits STAMPED
+ACCEPTED = "accepted"  # id, decoupled: the service scheduled the request (INFER's accept);
+#                       traced: True where its trace awaits STAMPED
 ANSWER = "answer"  # id, result or error: the answer to an ASK
 SAMPLING = "sampling"  # value: whether some trace level is on (the front ends stamp)
 LOGGING = "logging"  # settings: the log settings now (the logging API changed them)
@@ -39,9 +43,11 @@ HELLO = "hello"  # sampling, server_id: the first message a front-end process re
 CONTROL = frozenset(("check_ready", "check_model_ready", "load_model", "unload_model",
                      "register_model_repository", "unregister_model_repository"))
 
-# How a tensor's contents travel: unchecked wire bytes, an array, none (in a client's
-# region), or BYTES in Triton's framing, checked already (Tensor.wire).
-_RAW, _DATA, _NONE, _WIRE = 0, 1, 2, 3
+# How a tensor's contents travel: unchecked wire bytes, an array, none (an input read from
+# a client's region by the main process), BYTES in Triton's framing checked already
+# (Tensor.wire), an output written into the client's region, or an input whose framing
+# its front end found broken (the error travels).
+_RAW, _DATA, _NONE, _WIRE, _IN_REGION, _BROKEN = range(6)
 
 # The front ends whose stamps a traced request carries, by their place here.
 _FRONT_ENDS = (HTTP, GRPC, GRPC_STREAM, HTTP_STREAM)
@@ -88,27 +94,38 @@ def put_request(outgoing: Outgoing, request: InferenceRequest) -> tuple:
 
 
 def _put_input(outgoing: Outgoing, tensor: Tensor) -> tuple:
-    head = (tensor.name, tensor.datatype, tensor.shape, tensor.parameters)
-    if tensor.wire is not None:  # split ahead here: the main process checks it again
-        framed = np.frombuffer(tensor.wire, np.uint8)
-        return head + (_RAW, outgoing.array(tensor.name, "UINT8", framed.shape, framed))
+    if isinstance(tensor.raw, BrokenFraming):  # split_bytes_inputs found it broken
+        return _head(tensor) + (_BROKEN, put_error(tensor.raw.error))
+    if tensor.wire is not None:  # BYTES split ahead here: the main process checks them again
+        return _head(tensor) + (_RAW, _bytes(outgoing, tensor.name, tensor.wire))
+    return _put_contents(outgoing, tensor)
+
+
+def _put_contents(outgoing: Outgoing, tensor: Tensor) -> tuple:
+    """The entry of a tensor with an array, or raw bytes, or no contents here."""
     if tensor.data is not None:
         data = tensor.data
-        return head + (_DATA, outgoing.array(tensor.name, tensor.datatype, data.shape, data))
-    raw = tensor.raw
-    if raw is None:
-        return head + (_NONE, None)
-    if isinstance(raw, BrokenFraming):  # split_bytes_inputs found it broken
-        return head + (_NONE, put_error(raw.error))
-    bytes_ = np.frombuffer(raw, np.uint8)
-    return head + (_RAW, outgoing.array(tensor.name, "UINT8", bytes_.shape, bytes_))
+        return _head(tensor) + (_DATA, outgoing.array(tensor.name, tensor.datatype,
+                                                      data.shape, data))
+    if tensor.raw is not None:
+        return _head(tensor) + (_RAW, _bytes(outgoing, tensor.name, tensor.raw))
+    return _head(tensor) + (_NONE, None)
+
+
+def _head(tensor: Tensor) -> tuple:
+    return (tensor.name, tensor.datatype, tensor.shape, tensor.parameters)
+
+
+def _bytes(outgoing: Outgoing, name: str, buffer) -> tuple:
+    as_bytes = np.frombuffer(buffer, np.uint8)
+    return outgoing.array(name, "UINT8", as_bytes.shape, as_bytes)
 
 
 def get_request(incoming: Incoming, encoded: tuple) -> InferenceRequest:
     (model, version, request_id, parameters, model_parameters, raw_input, arrival_ns,
      inputs, outputs) = encoded
     request = InferenceRequest(model, version, request_id,
-                               [_get_input(incoming, entry) for entry in inputs],
+                               [_get_tensor(incoming, entry) for entry in inputs],
                                [RequestedOutput(name, p) for name, p in outputs], parameters)
     request.arrival_ns = arrival_ns
     if model_parameters is not None:
@@ -116,20 +133,6 @@ def get_request(incoming: Incoming, encoded: tuple) -> InferenceRequest:
     if raw_input:
         request.raw_input = True
     return request
-
-
-def _get_input(incoming: Incoming, entry: tuple) -> Tensor:
-    name, datatype, shape, parameters, kind, descriptor = entry
-    tensor = Tensor(name, datatype, tuple(shape), parameters=parameters)
-    if kind == _DATA:
-        tensor.data = incoming.array(descriptor)
-    elif kind == _RAW:
-        tensor.raw = memoryview(incoming.array(descriptor))
-    elif descriptor is not None:
-        broken = BrokenFraming()
-        broken.error = get_error(descriptor)
-        tensor.raw = broken
-    return tensor
 
 
 # --- responses (main process → front-end process) ---
@@ -142,24 +145,18 @@ def put_response(outgoing: Outgoing, response: InferenceResponse) -> tuple:
 
 
 def _put_output(outgoing: Outgoing, tensor: Tensor) -> tuple:
-    head = (tensor.name, tensor.datatype, tensor.shape, tensor.parameters)
     if tensor.region is not None:  # written into the client's region: no data travels
-        return head + (_NONE, None)
+        return _head(tensor) + (_IN_REGION, None)
     if tensor.wire is not None:  # BYTES in their framing travel as they are
-        framed = np.frombuffer(tensor.wire, np.uint8)
-        return head + (_WIRE, (outgoing.array(tensor.name, "UINT8", framed.shape, framed),
-                               tensor.wire_shape))
-    if tensor.data is not None:
-        data = tensor.data
-        return head + (_DATA, outgoing.array(tensor.name, tensor.datatype, data.shape, data))
-    raw = np.frombuffer(tensor.raw_bytes(), np.uint8)
-    return head + (_RAW, outgoing.array(tensor.name, "UINT8", raw.shape, raw))
+        return _head(tensor) + (_WIRE, (_bytes(outgoing, tensor.name, tensor.wire),
+                                        tensor.wire_shape))
+    return _put_contents(outgoing, tensor)
 
 
 def get_response(incoming: Incoming, encoded: tuple) -> InferenceResponse:
     model, version, response_id, outputs, parameters, error, final, empty = encoded
     return InferenceResponse(model, version, response_id,
-                             [_get_output(incoming, entry) for entry in outputs],
+                             [_get_tensor(incoming, entry) for entry in outputs],
                              parameters, get_error(error), final, empty)
 
 
@@ -168,7 +165,7 @@ def get_response(incoming: Incoming, encoded: tuple) -> InferenceResponse:
 IN_CLIENT_REGION = ("client region", 0)
 
 
-def _get_output(incoming: Incoming, entry: tuple) -> Tensor:
+def _get_tensor(incoming: Incoming, entry: tuple) -> Tensor:
     name, datatype, shape, parameters, kind, descriptor = entry
     tensor = Tensor(name, datatype, tuple(shape), parameters=parameters)
     if kind == _DATA:
@@ -176,8 +173,12 @@ def _get_output(incoming: Incoming, entry: tuple) -> Tensor:
     elif kind == _RAW:
         tensor.raw = memoryview(incoming.array(descriptor))
     elif kind == _WIRE:
-        framed, shape = descriptor
-        tensor.hold_wire(memoryview(incoming.array(framed)), tuple(shape))
-    else:
+        framed, wire_shape = descriptor
+        tensor.hold_wire(memoryview(incoming.array(framed)), tuple(wire_shape))
+    elif kind == _IN_REGION:
         tensor.region = IN_CLIENT_REGION
+    elif kind == _BROKEN:
+        broken = BrokenFraming()
+        broken.error = get_error(descriptor)
+        tensor.raw = broken
     return tensor
