@@ -2,7 +2,9 @@
 GRPC_WAITREAD_*, GRPC_SEND_*): what each front end stamps, and where tritonserver 2.51
 writes those stamps among the core's in a trace (docs/observability.md, Traces).
 tracing.Trace writes a request's trace through FrontEndStamps when its front end
-stamped it.
+stamped it. With front-end processes, the front end stamps a request in its process and
+relays what it saw (`relay`, `relayed_record`) to the main process, whose FrontEndStamps
+of the request (which holds its trace) takes it (`take_relayed`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,17 @@ import time
 # stamp themselves.
 QUEUED = ("REQUEST_START", "QUEUE_START")
 COMPLETE = "INFER_RESPONSE_COMPLETE"
+
+
+class _Relayed:
+    """What `FrontEndStamps.trace` holds in a front-end process once the main process
+    says it sampled the request: the trace is the main process's, the stamps go there."""
+
+    def __repr__(self) -> str:
+        return "<trace held by the main process>"
+
+
+RELAYED = _Relayed()
 
 
 class FrontEnd:
@@ -62,16 +75,23 @@ class FrontEndStamps:
     request is done (`request_done`) and its reply written (`timed`), in either order,
     from either thread; a request not traced leaves the stamps unused. A request of a
     stream has any number of replies: each is stamped as written (`reply_written`), and
-    the trace waits for as many as `replies_counted` says, or for its stream's end."""
+    the trace waits for as many as `replies_counted` says, or for its stream's end.
 
-    __slots__ = ("front_end", "received", "trace", "forget", "_lock", "_done", "_complete_ns",
-                 "_sent", "_replies", "_ended", "_sent_first", "_written", "_empty_ns")
+    In a front-end process the trace is the main process's: `relay` is called with these
+    stamps once every reply is written (instead of writing a trace), and the main
+    process's stamps of the request wait for that record (`take_relayed`)."""
+
+    __slots__ = ("front_end", "received", "trace", "forget", "relay", "_lock", "_done",
+                 "_complete_ns", "_sent", "_replies", "_ended", "_sent_first", "_written",
+                 "_empty_ns", "_done_ns", "_replied_ns")
 
     def __init__(self, front_end: FrontEnd, first_byte_ns: int, last_byte_ns: int):
         self.front_end = front_end
         self.received = (first_byte_ns, last_byte_ns)
-        self.trace = None  # the tracing.Trace the request gets, if sampled
+        self.trace = None  # the tracing.Trace the request gets, if sampled (RELAYED
+        #                    in a front-end process: the main process holds it)
         self.forget = None  # called with these stamps once their trace is written
+        self.relay = None  # (a front-end process) called with them once all is written
         self._lock = threading.Lock()
         self._done: tuple | None = None
         self._complete_ns: int | None = None  # the first response reached the front end
@@ -81,6 +101,10 @@ class FrontEndStamps:
         self._sent_first = False  # the replies were written before the request was done
         self._written = False
         self._empty_ns: int | None = None  # (generate_stream) the empty final response
+        # When the request was done, and when its replies were all written (or its
+        # stream ended): which came first orders the trace (`_sent_first`).
+        self._done_ns: int | None = None
+        self._replied_ns: int | None = None
 
     def timed(self, write):
         """`write`, the call that writes the reply of the final response, stamped: the
@@ -145,25 +169,56 @@ class FrontEndStamps:
         """The traced request is done: its response and its core timestamps."""
         with self._lock:
             self._done = (request, response, marks)
+            self._done_ns = time.monotonic_ns()
+            ready = self._settled()
+        if ready:
+            self._write()
+
+    # Front-end processes: the front end's stamps travel to the main process.
+
+    def relayed_record(self) -> tuple:
+        """(A front-end process) What the front end saw of the request once its replies
+        are all written: the first response reached, each reply (reached, start, end),
+        the empty final response reached, and when the last of them was done."""
+        return self._complete_ns, self._sent, self._empty_ns, self._replied_ns
+
+    def take_relayed(self, record: tuple) -> None:
+        """(The main process) The front-end process's `relayed_record` of the request:
+        its stamps are those, and no more replies will come."""
+        complete_ns, sent, empty_ns, replied_ns = record
+        with self._lock:
+            self._complete_ns, self._empty_ns = complete_ns, empty_ns
+            self._sent = [tuple(reply) for reply in sent]
+            self._replied_ns = replied_ns
+            self._ended = True
             ready = self._settled()
         if ready:
             self._write()
 
     def _settled(self) -> bool:
-        """(Under the lock) whether the trace is to be written now: the request done and
-        every reply written, and not written yet."""
+        """(Under the lock) whether the trace is to be written (or relayed) now: every
+        reply written, the request done (where the trace is held here), and not written
+        yet."""
         replied = self._ended or self._replies is not None and len(self._sent) >= self._replies
         if not replied or self._written:
             return False
-        if self._done is None:
+        if self.relay is not None:  # the request is done in the main process
+            self._replied_ns = time.monotonic_ns()
+        elif self._done is None:
             self._sent_first = True
             return False
+        elif self._replied_ns is not None:  # relayed: by the two processes' one clock,
+            # not by when the record came
+            self._sent_first = self._replied_ns < self._done_ns
         self._written = True
         return True
 
     def _write(self) -> None:
         if self.forget is not None:
             self.forget(self)
+        if self.relay is not None:
+            self.relay(self)
+            return
         trace, front_end = self.trace, self.front_end
         request, response, marks = self._done
         complete_ns = self._complete_ns

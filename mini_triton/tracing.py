@@ -56,11 +56,15 @@ class TraceLimits:
 
     max_buffered_bytes: int = 64 * MIB  # max-buffered-bytes: a log_frequency file's
     max_tensor_data_bytes: int = 16 * MIB  # max-tensor-data-bytes: one tensor's text
+    # max-front-end-process-traces: the traced requests of one front-end process whose
+    # traces the main process holds until that process sends their front-end stamps
+    max_front_end_process_traces: int = 1024
 
 
 # --trace-config triton,SETTING=N → TraceLimits' field.
 LIMIT_SETTINGS = {"max-buffered-bytes": "max_buffered_bytes",
-                  "max-tensor-data-bytes": "max_tensor_data_bytes"}
+                  "max-tensor-data-bytes": "max_tensor_data_bytes",
+                  "max-front-end-process-traces": "max_front_end_process_traces"}
 
 
 class Trace:

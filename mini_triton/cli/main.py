@@ -271,8 +271,9 @@ def tls_files(args: argparse.Namespace, prefix: str, port_name: str) -> TlsFiles
 def add_trace_flags(add) -> None:
     add("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
         help="trace settings: file, level, rate, count, log-frequency, mode, and what a "
-        "trace may hold in memory: triton,max-buffered-bytes (default 67108864) and "
-        "triton,max-tensor-data-bytes (default 16777216) (repeatable)")
+        "trace may hold in memory: triton,max-buffered-bytes (default 67108864), "
+        "triton,max-tensor-data-bytes (default 16777216) and "
+        "triton,max-front-end-process-traces (default 1024) (repeatable)")
     for name in ("trace-file", "trace-rate", "trace-count", "trace-log-frequency"):
         add(f"--{name}", default=None, help=f"deprecated: --trace-config {name[6:]}=...")
     add("--trace-level", action="append", default=[],
@@ -319,16 +320,17 @@ def trace_settings(args: argparse.Namespace) -> dict:
 
 
 def trace_limits(args: argparse.Namespace) -> TraceLimits:
-    """What a trace may hold in memory: --trace-config triton,max-buffered-bytes=N and
-    triton,max-tensor-data-bytes=N (tracing.TraceLimits' defaults otherwise)."""
+    """What a trace may hold in memory: --trace-config triton,max-buffered-bytes=N,
+    triton,max-tensor-data-bytes=N and triton,max-front-end-process-traces=N
+    (tracing.TraceLimits' defaults otherwise)."""
     values = {}
     for item in args.trace_config:
         setting, _, value = item.partition("=")
         setting = setting.removeprefix("triton,")
         if setting in LIMIT_SETTINGS:
             if not (value.isascii() and value.isdigit()) or int(value) < 1:
-                raise ValueError(f"--trace-config: {setting} must be a whole number of bytes "
-                                 f"of at least 1, got '{value}'")
+                raise ValueError(f"--trace-config: {setting} must be a whole number of at "
+                                 f"least 1, got '{value}'")
             values[LIMIT_SETTINGS[setting]] = int(value)
     return TraceLimits(**values)
 
