@@ -34,6 +34,13 @@ def server_settings(*repositories: Path, **overrides) -> Settings:
     return Settings(**values)
 
 
+def one_frontend_process_only(reason: str):
+    """Skips a test while MINI_TRITON_TEST_FRONTEND_PROCESSES runs the servers with several
+    front-end processes, for a test that cannot hold there by design (`reason` says why):
+    it reads the in-process front end's own objects, or a per-process bound as a whole."""
+    return pytest.mark.skipif((frontend_processes_for_tests() or 1) > 1, reason=reason)
+
+
 def free_port() -> int:
     """A TCP port free on loopback just now (for a process that must be told its port)."""
     with socket.socket() as probe:

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from conftest import server_settings, wait_for
+from conftest import one_frontend_process_only, server_settings, wait_for
 from llm_models import write_repository
 from mini_triton.frontends.restrictions import parse_restrictions
 from mini_triton.server import ServerThread
@@ -344,6 +344,7 @@ def test_keep_alive_serves_streams_one_after_another(url):
                            json={"text_input": "y"}).json()["text_output"] == "y"
 
 
+@one_frontend_process_only("reads the HTTP connections of the in-process front end")
 def test_a_reader_that_does_not_read_holds_the_stream_back(server):
     """64 events of 256 KiB to a client that reads nothing for a while: what waits in the
     server is bounded (the transport's buffer stays near its high-water mark; the rest

@@ -25,12 +25,15 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from conftest import one_frontend_process_only
 from h2_client import (H2, HEADERS, INFER, SLOW, VALUES, infer_request,
                                  serve_cleanly, start)
 from h2_attacks import (CUT_OFF, REFUSED_STREAM, goaway_of, graceful_goaway, read_until,
                                reset_of, victim_succeeds)
 
 pytestmark = pytest.mark.timeout(120)
+# --grpc-max-connections holds in each front-end process (docs/deployment.md)
+SERVER_WIDE_LIMIT = one_frontend_process_only("the connection limit holds per front-end process")
 
 SETTINGS_TIMEOUT = 0x4
 # Each client its own connection: grpc shares one between channels of a process else.
@@ -74,6 +77,7 @@ def two_connections():
     yield from serve_cleanly("--grpc-max-connections=2")
 
 
+@SERVER_WIDE_LIMIT
 def test_a_connection_past_max_connections_is_refused_saying_so(two_connections):
     first, second = hold_connections(two_connections, 2)  # two open: the limit
     try:
@@ -104,6 +108,7 @@ def test_a_connection_past_max_connections_is_refused_saying_so(two_connections)
         second.close()
 
 
+@SERVER_WIDE_LIMIT
 def test_a_refused_connection_gets_goaway_after_its_answer(two_connections):
     holders = hold_connections(two_connections, 2)
     try:
@@ -120,6 +125,7 @@ def test_a_refused_connection_gets_goaway_after_its_answer(two_connections):
             holder.close()
 
 
+@SERVER_WIDE_LIMIT
 def test_a_refused_connection_that_makes_no_call_is_closed_soon(two_connections):
     holders = hold_connections(two_connections, 2)
     try:
