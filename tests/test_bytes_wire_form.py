@@ -25,7 +25,8 @@ from mini_triton.backends.python.received_bytes import ReceivedBytes
 from mini_triton.core import datatypes
 from mini_triton.core.errors import TritonError
 from mini_triton.core.link.wire import INLINE, Incoming, Outgoing
-from mini_triton.core.request import InferenceRequest, RequestedOutput
+from mini_triton.frontends.kserve_rest import http_codec
+from mini_triton.core.request import InferenceRequest, InferenceResponse, RequestedOutput
 from mini_triton.core.tensor import Tensor
 from mini_triton.core.validate import ModelSignature, normalize
 from mini_triton.server import ServerThread
@@ -114,6 +115,21 @@ def test_broken_bytes_framing_is_refused_in_tritons_words(text, shape, message):
     with pytest.raises(TritonError) as refused:
         normalize(request, MODEL)
     assert message in refused.value.message
+
+
+def test_a_long_bytes_output_in_its_framing_is_written_as_it_is_over_http():
+    """More elements than the event loop frames (http_codec.CONVERT_SLICE) need no worker
+    thread when they are already framed: the reply's binary part is the framing itself."""
+    count = http_codec.CONVERT_SLICE + 1
+    wire = framed([b"ab"] * count)
+    response = InferenceResponse("m", "1", "", [Tensor.from_wire("OUT", (1, count), wire)])
+    request = InferenceRequest("m", "", outputs=[RequestedOutput("OUT", {"binary_data": True})])
+    chunks, header_length = http_codec.encode_infer_response(response, request, False)
+    assert header_length is not None and chunks[-1] is wire
+    framed_anew = Tensor.from_array("OUT", np.array([[b"ab"] * count], dtype=np.object_))
+    with pytest.raises(http_codec.LongOutputs):  # elements still to frame: off the loop
+        http_codec.encode_infer_response(InferenceResponse("m", "1", "", [framed_anew]),
+                                         request, False)
 
 
 # --- a Python model's worker: an input returned unchanged goes back as it came ---
