@@ -440,7 +440,8 @@ def encode_infer_response(response: InferenceResponse, request: InferenceRequest
                 if requested.name == name:
                     binary = requested.parameters.get("binary_data", False)
             if binary:
-                if tensor.datatype == "BYTES" and not stepped and _frame_long(tensor):
+                if tensor.datatype == "BYTES" and not stepped and tensor.wire is None \
+                        and is_long(tensor):  # elements to frame (not Tensor.wire)
                     raise LongOutputs
                 raw = tensor.raw_bytes()
                 key = (response.model_name, response.model_version, response.id, name,
@@ -513,7 +514,8 @@ def _document(response: InferenceResponse, request: InferenceRequest, binary_def
         if tensor.region is not None:
             pass  # the data went into the client's shared memory region
         elif wants_binary.get(tensor.name, binary_default):
-            if long_data is None and tensor.datatype == "BYTES" and _frame_long(tensor):
+            if long_data is None and tensor.datatype == "BYTES" and tensor.wire is None \
+                    and is_long(tensor):
                 raise LongOutputs  # serialized element by element: not on the loop
             raw = tensor.raw_bytes()
             parameters["binary_data_size"] = len(raw)
@@ -545,12 +547,6 @@ _LONG_DATA_JSON = dumps(LONG_DATA)
 def is_long(tensor: Tensor) -> bool:
     """Whether the tensor's data is too long to write as JSON on the event loop."""
     return datatypes.element_count(tensor.shape) > CONVERT_SLICE
-
-
-def _frame_long(tensor: Tensor) -> bool:
-    """Whether a binary BYTES output is too long to frame on the event loop (one already
-    in its framing, `Tensor.wire`, is written as it is)."""
-    return tensor.wire is None and is_long(tensor)
 
 
 def json_in_steps(header: bytes, tensors: list[Tensor]) -> list[bytes] | None:
