@@ -142,14 +142,14 @@ class Server:
     async def _start_frontend_processes(self) -> None:
         """Bind every front-end port here (so port 0, a port in use and the TLS files
         are checked once, in the front ends' words), then start the processes that
-        serve them; the metrics port stays with this process."""
+        serve them; the metrics port stays with this process. Each port is logged as
+        started once every process listens on it (tools connect on reading the line)."""
         models = cloud_models(self.service, self.settings)
         sockets = {}
         try:
             for name in enabled_ports(self.settings):
                 sockets[name] = await bind_port(self.settings, name)
                 self.ports[name] = bound_port(sockets[name])
-                log_started(self.settings, name, self.ports[name])
         except StartupError:
             for socks in sockets.values():
                 for sock in socks:
@@ -159,6 +159,9 @@ class Server:
                                            self.settings, sockets, models)
         await self.processes.start()
         await self._wait_serving()
+        if self.processes.all_serving.is_set():
+            for name in sockets:
+                log_started(self.settings, name, self.ports[name])
 
     async def _wait_serving(self) -> None:
         """Until every front-end process says it serves ("start-up is ready when all
