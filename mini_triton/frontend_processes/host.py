@@ -276,6 +276,12 @@ class Host:
         if not data:
             self.close()
             return
+        # What the process sent on the link before asking is handled first, as one
+        # process handles a connection's requests in order: a client that asks the trace
+        # settings after its reply finds that request's trace written (STAMPED).
+        self._readable()
+        if self._closed:
+            return
         buffer = self._query_buffer
         buffer += data
         while len(buffer) >= QUERY_HEAD.size:
