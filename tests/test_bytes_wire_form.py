@@ -115,6 +115,8 @@ def test_a_checked_bytes_input_keeps_the_clients_framing():
     assert checked_text.data.tolist() == [[b"", b"\x00\xff", "é".encode()]]
     assert checked_grid.data.shape == (1, 2, 2)
     assert checked_grid.data.tolist() == [[[b"a", b"bb"], [b"", b"d"]]]
+    normalize(request, MODEL)  # checked again, its elements already read: the same
+    assert checked_text.raw_bytes().obj is text and checked_grid.data.shape == (1, 2, 2)
 
 
 def test_a_long_bytes_output_in_its_framing_is_written_as_it_is_over_http():

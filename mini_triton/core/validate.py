@@ -341,7 +341,7 @@ def _fill(tensor: Tensor, spec: InputSpec, model: ModelSignature, batch_size: in
     raw = tensor.raw
     if raw is None:
         if tensor.wire is not None:  # BYTES split ahead (split_bytes_inputs): count them
-            _counted(tensor, len(tensor.data), count, model.name)
+            _counted(tensor, tensor.data.size, count, model.name)
             tensor.hold_wire(tensor.wire, _model_shape(tensor, spec, model, batch_size),
                              tensor.data)
             return
