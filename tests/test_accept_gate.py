@@ -27,6 +27,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from conftest import one_frontend_process_only
 from serverproc import ServerProcess
 from test_lifecycle import write_model
 from test_tls import make_pki
@@ -167,6 +168,8 @@ def request(connection: http.client.HTTPConnection, method: str, path: str,
     return reply.status, reply.read()
 
 
+@one_frontend_process_only("counts the descriptors of the server's own process, where "
+                           "front-end processes hold the connections")
 def test_accepting_pauses_at_the_descriptor_reserve(repository):
     """300 silent plaintext connections on each port against 256 descriptors: the
     server stops accepting at the reserve instead of running out, so a client already
