@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from conftest import server_settings
+from conftest import server_settings, wait_for
 from mini_triton.server import ServerThread
 
 # Execute hands the stream to a thread and returns; the thread sends one response,
@@ -84,8 +84,9 @@ def test_a_stream_is_counted_when_execute_returns_not_at_its_last_response(
                                   enable_empty_final_response=True)
         first, error = arrived.get(timeout=30)
         assert error is None and first.as_numpy("OUT") is not None
-        # The stream is still open: Triton has already counted the request.
-        assert _success_count(client, model) == 1
+        # The stream is still open: Triton has already counted the request, once its
+        # execute returned (the model's thread may send this response before that).
+        assert wait_for(lambda: _success_count(client, model) == 1)
         go.touch()
         final, error = arrived.get(timeout=30)
         assert error is None
