@@ -20,13 +20,16 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import DEFAULT_REPOSITORY, server_settings
+from conftest import DEFAULT_REPOSITORY, one_frontend_process_only, server_settings
 from mini_triton import __version__
 from mini_triton.server import ServerThread
 from serverproc import ServerProcess
 from test_lifecycle import write_model
 from test_security_http import (assert_serves_normally, chunked, connect, error_of,
                                 parse_reply, read_until_closed)
+
+# --http-max-connections holds in each front-end process (docs/deployment.md)
+PER_PROCESS_CAP = one_frontend_process_only("the connection cap holds per front-end process")
 
 INFER_PATH = "/v2/models/identity_fp32/infer"
 KEEPALIVE = 0.5
@@ -278,6 +281,7 @@ def test_a_stock_client_reuses_its_connection_after_the_server_closed_it(server)
 
 # --- the cap on connections ---
 
+@PER_PROCESS_CAP
 def test_connections_past_the_cap_are_refused_with_503(capped_server):
     port = capped_server.ports["http"]
     held = []
@@ -535,6 +539,7 @@ def test_a_held_compressed_body_is_inflated_only_when_it_starts():
 
 # --- the flags, on the real command line and loop (uvloop) ---
 
+@PER_PROCESS_CAP
 def test_the_connection_limits_from_the_command_line_on_the_served_loop():
     with ServerProcess([f"--model-repository={DEFAULT_REPOSITORY}",
                         "--http-keepalive-timeout-secs=0.5", "--http-max-connections=3",
