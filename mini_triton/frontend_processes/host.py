@@ -261,8 +261,11 @@ class Host:
             log.exception("front-end process question %s failed", method)
             answer = {"op": kinds.ANSWER, "id": call_id,
                       "error": put_error(TritonError(Code.INTERNAL, str(error)))}
-        self.send_quietly(answer)
+        # What the question changed goes first: the asking process reads it before the
+        # answer resumes its front end, so the next request of that client is stamped
+        # (or not) by the new settings.
         self._announce_changes(method, args)
+        self.send_quietly(answer)
 
     # --- the query socket ---
 
