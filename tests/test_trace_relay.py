@@ -14,6 +14,7 @@ import pytest
 
 from conftest import DEFAULT_REPOSITORY, connect, server_settings
 from frontend_routes import needs_frontend_processes
+from mini_triton.cli.main import build_parser, trace_limits
 from mini_triton.core.request import InferenceRequest
 from mini_triton.server import ServerThread
 from mini_triton.trace_front_end import GRPC_STREAM, RELAYED, FrontEndStamps
@@ -134,3 +135,13 @@ def test_past_the_bound_the_oldest_awaited_trace_is_written_without_its_sends(tm
     assert [name for name in shape_of(first) if name.startswith("GRPC_")] == FRONT[:2]
     assert [name for name in shape_of(second) if name.startswith("GRPC_")] == \
         [name for name in FRONT if name != "INFER_RESPONSE_COMPLETE"]
+
+
+def test_the_bound_is_a_trace_config_setting_of_the_triton_mode():
+    assert TraceLimits().max_front_end_process_traces == 1024
+    for flag in ("triton,max-front-end-process-traces=7", "max-front-end-process-traces=7"):
+        args = build_parser().parse_args(["--trace-config", flag])
+        assert trace_limits(args).max_front_end_process_traces == 7
+    args = build_parser().parse_args(["--trace-config", "triton,max-front-end-process-traces=0"])
+    with pytest.raises(ValueError, match="max-front-end-process-traces must be a whole number"):
+        trace_limits(args)
