@@ -6,14 +6,17 @@ are bounded (--trace-config triton,max-front-end-process-traces)."""
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
 import time
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from conftest import DEFAULT_REPOSITORY, connect, server_settings
-from frontend_routes import needs_frontend_processes
+from frontend_routes import frontend_pids, needs_frontend_processes, served
 from mini_triton.cli.main import build_parser, trace_limits
 from mini_triton.core.request import InferenceRequest
 from mini_triton.server import ServerThread
@@ -145,3 +148,28 @@ def test_the_bound_is_a_trace_config_setting_of_the_triton_mode():
     args = build_parser().parse_args(["--trace-config", "triton,max-front-end-process-traces=0"])
     with pytest.raises(ValueError, match="max-front-end-process-traces must be a whole number"):
         trace_limits(args)
+
+
+@needs_frontend_processes
+def test_a_trace_whose_front_end_process_died_is_written_with_what_the_main_process_has(
+        tmp_path):
+    """The front-end processes die while a traced stream request is under way, after its
+    first reply went out: its trace is written as its request ends, with the stamps of
+    its receipt and none of its sends (they were the dead process's to relay)."""
+    trace_file = tmp_path / "died.json"
+    with served(DEFAULT_REPOSITORY, f"--trace-config=triton,file={trace_file}") as server:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports['grpc']}")
+        try:
+            client.update_trace_settings(model_name="repeat_decoupled", settings={
+                "trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+            answers: queue.Queue = queue.Queue()
+            client.start_stream(callback=lambda result, error: answers.put(error))
+            stream_request(client, grpcclient, [1, 2], [0, 3000])
+            assert answers.get(timeout=30) is None  # the first reply: under way now
+            for pid in frontend_pids(server).values():
+                os.kill(pid, signal.SIGKILL)
+            traces = written_traces(trace_file, 1)
+        finally:
+            client.close()
+    front = [name for name in shape_of(traces) if name.startswith("GRPC_")]
+    assert front == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END"], shape_of(traces)
