@@ -87,8 +87,8 @@ def frontend_pids(server: ServerProcess) -> dict[int, int]:
 
 
 def new_client(protocol: str, url: str):
-    if protocol == "http":
-        return httpclient.InferenceServerClient(url)  # one kept-alive connection
+    if protocol == "http":  # one kept-alive connection; a process that hangs fails in 30 s
+        return httpclient.InferenceServerClient(url, network_timeout=30.0)
     return grpcclient.InferenceServerClient(url, channel_args=OWN_GRPC_CONNECTION)
 
 

@@ -385,6 +385,29 @@ def test_a_model_loaded_through_one_process_is_served_through_the_other(
 TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
 
 
+def server_ready(route) -> bool:
+    if route.protocol == "grpc":
+        return route.client.is_server_ready(client_timeout=30)
+    return route.client.is_server_ready()
+
+
+def test_a_config_nested_too_deep_is_refused_and_both_processes_serve_on(
+        explicit_server, protocol, routes):
+    """A load whose config is JSON nested 100,000 deep is refused as with one process
+    (INVALID_ARG, Triton's words) and leaves every front-end process serving, on the
+    connections it had and on new ones."""
+    first, second = one_route_on_each(routes(explicit_server, protocol))[:2]
+    nesting = '{"a":' * 100_000 + "1" + "}" * 100_000
+    with pytest.raises(InferenceServerException) as refused:
+        first.call(lambda r: r.client.load_model(f"late_{protocol}", config=nesting))
+    assert str(refused.value.status()) in ("400", "StatusCode.INVALID_ARGUMENT"), \
+        refused.value.message()
+    assert "containers nested deeper than 100" in refused.value.message()
+    assert first.call(server_ready) and second.call(server_ready)
+    fresh = one_route_on_each(routes(explicit_server, protocol))
+    assert all(route.call(server_ready) for route in fresh)
+
+
 def test_a_sagemaker_model_registered_through_one_process_is_served_through_the_other(
         tmp_path):
     """SageMaker's multi-model endpoints: a model registered (POST /models) through one
