@@ -408,6 +408,22 @@ def test_a_config_nested_too_deep_is_refused_and_both_processes_serve_on(
     assert all(route.call(server_ready) for route in fresh)
 
 
+def test_a_config_of_a_megabyte_loads_through_one_process(explicit_server, protocol, routes):
+    """A load's config is as large as the client makes it (here 1 MiB of a parameter's
+    value): loaded through one process as with one, ready through the other."""
+    first, second = one_route_on_each(routes(explicit_server, protocol))[:2]
+    model = f"late_{protocol}"
+    config = json.dumps({"backend": "identity", "max_batch_size": 8,
+                         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                         "parameters": {"padding": {"string_value": "x" * (1 << 20)}}})
+    first.call(lambda r: r.client.load_model(model, config=config))
+    try:
+        assert second.call(lambda r: r.client.is_model_ready(model))
+    finally:
+        second.call(lambda r: r.client.unload_model(model))
+
+
 def test_a_sagemaker_model_registered_through_one_process_is_served_through_the_other(
         tmp_path):
     """SageMaker's multi-model endpoints: a model registered (POST /models) through one
