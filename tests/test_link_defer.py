@@ -1,11 +1,14 @@
 """core/link: messages held by `defer` go at `flush` in one write, in order, and a `send`
-after them goes after them (from any thread); tensors held inline travel intact."""
+after them goes after them (from any thread); tensors held inline travel intact; a send on a
+non-blocking socket waits for room (up to `send_timeout`) instead of cutting a message."""
 
 from __future__ import annotations
 
 import socket
+import threading
 
 import numpy as np
+import pytest
 
 from mini_triton.core.link.wire import Link, Outgoing, get_tensors
 
@@ -45,3 +48,24 @@ def test_a_send_after_deferred_messages_goes_after_them():
     sender.send({"op": "sent"})
     assert [m.meta["op"] for m in _received(receiver, 2)] == ["held", "sent"]
     assert sender.defer({"op": "again"})  # the send took what was held: a new first
+
+
+def test_a_message_larger_than_the_socket_takes_waits_for_room_on_a_non_blocking_socket():
+    """An event loop's reader makes the socket non-blocking (libuv does so): a message
+    the socket cannot take at once is sent as the other end reads, not cut short."""
+    sender, receiver = _pair()
+    sender.sock.setblocking(False)
+    text = "x" * (4 << 20)
+    done = threading.Thread(target=sender.send, args=({"op": "big", "text": text},))
+    done.start()
+    message = receiver.recv()
+    done.join(10)
+    assert message.meta["text"] == text
+
+
+def test_a_send_the_other_end_never_reads_gives_up_after_the_timeout():
+    sender, _receiver = _pair()
+    sender.sock.setblocking(False)
+    sender.send_timeout = 0.2
+    with pytest.raises(TimeoutError):
+        sender.send({"op": "big", "text": "x" * (16 << 20)})

@@ -96,6 +96,7 @@ class Host:
         self.loop: asyncio.AbstractEventLoop = service.loop or asyncio.get_running_loop()
         _bound_sends(link_sock)
         self.link = Link(link_sock)
+        self.link.send_timeout = LINK_SEND_TIMEOUT_SECS
         self.query_sock = query_sock
         self.on_serving = on_serving  # the front-end process accepts on every port
         self.on_gone = on_gone  # its link closed (it exited)
@@ -385,11 +386,10 @@ class Host:
 
 
 def _bound_sends(sock: socket.socket) -> None:
-    """A blocking send on `sock` waits at most LINK_SEND_TIMEOUT_SECS (SO_SNDTIMEO:
-    the socket stays blocking, so the link's non-blocking reads are unchanged)."""
+    """Room for a burst of responses before a send waits at all, and sends that wait
+    for room by polling (Link.send_timeout), not in the kernel without a bound."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, LINK_SEND_BUFFER_BYTES)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
-                    struct.pack("ll", LINK_SEND_TIMEOUT_SECS, 0))
+    sock.setblocking(False)
 
 
 def announce_sampling(service) -> None:

@@ -22,6 +22,7 @@ import collections
 import mmap
 import os
 import pickle
+import select
 import socket
 import struct
 import threading
@@ -257,6 +258,8 @@ class Link:
         self._regions_announced: set[int] = set()
         # Messages written by `defer`, sent at the next `flush` or ahead of the next `send`.
         self._pending = bytearray()
+        # How long a send waits for the other end to make room (None: as long as it takes).
+        self.send_timeout: float | None = None
 
     # --- sending ---
 
@@ -294,7 +297,7 @@ class Link:
         """(Under the send lock) the held messages, before anything sent after them."""
         if self._pending:
             held, self._pending = self._pending, bytearray()
-            self.sock.sendall(held)
+            self._send_rest([held], 0)
 
     def send(self, meta: dict, outgoing: Outgoing | None = None) -> None:
         """Send a message (thread-safe). `meta` gains the places of its block and of
@@ -317,7 +320,7 @@ class Link:
                 flags = _BOOKKEEPING
             encoded = _dumps(meta, _PROTOCOL)
             pieces = [_HEADER.pack(len(encoded), 0, flags, size), encoded, *buffers]
-            sent = self.sock.sendmsg(pieces)
+            sent = self._sendmsg(pieces)
             if sent < _HEADER_SIZE + len(encoded) + size:  # the socket took only part
                 self._send_rest(pieces, sent)
 
@@ -351,7 +354,7 @@ class Link:
             if outgoing is not None:
                 pieces += outgoing.buffers
             try:
-                sent = self.sock.sendmsg(pieces, ancillary)
+                sent = self._sendmsg(pieces, ancillary)
             finally:
                 if "_segment" in meta:
                     self.arena.announced(block.segment)
@@ -400,13 +403,34 @@ class Link:
             self.send({"op": FREED})
 
     def _send_rest(self, pieces: list, sent: int) -> None:
+        """Send `pieces` but their first `sent` bytes, waiting for room as it goes."""
         for piece in pieces:
             piece = memoryview(piece).cast("B")  # bytes or a contiguous array, by the byte
-            if sent >= piece.nbytes:
-                sent -= piece.nbytes
-                continue
-            self.sock.sendall(piece[sent:] if sent else piece)
-            sent = 0
+            while sent < piece.nbytes:
+                try:
+                    sent += self.sock.send(piece[sent:])
+                except BlockingIOError:
+                    self._wait_for_room()
+            sent -= piece.nbytes
+
+    def _sendmsg(self, pieces: list, ancillary=()) -> int:
+        """sendmsg, waiting for room while the socket has none. An event loop's reader
+        may have made the socket non-blocking (libuv does so for every descriptor it
+        polls): a full socket is then BlockingIOError, not a wait."""
+        while True:
+            try:
+                return self.sock.sendmsg(pieces, ancillary)
+            except BlockingIOError:
+                self._wait_for_room()
+
+    def _wait_for_room(self) -> None:
+        """Until the socket takes more; TimeoutError past `send_timeout` (the other end
+        stopped reading: what was sent of a message is then all the link will carry)."""
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLOUT)
+        timeout_ms = None if self.send_timeout is None else int(self.send_timeout * 1000)
+        if not poller.poll(timeout_ms):
+            raise TimeoutError(f"the other end took nothing for {self.send_timeout} s")
 
     # --- receiving ---
 
