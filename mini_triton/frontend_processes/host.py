@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import pickle
 import socket
@@ -24,7 +25,7 @@ from ..core.link.wire import Link, Outgoing
 from ..core.loop_thread import on_loop_thread
 from ..trace_front_end import FrontEndStamps
 from . import link as kinds
-from .link import get_request, put_error, put_response
+from .link import get_request, get_request_blob, put_error, put_response
 
 log = logging.getLogger("mini_triton.frontend_processes")
 
@@ -157,8 +158,18 @@ class Host:
             self.on_serving()
 
     def _infer(self, message, meta: dict) -> None:
+        if "blob" in meta:  # a large request (link.LARGE_REQUEST_ENTRIES): read off the loop
+            future = self.loop.run_in_executor(None, get_request_blob, message, meta["blob"])
+            future.add_done_callback(functools.partial(self._decoded, meta))
+            return
+        self._start_forwarded(meta, get_request(message, meta["request"]))
+
+    def _decoded(self, meta: dict, future: asyncio.Future) -> None:
+        if not self._closed:
+            self._start_forwarded(meta, future.result())
+
+    def _start_forwarded(self, meta: dict, request) -> None:
         call_id = meta["id"]
-        request = get_request(message, meta["request"])
         stamps = None
         received = meta.get("received")
         if received is not None and self.service.tracer.sampling:

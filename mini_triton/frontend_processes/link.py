@@ -11,6 +11,8 @@ each response as the service produced it.
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 
 from ..core.errors import Code, TritonError
@@ -21,7 +23,8 @@ from ..core.validate import BrokenFraming
 from ..trace_front_end import GRPC, GRPC_STREAM, HTTP, HTTP_STREAM, FrontEnd
 
 # --- front-end process → main process ---
-INFER = "infer"  # id, endpoint ("" for a stream), request, received (stamps) if traced,
+INFER = "infer"  # id, endpoint ("" for a stream), request (or blob: LARGE_REQUEST_ENTRIES),
+#                 received (stamps) if traced,
 #                 accept: True where the front end waits for ACCEPTED (a stream's start)
 CANCEL = "cancel"  # id: the client went away, or its stream overflowed
 ASK = "ask"  # id, method, args: one of InferenceService's ASKED methods, or a CONTROL one
@@ -83,6 +86,27 @@ def get_error(encoded: tuple | None) -> TritonError | None:
 
 
 # --- requests (front-end process → main process) ---
+
+# A request of more entries (inputs and outputs together) than this is encoded and decoded
+# off the event loops, as the front ends read such messages off theirs: a client's 2
+# million outputs held the main process's loop 1-3 s, and every front-end process's
+# clients with it. Its encoding then travels as one pickled blob in INFER's "blob".
+LARGE_REQUEST_ENTRIES = 64
+
+
+def is_large(request: InferenceRequest) -> bool:
+    return len(request.inputs) + len(request.outputs) > LARGE_REQUEST_ENTRIES
+
+
+def put_request_blob(outgoing: Outgoing, request: InferenceRequest) -> bytes:
+    """put_request as one blob (a large request's, encoded off the loop)."""
+    return pickle.dumps(put_request(outgoing, request), pickle.HIGHEST_PROTOCOL)
+
+
+def get_request_blob(incoming: Incoming, blob: bytes) -> InferenceRequest:
+    """get_request of a blob (decoded off the loop)."""
+    return get_request(incoming, pickle.loads(blob))
+
 
 
 def put_request(outgoing: Outgoing, request: InferenceRequest) -> tuple:

@@ -28,7 +28,8 @@ from ..service import InferenceService
 from ..trace_front_end import RELAYED, FrontEndStamps
 from . import link as kinds
 from .host import FREED_BATCH, MAX_QUERY_BYTES, QUERY_HEAD
-from .link import get_error, get_response, put_received, put_request
+from .link import (get_error, get_response, is_large, put_received, put_request,
+                   put_request_blob)
 
 # How long a synchronous question waits for the main process before it is answered
 # UNAVAILABLE (the main process is busy far beyond its usual microseconds, or gone).
@@ -278,9 +279,7 @@ class RemoteService:
         request.stream = stream
         self.requests_in_flight += 1
         call_id = next(self._ids)
-        outgoing = Outgoing()
-        meta = {"op": kinds.INFER, "id": call_id, "endpoint": endpoint,
-                "request": put_request(outgoing, request)}
+        meta = {"op": kinds.INFER, "id": call_id, "endpoint": endpoint}
         if accept:
             meta["accept"] = True
         stamps = self.tracer.stamps
@@ -291,6 +290,11 @@ class RemoteService:
             self._stamped[call_id] = stamps
         self._calls[call_id] = (request, stream)
         self._call_of[id(request)] = call_id
+        if is_large(request):
+            self.loop.run_in_executor(None, self._send_large, meta, request)
+            return call_id
+        outgoing = Outgoing()
+        meta["request"] = put_request(outgoing, request)
         try:
             if self.link.defer(meta, outgoing):  # the requests of this turn go together
                 self.loop.call_soon(self._flush)
@@ -305,6 +309,30 @@ class RemoteService:
     def _flush(self) -> None:
         with contextlib.suppress(OSError):  # the main process is gone: the reader sees it
             self.link.flush()
+
+    def _send_large(self, meta: dict, request: InferenceRequest) -> None:
+        """(Off the loop) encode and send a large request (link.LARGE_REQUEST_ENTRIES);
+        one that cannot be sent is answered with why, on the loop."""
+        try:
+            outgoing = Outgoing()
+            meta["blob"] = put_request_blob(outgoing, request)
+            self.link.send(meta, outgoing)
+        except OSError:
+            return  # the main process is gone: the reader sees it
+        except Exception as error:  # a value that cannot travel: answered, never lost
+            failed = request.error_response(TritonError(Code.INTERNAL, str(error)))
+            self.loop.call_soon_threadsafe(self._response_of, meta["id"], failed)
+
+    def _response_of(self, call_id: int, response) -> None:
+        entry = self._calls.pop(call_id, None)
+        if entry is not None:
+            self._call_of.pop(id(entry[0]), None)
+            accepting = self._accepting.pop(call_id, None)
+            if accepting is not None and not accepting.done():
+                entry[1].settle()
+                accepting.set_exception(response.error)
+                return
+            entry[1].put(response)
 
     # --- traces: the main process holds them, the front ends stamp them here ---
 
