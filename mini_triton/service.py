@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copyreg
 import logging
 import time
 from pathlib import Path
@@ -60,16 +59,6 @@ ASKED: frozenset[str] = frozenset({
     "cuda_shm_status", "cuda_shm_register", "cuda_shm_unregister", "metrics_text",
     "sagemaker_models", "sagemaker_model", "sagemaker_model_add", "sagemaker_model_remove",
 })
-
-
-def _model_config_from(serialized: bytes) -> mc.ModelConfig:
-    return mc.ModelConfig.FromString(serialized)
-
-
-# An asked ModelConfig pickles as its serialized bytes: the class tritonclient generates
-# names a module ('model_config_pb2') that pickle cannot import under that name.
-copyreg.pickle(mc.ModelConfig,
-               lambda config: (_model_config_from, (config.SerializeToString(),)))
 
 
 class InferenceService:

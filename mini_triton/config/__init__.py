@@ -12,6 +12,7 @@ import os
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from ..core.files import FileRefused, read_regular
+from . import pickling  # noqa: F401 - registers how a ModelConfig pickles
 from .builder import fill_message
 from .errors import ConfigError
 from .syntax import parse_fields
