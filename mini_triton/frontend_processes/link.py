@@ -90,7 +90,7 @@ def get_error(encoded: tuple | None) -> TritonError | None:
 # A request of more entries (inputs and outputs together) than this is encoded and decoded
 # off the event loops, as the front ends read such messages off theirs: a client's 2
 # million outputs held the main process's loop 1-3 s, and every front-end process's
-# clients with it. Its encoding then travels as one pickled blob in INFER's "blob".
+# clients with it. Its encoding then travels in pieces in INFER's "blob".
 LARGE_REQUEST_ENTRIES = 64
 
 
@@ -98,15 +98,40 @@ def is_large(request: InferenceRequest) -> bool:
     return len(request.inputs) + len(request.outputs) > LARGE_REQUEST_ENTRIES
 
 
-def put_request_blob(outgoing: Outgoing, request: InferenceRequest) -> bytes:
-    """put_request as one blob (a large request's, encoded off the loop)."""
-    return pickle.dumps(put_request(outgoing, request), pickle.HIGHEST_PROTOCOL)
+# Entries pickled per call, so that no one call (which holds the GIL) makes or reads all
+# of a large request's entries: the loop of the same process runs between two calls.
+BLOB_CHUNK_ENTRIES = 65536
 
 
-def get_request_blob(incoming: Incoming, blob: bytes) -> InferenceRequest:
-    """get_request of a blob (decoded off the loop)."""
-    return get_request(incoming, pickle.loads(blob))
+def put_request_blob(outgoing: Outgoing, request: InferenceRequest) -> tuple:
+    """put_request as pickled pieces (a large request's, encoded off the loop): the
+    request's head, then its inputs' and its outputs' entries in chunks."""
+    encoded = put_request(outgoing, request)
+    head, inputs, outputs = encoded[:7], encoded[7], encoded[8]
+    return (_dumps(head), _chunks(inputs), _chunks(outputs))
 
+
+def get_request_blob(incoming: Incoming, blob: tuple) -> InferenceRequest:
+    """get_request of put_request_blob's pieces (decoded off the loop)."""
+    head, inputs, outputs = blob
+    return get_request(incoming, pickle.loads(head) + (_unchunked(inputs),
+                                                       _unchunked(outputs)))
+
+
+def _chunks(entries: list) -> list[bytes]:
+    return [_dumps(entries[start:start + BLOB_CHUNK_ENTRIES])
+            for start in range(0, len(entries), BLOB_CHUNK_ENTRIES)]
+
+
+def _unchunked(chunks: list[bytes]) -> list:
+    entries: list = []
+    for chunk in chunks:
+        entries += pickle.loads(chunk)
+    return entries
+
+
+def _dumps(value) -> bytes:
+    return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
 
 
 def put_request(outgoing: Outgoing, request: InferenceRequest) -> tuple:
