@@ -20,9 +20,11 @@ import socket
 import struct
 import weakref
 
+from ..core import validate
 from ..core.errors import Code, TritonError
 from ..core.link.wire import Link, Outgoing
 from ..core.loop_thread import on_loop_thread
+from ..frontends.http1.offload import DEFAULT_JSON_OFFLOAD_SIZE
 from ..trace_front_end import FrontEndStamps
 from . import link as kinds
 from .link import get_request, get_request_blob, put_error, put_response
@@ -159,10 +161,19 @@ class Host:
 
     def _infer(self, message, meta: dict) -> None:
         if "blob" in meta:  # a large request (link.LARGE_REQUEST_ENTRIES): read off the loop
-            future = self.loop.run_in_executor(None, get_request_blob, message, meta["blob"])
-            future.add_done_callback(functools.partial(self._decoded, meta))
+            self._off_loop(meta, get_request_blob, message, meta["blob"])
             return
-        self._start_forwarded(meta, get_request(message, meta["request"]))
+        request = get_request(message, meta["request"])
+        if validate.has_large_bytes_inputs(request, DEFAULT_JSON_OFFLOAD_SIZE):
+            # as the front ends split them in one process: the loop only counts them then
+            self._off_loop(meta, _split_bytes_inputs, request)
+            return
+        self._start_forwarded(meta, request)
+
+    def _off_loop(self, meta: dict, read, *args) -> None:
+        """Start the request `read(*args)` gives, read on a worker thread."""
+        future = self.loop.run_in_executor(None, read, *args)
+        future.add_done_callback(functools.partial(self._decoded, meta))
 
     def _decoded(self, meta: dict, future: asyncio.Future) -> None:
         if not self._closed:
@@ -394,6 +405,11 @@ class Host:
         self.query_sock.close()
         if self.on_gone is not None:
             self.on_gone()
+
+
+def _split_bytes_inputs(request):
+    validate.split_bytes_inputs(request, DEFAULT_JSON_OFFLOAD_SIZE)
+    return request
 
 
 def _bound_sends(sock: socket.socket) -> None:
