@@ -32,11 +32,10 @@ def test_a_link_nobody_reads_is_given_up_and_the_loop_keeps_serving():
     settings = server_settings(DEFAULT_REPOSITORY, frontend_processes=1, allow_grpc=False)
     with ServerThread(settings) as server:
         main_end, never_read = socket.socketpair()
-        query_main, query_other = socket.socketpair()
         gone = threading.Event()
         made: list = []
         server.loop.call_soon_threadsafe(lambda: made.append(host_module.serve_child(
-            server.server.service, main_end, query_main, lambda: None, gone.set)))
+            server.server.service, main_end, lambda: None, gone.set)))
         assert wait_for(lambda: made)
         host = made[0]
 
@@ -62,4 +61,3 @@ def test_a_link_nobody_reads_is_given_up_and_the_loop_keeps_serving():
         # One send waits out the timeout on the loop; never more than that, and a little.
         assert worst < host_module.LINK_SEND_TIMEOUT_SECS + 2.5, worst
         never_read.close()
-        query_other.close()

@@ -69,8 +69,7 @@ async def serve(start: ChildStart, log_settings: LogSettings) -> int:
     # blocked since the supervisor started this process (STOP_SIGNALS): one sent
     # meanwhile comes now
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-    service = RemoteService(socket.socket(fileno=start.link_fd),
-                            socket.socket(fileno=start.query_fd))
+    service = RemoteService(socket.socket(fileno=start.link_fd))
     service.start(loop)
     service.stream_budget = StreamBudget(stream_share(start))
     service.log_settings = log_settings  # follows the main process's (the logging API)

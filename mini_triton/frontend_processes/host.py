@@ -2,22 +2,18 @@
 service (and through it the one scheduler of each model) here, on the main process's
 event loop, and the answers go back the way they came.
 
-Two sockets per front-end process: the link (core/link/wire.py) carries requests,
-responses, cancels and awaited questions, each matched by an id; the query socket
-carries the few questions a front end asks synchronously (a model's config while it
-formats an error), answered at once, in order, on the loop (QUERIED).
+One link per front-end process (core/link/wire.py) carries requests, responses,
+cancels and awaited questions (the front ends ask the service nothing synchronously
+outside inference: service.ASKED), each matched by an id.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import logging
-import pickle
 import socket
-import struct
 import weakref
 
 from ..core import validate
@@ -34,10 +30,6 @@ log = logging.getLogger("mini_triton.frontend_processes")
 # The blocks of the front-end process's arena this end is done with, returned in a
 # message of their own once this many wait (most go back with the next response).
 FREED_BATCH = 8
-# A query's frame: its pickled length, then (method, args) or (error, value).
-QUERY_HEAD = struct.Struct("<I")
-# A query is a method name and a few arguments: more than this is not one of ours.
-MAX_QUERY_BYTES = 1 << 20
 # A front-end process reads its link on every turn of its loop. One that has not taken a
 # message for this long (stopped, or stuck) is given up: the main process's loop, which
 # writes to it, must never wait on it longer. Its requests are cancelled and the
@@ -46,14 +38,6 @@ LINK_SEND_TIMEOUT_SECS = 2
 # Room for the messages of a burst of responses before a send waits at all.
 LINK_SEND_BUFFER_BYTES = 1 << 20
 
-# The service's methods a front end calls synchronously (a proxy's blocking round
-# trip): answered on the loop at once, so each must be quick.
-QUERIED = frozenset(("model_config", "model_metadata", "model_ready", "ready",
-                     "repository_index", "model_folder", "model_statistics",
-                     "trace_settings", "logging_settings", "server_metadata",
-                     "system_shm_status", "system_shm_register", "system_shm_unregister",
-                     "cuda_shm_status", "cuda_shm_register", "cuda_shm_unregister",
-                     "metrics_text"))
 # Those after which whether traces are sampled, or the log settings, may have changed.
 _TRACE_CHANGES = frozenset(("trace_settings",))
 _LOG_CHANGES = frozenset(("logging_settings",))
@@ -93,14 +77,12 @@ class Forward:
 class Host:
     """Serves one front-end process over its two sockets, on the loop of `service`."""
 
-    def __init__(self, service, link_sock: socket.socket, query_sock: socket.socket,
-                 on_serving, on_gone=None):
+    def __init__(self, service, link_sock: socket.socket, on_serving, on_gone=None):
         self.service = service
         self.loop: asyncio.AbstractEventLoop = service.loop or asyncio.get_running_loop()
         _bound_sends(link_sock)
         self.link = Link(link_sock)
         self.link.send_timeout = LINK_SEND_TIMEOUT_SECS
-        self.query_sock = query_sock
         self.on_serving = on_serving  # the front-end process accepts on every port
         self.on_gone = on_gone  # its link closed (it exited)
         self.requests: dict[int, object] = {}  # call id → request in flight
@@ -109,18 +91,15 @@ class Host:
         # max_front_end_process_traces of them
         self.awaiting_stamps: collections.OrderedDict[int, FrontEndStamps] = \
             collections.OrderedDict()
-        self._query_buffer = bytearray()
         # Requests answered from other threads (a model instance's), settled on the loop
         # together: one wake-up of the loop for those of a batch, not one for each.
         self._to_settle: collections.deque[Forward] = collections.deque()
         self._settling = False
         self._closed = False
         self._sampling = service.tracer.sampling
-        query_sock.setblocking(False)
         self.link.send({"op": kinds.HELLO, "sampling": self._sampling,
                         "server_id": service.server_id})
         self.loop.add_reader(self.link.sock.fileno(), self._readable)
-        self.loop.add_reader(query_sock.fileno(), self._query_readable)
         _HOSTS.add(self)
 
     # --- the link ---
@@ -290,58 +269,6 @@ class Host:
         self._announce_changes(method, args)
         self.send_quietly(answer)
 
-    # --- the query socket ---
-
-    def _query_readable(self) -> None:
-        try:
-            data = self.query_sock.recv(65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.close()
-            return
-        # What the process sent on the link before asking is handled first, as one
-        # process handles a connection's requests in order: a client that asks the trace
-        # settings after its reply finds that request's trace written (STAMPED).
-        self._readable()
-        if self._closed:
-            return
-        buffer = self._query_buffer
-        buffer += data
-        while len(buffer) >= QUERY_HEAD.size:
-            (size,) = QUERY_HEAD.unpack_from(buffer)
-            if size > MAX_QUERY_BYTES:
-                self.close()
-                return
-            end = QUERY_HEAD.size + size
-            if len(buffer) < end:
-                return
-            method, args = pickle.loads(buffer[QUERY_HEAD.size:end])
-            del buffer[:end]
-            self._answer_query(method, args)
-
-    def _answer_query(self, method: str, args: tuple) -> None:
-        try:
-            if method not in QUERIED:
-                raise TritonError(Code.INTERNAL, f"'{method}' is not asked across processes")
-            answer = (None, getattr(self.service, method)(*args))
-        except TritonError as error:
-            answer = (put_error(error), None)
-        except Exception as error:
-            log.exception("front-end process query %s failed", method)
-            answer = (put_error(TritonError(Code.INTERNAL, str(error))), None)
-        encoded = pickle.dumps(answer, pickle.HIGHEST_PROTOCOL)
-        try:
-            self.query_sock.setblocking(True)  # the other end waits for exactly this
-            self.query_sock.sendall(QUERY_HEAD.pack(len(encoded)) + encoded)
-            self.query_sock.setblocking(False)
-        except OSError:
-            self.close()
-            return
-        self._announce_changes(method, args)
-
     # --- settings every front-end process follows, and the end ---
 
     def _announce_changes(self, method: str, args) -> None:
@@ -392,9 +319,8 @@ class Host:
 
     def _close_now(self) -> None:
         _HOSTS.discard(self)
-        for fd in (self.link.sock.fileno(), self.query_sock.fileno()):
-            if fd >= 0:
-                self.loop.remove_reader(fd)
+        if self.link.sock.fileno() >= 0:
+            self.loop.remove_reader(self.link.sock.fileno())
         requests, self.requests = self.requests, {}
         for request in requests.values():
             self.service.cancel(request)
@@ -402,7 +328,6 @@ class Host:
         for stamps in awaiting.values():  # no stamps will come from the process
             stamps.stream_ended()
         self.link.close()
-        self.query_sock.close()
         if self.on_gone is not None:
             self.on_gone()
 
@@ -430,7 +355,6 @@ def _hosts_of(service) -> list[Host]:
     return [host for host in list(_HOSTS) if host.service is service]
 
 
-def serve_child(service, link_sock: socket.socket, query_sock: socket.socket,
-                on_serving, on_gone=None) -> Host:
-    """Serve a front-end process's two sockets on the service's loop (call on it)."""
-    return Host(service, link_sock, query_sock, on_serving, on_gone)
+def serve_child(service, link_sock: socket.socket, on_serving, on_gone=None) -> Host:
+    """Serve a front-end process's link on the service's loop (call on it)."""
+    return Host(service, link_sock, on_serving, on_gone)

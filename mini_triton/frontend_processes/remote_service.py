@@ -5,9 +5,8 @@ Inference is forwarded: the request goes over the link as its front end decoded 
 and its responses come back to a stream or final answer made here, as the service
 would have made them, so the front end's limits (a stream's queued bytes, this
 process's share of the server-wide budget) apply where its client is. Everything
-else is a question: awaited over the link (`ask` and the service's coroutines), or,
-for the few a front end asks synchronously, a blocking round trip on the query socket
-(host.QUERIED), answered by the main process's loop at once.
+else is a question awaited over the link (`ask` and the service's coroutines): the
+front ends ask the service nothing else (tests/test_service_ask.py holds them to it).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import asyncio
 import contextlib
 import functools
 import itertools
-import pickle
 import socket
 
 from ..core.cuda_shared_memory import CudaSharedMemoryRegistry
@@ -27,14 +25,9 @@ from ..core.shared_memory import SharedMemoryRegistry
 from ..service import InferenceService
 from ..trace_front_end import RELAYED, FrontEndStamps
 from . import link as kinds
-from .host import FREED_BATCH, MAX_QUERY_BYTES, QUERY_HEAD
+from .host import FREED_BATCH
 from .link import (get_error, get_response, is_large, put_received, put_request,
                    put_request_blob)
-
-# How long a synchronous question waits for the main process before it is answered
-# UNAVAILABLE (the main process is busy far beyond its usual microseconds, or gone).
-QUERY_TIMEOUT_S = 30.0
-
 
 class _Question:
     """An awaited question's future, as a pending call."""
@@ -66,43 +59,16 @@ class RemoteTracer:
         self._service.send({"op": kinds.REFUSED, "model": model, "received": received})
 
 
-class RemoteRegistry:
-    """A shared-memory registry of the main process, as the front ends call it."""
-
-    def __init__(self, service: "RemoteService", kind: str, local):
-        self._service = service
-        self._kind = kind
-        self.check_name = local.check_name  # the name's rule needs no state
-
-    def status(self, name: str = ""):
-        return self._service.query(f"{self._kind}_status", name)
-
-    def register(self, *args):
-        return self._service.query(f"{self._kind}_register", *args)
-
-    def unregister(self, name: str = ""):
-        return self._service.query(f"{self._kind}_unregister", name)
-
-
-class RemoteMetrics:
-    def __init__(self, service: "RemoteService"):
-        self._service = service
-
-    def render(self) -> str:
-        return self._service.query("metrics_text")
-
-
 class RemoteService:
     """InferenceService's face in a front-end process (see the module docstring)."""
 
-    def __init__(self, link_sock: socket.socket, query_sock: socket.socket):
+    def __init__(self, link_sock: socket.socket):
         self.link = Link(link_sock)
-        self.query_sock = query_sock
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tracer = RemoteTracer(self)
-        self.system_shm = RemoteRegistry(self, "system_shm", SharedMemoryRegistry)
-        self.cuda_shm = RemoteRegistry(self, "cuda_shm", CudaSharedMemoryRegistry)
-        self.metrics = RemoteMetrics(self)
+        # The registries' name rules, which need no registrations (check_name).
+        self.system_shm = SharedMemoryRegistry
+        self.cuda_shm = CudaSharedMemoryRegistry
         self.stream_budget = None  # this process's share (set by child.py)
         self.log_settings = None  # this process's LogSettings (set by child.py)
         self.server_id = ""
@@ -192,6 +158,7 @@ class RemoteService:
             return
         request, stream = entry
         self._call_of.pop(id(request), None)
+        self._stamped.pop(call_id, None)
         request.decoupled = decoupled  # known where the service found the model
         accepting = self._accepting.pop(call_id, None)
         if accepting is None:
@@ -321,18 +288,8 @@ class RemoteService:
             return  # the main process is gone: the reader sees it
         except Exception as error:  # a value that cannot travel: answered, never lost
             failed = request.error_response(TritonError(Code.INTERNAL, str(error)))
-            self.loop.call_soon_threadsafe(self._response_of, meta["id"], failed)
-
-    def _response_of(self, call_id: int, response) -> None:
-        entry = self._calls.pop(call_id, None)
-        if entry is not None:
-            self._call_of.pop(id(entry[0]), None)
-            accepting = self._accepting.pop(call_id, None)
-            if accepting is not None and not accepting.done():
-                entry[1].settle()
-                accepting.set_exception(response.error)
-                return
-            entry[1].put(response)
+            self.loop.call_soon_threadsafe(self._refused, meta["id"], failed,
+                                           request.decoupled)
 
     # --- traces: the main process holds them, the front ends stamp them here ---
 
@@ -404,72 +361,8 @@ class RemoteService:
     async def unregister_model_repository(self, *args, **kwargs) -> None:
         return await self._question("unregister_model_repository", args, kwargs)
 
-    # --- synchronous questions (host.QUERIED) ---
-
-    def query(self, method: str, *args):
-        """Ask the main process and wait for its answer (a short blocking round trip)."""
-        encoded = pickle.dumps((method, args), pickle.HIGHEST_PROTOCOL)
-        sock = self.query_sock
-        try:
-            sock.settimeout(QUERY_TIMEOUT_S)
-            sock.sendall(QUERY_HEAD.pack(len(encoded)) + encoded)
-            error, value = pickle.loads(_read_frame(sock))
-        except (OSError, EOFError):
-            raise TritonError(Code.UNAVAILABLE, "the server's main process did not answer "
-                              f"'{method}' within {QUERY_TIMEOUT_S:g} s") from None
-        if error is not None:
-            raise get_error(error)
-        return value
-
     def live(self) -> bool:
         return True
 
-    def ready(self) -> bool:
-        return self.query("ready")
-
-    def server_metadata(self) -> dict:
-        return self.query("server_metadata")
-
-    def model_ready(self, name: str, version: str = "") -> bool:
-        return self.query("model_ready", name, version)
-
-    def model_metadata(self, name: str, version: str = "") -> dict:
-        return self.query("model_metadata", name, version)
-
-    def model_config(self, name: str, version: str = ""):
-        return self.query("model_config", name, version)
-
-    def model_folder(self, name: str, version: str = ""):
-        return self.query("model_folder", name, version)
-
-    def repository_index(self, ready_only: bool = False) -> list[dict]:
-        return self.query("repository_index", ready_only)
-
-    def model_statistics(self, name: str = "", version: str = "") -> list[dict]:
-        return self.query("model_statistics", name, version)
-
-    def trace_settings(self, model: str = "", changes: dict | None = None) -> dict:
-        return self.query("trace_settings", model, changes)
-
-    def logging_settings(self, changes: dict | None = None) -> dict:
-        return self.query("logging_settings", changes)
-
     check_repository_name = staticmethod(InferenceService.check_repository_name)
 
-
-def _read_frame(sock: socket.socket) -> bytes:
-    head = _read_exactly(sock, QUERY_HEAD.size)
-    (size,) = QUERY_HEAD.unpack(head)
-    if size > MAX_QUERY_BYTES * 64:
-        raise EOFError
-    return _read_exactly(sock, size)
-
-
-def _read_exactly(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return bytes(data)

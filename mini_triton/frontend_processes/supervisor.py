@@ -3,8 +3,8 @@ the ports it bound, replaces one that exits (with backoff, while the others keep
 serving), and stops them all at shutdown.
 
 Each front-end process gets, by descriptor (`pass_fds`), the listening sockets of every
-front-end port and its ends of two socket pairs (the link and the query socket, whose
-other ends the main process serves: host.py), and on its stdin a pickled ChildStart.
+front-end port and its end of a socket pair (the link, whose other end the main process
+serves: host.py), and on its stdin a pickled ChildStart.
 Its exit is seen on a pidfd, so no thread waits on any of them.
 """
 
@@ -39,9 +39,9 @@ MAX_RESTART_DELAY_SECS = 10.0
 STEADY_SECS = MAX_RESTART_DELAY_SECS
 # What a process still running at the end of the exit timeout gets to die after SIGKILL.
 KILL_WAIT_SECS = 2.0
-# The main process's descriptors each front-end process takes: its link and query
-# sockets, a pidfd, the link's shared-memory segments (each end's own and the peer's,
-# one memfd each), and at start its two socket ends and stdin pipe. Counted high: the
+# The main process's descriptors each front-end process takes: its link socket, a pidfd,
+# the link's shared-memory segments (each end's own and the peer's, one memfd each), and
+# at start the link's other end and the stdin pipe. Counted high: the
 # command line refuses a count whose descriptors the limit cannot hold (cli).
 DESCRIPTORS_PER_PROCESS = 16
 
@@ -55,7 +55,6 @@ class ChildStart:
     ports: dict[str, list[int]]  # front end → its sockets' inherited descriptors
     models: CloudModels  # the cloud front ends' default models, chosen here
     link_fd: int
-    query_fd: int
 
 
 class Slot:
@@ -115,25 +114,21 @@ class FrontendProcesses:
 
     async def _spawn(self, slot: Slot) -> None:
         link, link_there = socket.socketpair()
-        query, query_there = socket.socketpair()
         start = ChildStart(slot.index, len(self.slots), self.settings, self._port_fds(),
-                           self.models, link_there.fileno(), query_there.fileno())
+                           self.models, link_there.fileno())
         try:
             with stop_signals_blocked():
                 process = subprocess.Popen(
                     [sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE,
-                    pass_fds=[*self._all_port_fds(), link_there.fileno(),
-                              query_there.fileno()])
+                    pass_fds=[*self._all_port_fds(), link_there.fileno()])
         except OSError:
             link.close()
-            query.close()
             raise
         finally:
             link_there.close()
-            query_there.close()
         slot.process, slot.started_at = process, time.monotonic()
         slot.exited = self.loop.create_future()
-        slot.host = self.serve(self.service, link, query,
+        slot.host = self.serve(self.service, link,
                                functools.partial(self.child_ready, slot.index),
                                functools.partial(self._link_lost, slot, process))
         slot.pidfd = os.pidfd_open(process.pid)
