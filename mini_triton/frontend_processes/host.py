@@ -20,6 +20,7 @@ from ..core import validate
 from ..core.errors import Code, TritonError
 from ..core.link.wire import Link, Outgoing
 from ..core.loop_thread import on_loop_thread
+from ..core.request import InferenceResponse
 from ..frontends.http1.offload import DEFAULT_JSON_OFFLOAD_SIZE
 from ..trace_front_end import FrontEndStamps
 from . import link as kinds
@@ -155,8 +156,18 @@ class Host:
         future.add_done_callback(functools.partial(self._decoded, meta))
 
     def _decoded(self, meta: dict, future: asyncio.Future) -> None:
-        if not self._closed:
-            self._start_forwarded(meta, future.result())
+        if self._closed:
+            return
+        try:
+            request = future.result()
+        except Exception as error:  # a bug of ours: the request is answered, never lost
+            log.exception("a forwarded request could not be read")
+            failed = InferenceResponse("", "", error=TritonError(Code.INTERNAL, str(error)))
+            self.send_quietly({"op": kinds.RESPONSE, "id": meta["id"], "refused": True,
+                               "decoupled": False,
+                               "response": put_response(Outgoing(), failed)})
+            return
+        self._start_forwarded(meta, request)
 
     def _start_forwarded(self, meta: dict, request) -> None:
         call_id = meta["id"]
